@@ -1,0 +1,1 @@
+"""The radixcache command line (Typer)."""

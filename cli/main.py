@@ -1,0 +1,14 @@
+"""Entry point of the `radixcache` console script: imports every command module."""
+
+from __future__ import annotations
+
+from cli.app import app
+
+
+def main() -> None:
+    """Run the CLI."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

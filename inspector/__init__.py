@@ -1,0 +1,1 @@
+"""The radixcache terminal inspector (Textual)."""
