@@ -1,0 +1,195 @@
+"""KVPool: the paged K/V tensor and the one allocator that owns block refcounts.
+
+Layout of the pool tensor (one tensor for K and V of every layer)::
+
+    kv[layer, kv, block, slot, head, dim]     kv = 0 for K, 1 for V
+         L    2    num_blocks  B    H    D
+
+Position ``p`` of a sequence lives in ``block_table[p // B]`` at slot ``p % B``.
+
+The allocator also keeps, for every block, its *claim*: how many leading slots are
+spoken for (by cached nodes or by a running request that reserved them). A sequence
+may continue writing in place in a partly filled block only when the claim ends
+exactly where its own prefix ends; otherwise it takes a copy of the leading slots
+(copy-on-write). Nothing outside ``BlockAllocator`` writes a refcount or a claim.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+
+class PoolError(Exception):
+    """Base class of the pool's errors."""
+
+
+class PoolExhausted(PoolError):
+    """Not enough free blocks right now; the caller may wait and retry."""
+
+
+class BlockStateError(PoolError):
+    """A refcount or claim operation on a block in the wrong state (a bug in the caller)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVShape:
+    """The model-side shape of one token's K/V: layers, KV heads, head dim, dtype."""
+
+    num_layers: int = 1
+    num_kv_heads: int = 1
+    head_dim: int = 1
+    dtype: torch.dtype = torch.float32
+
+
+class BlockAllocator:
+    """Free list, per-block refcounts and claims. Not thread-safe: the tree's lock guards it.
+
+    Blocks are handed out from the front of the free list and returned to its back, so
+    a block freed recently is reused last (its K/V stay readable longest for debugging).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free: deque[int] = deque(range(num_blocks))
+        self._ref: list[int] = [0] * num_blocks
+        self._claim: list[int] = [0] * num_blocks
+
+    # -- figures ---------------------------------------------------------------------------
+    @property
+    def free_count(self) -> int:
+        """Number of blocks on the free list."""
+        return len(self._free)
+
+    @property
+    def used_count(self) -> int:
+        """Number of blocks with a refcount above zero."""
+        return self.num_blocks - len(self._free)
+
+    @property
+    def used_fraction(self) -> float:
+        """Used blocks over all blocks, in [0, 1]."""
+        return self.used_count / self.num_blocks
+
+    def refcount(self, block: int) -> int:
+        """References held on ``block`` (0 when free)."""
+        return self._ref[block]
+
+    def claim(self, block: int) -> int:
+        """Leading slots of ``block`` that are spoken for (0..block_size)."""
+        return self._claim[block]
+
+    def free_blocks(self) -> list[int]:
+        """The free list in allocation order (a copy)."""
+        return list(self._free)
+
+    # -- mutation --------------------------------------------------------------------------
+    def alloc(self, n: int) -> list[int]:
+        """Take ``n`` blocks off the free list, each with refcount 1 and claim 0.
+
+        Raises ``PoolExhausted`` (and takes nothing) when fewer than ``n`` are free.
+        """
+        if n > len(self._free):
+            raise PoolExhausted(f"need {n} blocks, {len(self._free)} free")
+        free, ref = self._free, self._ref
+        out = [free.popleft() for _ in range(n)]
+        for b in out:
+            ref[b] = 1
+        return out
+
+    def incref(self, block: int) -> None:
+        """Add one reference to a block that is in use."""
+        if self._ref[block] <= 0:
+            raise BlockStateError(f"incref of free block {block}")
+        self._ref[block] += 1
+
+    def decref(self, block: int) -> bool:
+        """Drop one reference; returns True when that freed the block (back on the free list)."""
+        r = self._ref[block] - 1
+        if r < 0:
+            raise BlockStateError(f"decref of free block {block}")
+        self._ref[block] = r
+        if r == 0:
+            self._claim[block] = 0
+            self._free.append(block)
+            return True
+        return False
+
+    def set_claim(self, block: int, slots: int) -> None:
+        """Set how many leading slots of an in-use block are spoken for."""
+        if self._ref[block] <= 0 or not 0 <= slots <= self.block_size:
+            raise BlockStateError(f"claim {slots} on block {block} (ref {self._ref[block]})")
+        self._claim[block] = slots
+
+    def reset(self) -> None:
+        """Return every block to the free list (for an engine reset)."""
+        self._free = deque(range(self.num_blocks))
+        self._ref = [0] * self.num_blocks
+        self._claim = [0] * self.num_blocks
+
+
+class KVPool:
+    """The paged K/V tensor on the device plus its allocator.
+
+    ``kv`` has shape ``(L, 2, num_blocks, block_size, H, D)``; ``device`` defaults to
+    ``cuda`` when available, else CPU.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        shape: KVShape | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        self.shape = shape or KVShape()
+        self.block_size = block_size
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.allocator = BlockAllocator(num_blocks, block_size)
+        s = self.shape
+        self.kv = torch.zeros(
+            (s.num_layers, 2, num_blocks, block_size, s.num_kv_heads, s.head_dim),
+            dtype=s.dtype,
+            device=self.device,
+        )
+
+    @property
+    def num_blocks(self) -> int:
+        """Total blocks in the pool."""
+        return self.allocator.num_blocks
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Total token slots in the pool."""
+        return self.allocator.num_blocks * self.block_size
+
+    def copy_slots(self, src: int, dst: int, slots: int) -> None:
+        """Copy the first ``slots`` slots of block ``src`` into block ``dst`` (K and V, every layer).
+
+        This is the copy-on-write of a boundary block: a tensor copy on the pool's device.
+        """
+        if not 0 < slots <= self.block_size:
+            raise ValueError(f"slots must be in 1..{self.block_size}, got {slots}")
+        self.kv[:, :, dst, :slots] = self.kv[:, :, src, :slots]
+
+    def copy_slots_batch(self, src: list[int], dst: list[int], slots: list[int]) -> None:
+        """Many boundary copies in one pass: whole blocks are gathered, then masked to ``slots``."""
+        if not src:
+            return
+        dev = self.device
+        s = torch.tensor(src, device=dev)
+        d = torch.tensor(dst, device=dev)
+        n = torch.tensor(slots, device=dev)
+        mask = torch.arange(self.block_size, device=dev)[None, :] < n[:, None]  # (k, B)
+        m = mask[None, None, :, :, None, None]
+        self.kv[:, :, d] = torch.where(m, self.kv[:, :, s], self.kv[:, :, d])
+
+    def bytes_per_block(self) -> int:
+        """Bytes of K and V one block holds across all layers."""
+        s = self.shape
+        return 2 * s.num_layers * self.block_size * s.num_kv_heads * s.head_dim * self.kv.element_size()
