@@ -1,0 +1,216 @@
+"""The event schema: one event per change of the tree or the pool, in the order it happened.
+
+Events are msgspec Structs tagged by ``kind`` (msgpack on the wire and in files). A
+``Batch`` envelope carries the events of one engine step with a strictly increasing
+``seq`` inside one ``epoch`` (a new epoch at every engine start).
+
+Node ids are the tree's ids; a split keeps the old id on the *suffix* (the node that
+running requests locked stays the deepest node of their path) and gives the prefix a
+new id. Token runs travel as little-endian uint32 bytes.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+
+class Event(msgspec.Struct, tag_field="kind", array_like=True, frozen=True):
+    """Base of every event."""
+
+
+class NodeCreated(Event, tag="create", frozen=True):
+    """A new leaf ``node`` under ``parent`` spanning ``[start, start + len(tokens)/4)``.
+
+    ``blocks`` cover its span; ``shared_first`` is true when its first block is its
+    parent's last block (continuation in place), so that block's refcount went up.
+    """
+
+    node: int
+    parent: int
+    start: int
+    tokens: bytes
+    blocks: list[int]
+    shared_first: bool
+
+
+class Split(Event, tag="split", frozen=True):
+    """``node`` split ``offset`` tokens in; the new node ``prefix`` takes the first part.
+
+    ``prefix_blocks`` and ``suffix_blocks`` are the two sides; when the split falls inside
+    a block, that block appears on both sides (refcount +1).
+    """
+
+    node: int
+    offset: int
+    prefix: int
+    prefix_blocks: list[int]
+    suffix_blocks: list[int]
+
+
+class Merge(Event, tag="merge", frozen=True):
+    """``child`` absorbed its only-child ``parent`` (path compression); ``dropped`` is the
+    boundary block reference the parent held that the joined node no longer holds (or -1)."""
+
+    parent: int
+    child: int
+    dropped: int
+
+
+class Evict(Event, tag="evict", frozen=True):
+    """Leaf ``node`` removed; ``freed`` are the blocks that went back to the free list."""
+
+    node: int
+    tokens: int
+    freed: list[int]
+
+
+class Lock(Event, tag="lock", frozen=True):
+    """Every node on the path from ``node`` to the root changed its lock refcount by ``delta``."""
+
+    node: int
+    delta: int
+
+
+class Access(Event, tag="access", frozen=True):
+    """The path from ``node`` to the root was used at logical time ``clock``."""
+
+    node: int
+    clock: int
+
+
+class BlockAlloc(Event, tag="alloc", frozen=True):
+    """Blocks taken off the free list for a running request (not yet in the tree)."""
+
+    blocks: list[int]
+
+
+class BlockFree(Event, tag="free", frozen=True):
+    """Blocks of a request returned to the free list (duplicates after insert, or abort)."""
+
+    blocks: list[int]
+
+
+class Cow(Event, tag="cow", frozen=True):
+    """Copy-on-write of a boundary block: the first ``slots`` slots of ``src`` copied to ``dst``."""
+
+    src: int
+    dst: int
+    slots: int
+
+
+class Watermark(Event, tag="wm", frozen=True):
+    """A memory sample: pool blocks used/total, the high/low marks, and device memory if known."""
+
+    used_blocks: int
+    total_blocks: int
+    high: float
+    low: float
+    device_used: int | None = None
+    device_total: int | None = None
+
+
+class RequestStart(Event, tag="rstart", frozen=True):
+    """Request ``req`` admitted: its prompt length and the tokens served from the cache."""
+
+    req: int
+    prompt_tokens: int
+    hit_tokens: int
+
+
+class RequestFinish(Event, tag="rfinish", frozen=True):
+    """Request ``req`` done: tokens generated and its time to first token (ms)."""
+
+    req: int
+    output_tokens: int
+    ttft_ms: float
+
+
+class NodeState(msgspec.Struct, array_like=True, frozen=True):
+    """One node in a snapshot (root has id 0 and parent -1)."""
+
+    node: int
+    parent: int
+    start: int
+    tokens: bytes
+    blocks: list[int]
+    lock: int
+    clock: int
+
+
+class Snapshot(Event, tag="snapshot", frozen=True):
+    """The whole tree and pool state; a mirror replaces everything it had."""
+
+    block_size: int
+    num_blocks: int
+    nodes: list[NodeState]
+    clock: int
+    next_id: int
+    request_blocks: list[int]
+    high: float
+    low: float
+
+
+class Reset(Event, tag="reset", frozen=True):
+    """The tree was emptied: every block is free."""
+
+
+class Digest(Event, tag="digest", frozen=True):
+    """The engine's ``digest()`` at this point of the stream, for subscribers to verify."""
+
+    value: str
+
+
+AnyEvent = (
+    NodeCreated
+    | Split
+    | Merge
+    | Evict
+    | Lock
+    | Access
+    | BlockAlloc
+    | BlockFree
+    | Cow
+    | Watermark
+    | RequestStart
+    | RequestFinish
+    | Snapshot
+    | Reset
+    | Digest
+)
+
+
+class Batch(msgspec.Struct, frozen=True):
+    """The events of one engine step. ``seq`` strictly increases within an ``epoch``."""
+
+    seq: int
+    epoch: int
+    ts: float
+    engine: str
+    events: list[AnyEvent]
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_BATCH_DECODER = msgspec.msgpack.Decoder(Batch)
+_EVENTS_DECODER = msgspec.msgpack.Decoder(list[AnyEvent])
+
+
+def encode_batch(batch: Batch) -> bytes:
+    """msgpack bytes of ``batch``."""
+    return _ENCODER.encode(batch)
+
+
+def decode_batch(data: bytes) -> Batch:
+    """Decode one batch; raises ``msgspec.DecodeError`` (a ``ValueError``) on malformed input."""
+    return _BATCH_DECODER.decode(data)
+
+
+def encode_events(events: list[AnyEvent]) -> bytes:
+    """msgpack bytes of a bare event list."""
+    return _ENCODER.encode(events)
+
+
+def decode_events(data: bytes) -> list[AnyEvent]:
+    """Decode a bare event list; raises ``msgspec.DecodeError`` on malformed input."""
+    return _EVENTS_DECODER.decode(data)

@@ -1,0 +1,114 @@
+"""Every invariant of the tree and its pool, checked from scratch (tests call it after each step).
+
+- each block's refcount equals its references (nodes holding it + the request holding it);
+- the free list holds exactly the blocks with refcount 0, once each;
+- no slot of a block is owned by two nodes, and each block's claim ends where its deepest
+  holder ends (or further, while a running request has reserved it in place);
+- children are keyed by their distinct first tokens, each child starts where its parent ends;
+- each node's blocks cover its span, one per logical block;
+- locks never grow downwards, and no non-root node with one child holds the same lock count
+  as that child (that pair would be merged);
+- the LRU heap's live entries are exactly the evictable leaves (unlocked, childless, not root).
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from collections import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixcache.tree import RadixNode, RadixTree
+
+_first = struct.Struct("<I").unpack_from
+
+
+class InvariantError(AssertionError):
+    """One or more invariants do not hold; the message lists them."""
+
+
+def _check_node(tree: RadixTree, n: RadixNode, out: list[str]) -> None:
+    B = tree.B
+    p = n.parent
+    if p is None or not p.alive or p.children.get(_first(n.tokens, 0)[0]) is not n:
+        out.append(f"node {n.id}: not its parent's child under its first token")
+        return
+    if n.start != p.end:
+        out.append(f"node {n.id}: starts at {n.start}, parent ends at {p.end}")
+    if not n.tokens or len(n.tokens) % 4:
+        out.append(f"node {n.id}: empty or ragged token bytes")
+    want = (n.end - 1) // B - n.start // B + 1
+    if len(n.blocks) != want:
+        out.append(f"node {n.id}: {len(n.blocks)} blocks for span [{n.start},{n.end}), want {want}")
+    if n.lock < 0 or any(c.lock > n.lock for c in n.children.values()):
+        out.append(f"node {n.id}: lock {n.lock} below a child's or negative")
+    if len(n.children) == 1:
+        (c,) = n.children.values()
+        if c.lock == n.lock:
+            out.append(f"node {n.id}: mergeable with its only child {c.id}")
+
+
+def _slot_owners(tree: RadixTree) -> dict[int, list[tuple[int, int, int]]]:
+    """block -> [(first slot, end slot, node id)] of the slots each node's span owns."""
+    B = tree.B
+    owners: dict[int, list[tuple[int, int, int]]] = {}
+    for n in tree._nodes.values():
+        for i, b in enumerate(n.blocks):
+            base = (n.start // B + i) * B
+            lo, hi = max(n.start, base) - base, min(n.end, base + B) - base
+            owners.setdefault(b, []).append((lo, hi, n.id))
+    return owners
+
+
+def _check_blocks(tree: RadixTree, out: list[str]) -> None:
+    a = tree.alloc
+    refs: Counter[int] = Counter()
+    for n in tree._nodes.values():
+        refs.update(n.blocks)
+    refs.update(tree._request_blocks)
+    for b in range(a.num_blocks):
+        if a.refcount(b) != refs[b]:
+            out.append(f"block {b}: refcount {a.refcount(b)} but {refs[b]} references")
+    free = a.free_blocks()
+    if len(set(free)) != len(free):
+        out.append("free list holds a block twice")
+    if set(free) != {b for b in range(a.num_blocks) if refs[b] == 0}:
+        out.append("free list differs from the blocks with no reference")
+    for b, spans in _slot_owners(tree).items():
+        spans.sort()
+        for (_, hi, x), (lo, _, y) in itertools.pairwise(spans):
+            if lo < hi:
+                out.append(f"block {b}: slots owned by both node {x} and node {y}")
+        top = max(hi for _, hi, _ in spans)
+        claim = a.claim(b)
+        if claim < top or (claim != top and b not in tree._inplace):
+            out.append(f"block {b}: claim {claim}, deepest holder ends at slot {top}")
+
+
+def _check_lru(tree: RadixTree, out: list[str]) -> None:
+    live = {
+        n.id
+        for c, _, n in tree._heap
+        if n.alive and not n.children and n.lock == 0 and n.clock == c
+    }
+    want = {
+        n.id for n in tree._nodes.values() if n is not tree.root and not n.children and n.lock == 0
+    }
+    if live != want:
+        out.append(f"LRU holds {sorted(live - want)[:5]} extra, misses {sorted(want - live)[:5]}")
+
+
+def check_tree(tree: RadixTree) -> None:
+    """Raise ``InvariantError`` listing every violated invariant (caller holds the tree lock)."""
+    out: list[str] = []
+    root = tree.root
+    if root.tokens or root.blocks or root.parent is not None:
+        out.append("root holds tokens, blocks or a parent")
+    for n in tree._nodes.values():
+        if n is not root:
+            _check_node(tree, n, out)
+    _check_blocks(tree, out)
+    _check_lru(tree, out)
+    if out:
+        raise InvariantError("; ".join(out[:20]))

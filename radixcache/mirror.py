@@ -1,0 +1,292 @@
+"""Mirror: the tree rebuilt from its events alone (the inspector, replay and tests use it).
+
+It applies each event exactly as the tree applied the change, so that after every batch
+``mirror.digest() == tree.digest()``. It never touches a tensor; it keeps per-block
+refcounts and the few extra marks the inspector draws (COW copies, just evicted).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from radixcache import events as ev
+from radixcache.tree import structure_digest
+
+_first = struct.Struct("<I").unpack_from
+
+
+class MirrorError(Exception):
+    """An event that does not fit the mirror's state (unknown node, bad block): the stream is
+    out of sync and needs a snapshot."""
+
+
+@dataclass(slots=True, eq=False)
+class MirrorNode:
+    """A node as the mirror knows it."""
+
+    id: int
+    parent: MirrorNode | None
+    start: int
+    tokens: bytes
+    blocks: list[int]
+    lock: int = 0
+    clock: int = 0
+    children: dict[int, MirrorNode] = field(default_factory=dict)
+    born: int = 0
+
+    @property
+    def end(self) -> int:
+        """Absolute position just past the node's last token."""
+        return self.start + len(self.tokens) // 4
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the node's span."""
+        return len(self.tokens) // 4
+
+
+@dataclass(slots=True)
+class MirrorStats:
+    """Counters the inspector shows, accumulated from events."""
+
+    requests: int = 0
+    finished: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    splits: int = 0
+    merges: int = 0
+    evictions: int = 0
+    evicted_tokens: int = 0
+    cow_copies: int = 0
+    slots_copied: int = 0
+    events: int = 0
+    digest_checks: int = 0
+    digest_mismatches: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Cached prompt tokens over all prompt tokens of admitted requests."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class Mirror:
+    """A tree rebuilt from events. Not thread-safe: one thread applies, then readers read."""
+
+    def __init__(self, block_size: int = 16, num_blocks: int = 0) -> None:
+        self.stats = MirrorStats()
+        self.high, self.low = 0.92, 0.85
+        self.watermark: ev.Watermark | None = None
+        self._reset(block_size, num_blocks)
+
+    def _reset(self, block_size: int, num_blocks: int) -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.root = MirrorNode(0, None, 0, b"", [])
+        self.nodes: dict[int, MirrorNode] = {0: self.root}
+        self.ref = [0] * num_blocks
+        self.request_blocks: set[int] = set()
+        self.cow_blocks: set[int] = set()
+        self.evicted_blocks: set[int] = set()
+        self.clock = 0
+        self.version = 0  # bumped on every applied event (the UI redraws on change)
+
+    # -- reading ---------------------------------------------------------------------------
+    def node(self, node_id: int) -> MirrorNode:
+        """The node with this id; raises ``MirrorError``."""
+        try:
+            return self.nodes[node_id]
+        except KeyError:
+            raise MirrorError(f"unknown node {node_id}") from None
+
+    @property
+    def used_blocks(self) -> int:
+        """Blocks with a reference."""
+        return sum(1 for r in self.ref if r)
+
+    def lru(self, limit: int) -> list[MirrorNode]:
+        """The next eviction victims in order: unlocked leaves by (last access, id)."""
+        leaves = [
+            n for n in self.nodes.values() if n is not self.root and not n.children and n.lock == 0
+        ]
+        leaves.sort(key=lambda n: (n.clock, n.id))
+        return leaves[:limit]
+
+    def digest(self) -> str:
+        """The same hash as ``RadixTree.digest`` over the mirrored state."""
+        return structure_digest(
+            (
+                (
+                    n.id,
+                    n.parent.id if n.parent else -1,
+                    n.start,
+                    n.tokens,
+                    n.blocks,
+                    n.lock,
+                    n.clock,
+                )
+                for n in self.nodes.values()
+            ),
+            self.request_blocks,
+        )
+
+    # -- applying --------------------------------------------------------------------------
+    def apply_batch(self, batch: ev.Batch) -> None:
+        """Apply every event of a batch in order."""
+        for e in batch.events:
+            self.apply(e)
+
+    def apply(self, e: ev.AnyEvent) -> None:  # noqa: C901 - one branch per event kind
+        """Apply one event; raises ``MirrorError`` when it does not fit the current state."""
+        self.stats.events += 1
+        self.version += 1
+        try:
+            match e:
+                case ev.Access():
+                    self._path(self.node(e.node), "clock", e.clock)
+                    self.clock = e.clock
+                case ev.Lock():
+                    self._lock(self.node(e.node), e.delta)
+                case ev.NodeCreated():
+                    self._create(e)
+                case ev.Split():
+                    self._split(e)
+                case ev.Merge():
+                    self._merge(e)
+                case ev.Evict():
+                    self._evict(e)
+                case ev.BlockAlloc():
+                    for b in e.blocks:
+                        self.ref[b] += 1
+                        self.evicted_blocks.discard(b)
+                    self.request_blocks.update(e.blocks)
+                case ev.BlockFree():
+                    for b in e.blocks:
+                        self.ref[b] -= 1
+                    self.request_blocks.difference_update(e.blocks)
+                case ev.Cow():
+                    self.cow_blocks.add(e.dst)
+                    self.stats.cow_copies += 1
+                    self.stats.slots_copied += e.slots
+                case _:
+                    self._apply_other(e)
+        except (IndexError, KeyError) as exc:
+            raise MirrorError(f"{type(e).__name__} does not fit the mirror: {exc!r}") from exc
+
+    def _apply_other(self, e: ev.AnyEvent) -> None:
+        match e:
+            case ev.Watermark():
+                self.watermark = e
+                self.high, self.low = e.high, e.low
+            case ev.RequestStart():
+                self.stats.requests += 1
+                self.stats.prompt_tokens += e.prompt_tokens
+                self.stats.hit_tokens += e.hit_tokens
+            case ev.RequestFinish():
+                self.stats.finished += 1
+            case ev.Snapshot():
+                self.load_snapshot(e)
+            case ev.Reset():
+                self._reset(self.block_size, self.num_blocks)
+            case ev.Digest():
+                self.stats.digest_checks += 1
+                if e.value != self.digest():
+                    self.stats.digest_mismatches += 1
+                    raise MirrorError("digest mismatch")
+
+    def load_snapshot(self, s: ev.Snapshot) -> None:
+        """Replace the whole state with a snapshot's."""
+        self._reset(s.block_size, s.num_blocks)
+        self.high, self.low, self.clock = s.high, s.low, s.clock
+        for st in s.nodes:
+            if st.parent < 0:
+                self.root.lock, self.root.clock = st.lock, st.clock
+                continue
+            parent = self.node(st.parent)
+            n = MirrorNode(st.node, parent, st.start, st.tokens, list(st.blocks), st.lock, st.clock)
+            parent.children[_first(st.tokens, 0)[0]] = n
+            self.nodes[n.id] = n
+            for b in n.blocks:
+                self.ref[b] += 1
+        for b in s.request_blocks:
+            self.ref[b] += 1
+        self.request_blocks = set(s.request_blocks)
+
+    @staticmethod
+    def _path(n: MirrorNode | None, attr: str, value: int) -> None:
+        while n is not None:
+            setattr(n, attr, value)
+            n = n.parent
+
+    @staticmethod
+    def _lock(n: MirrorNode | None, delta: int) -> None:
+        while n is not None:
+            n.lock += delta
+            n = n.parent
+
+    def _create(self, e: ev.NodeCreated) -> None:
+        parent = self.node(e.parent)
+        n = MirrorNode(e.node, parent, e.start, e.tokens, list(e.blocks), born=self.version)
+        parent.children[_first(e.tokens, 0)[0]] = n
+        self.nodes[n.id] = n
+        if e.shared_first:
+            self.ref[e.blocks[0]] += 1
+        self.request_blocks.difference_update(e.blocks)
+
+    def _split(self, e: ev.Split) -> None:
+        n = self.node(e.node)
+        parent = n.parent
+        if parent is None or not 0 < e.offset < n.num_tokens:
+            raise MirrorError(f"bad split of node {e.node} at {e.offset}")
+        k = e.offset * 4
+        p = MirrorNode(
+            e.prefix,
+            parent,
+            n.start,
+            n.tokens[:k],
+            list(e.prefix_blocks),
+            n.lock,
+            n.clock,
+            born=self.version,
+        )
+        if (n.start + e.offset) % self.block_size:
+            self.ref[e.suffix_blocks[0]] += 1
+        parent.children[_first(n.tokens, 0)[0]] = p
+        p.children[_first(n.tokens, k)[0]] = n
+        n.parent, n.start, n.tokens, n.blocks = (
+            p,
+            n.start + e.offset,
+            n.tokens[k:],
+            list(e.suffix_blocks),
+        )
+        self.nodes[p.id] = p
+        self.stats.splits += 1
+
+    def _merge(self, e: ev.Merge) -> None:
+        p, c = self.node(e.parent), self.node(e.child)
+        grand = p.parent
+        if grand is None or c.parent is not p:
+            raise MirrorError(f"bad merge of {e.parent} into {e.child}")
+        if e.dropped >= 0:
+            self.ref[e.dropped] -= 1
+            c.blocks = p.blocks[:-1] + c.blocks
+        else:
+            c.blocks = p.blocks + c.blocks
+        grand.children[_first(p.tokens, 0)[0]] = c
+        c.parent, c.start, c.tokens = grand, p.start, p.tokens + c.tokens
+        c.clock = max(c.clock, p.clock)
+        del self.nodes[p.id]
+        self.stats.merges += 1
+
+    def _evict(self, e: ev.Evict) -> None:
+        n = self.node(e.node)
+        if n.children or n.parent is None:
+            raise MirrorError(f"evict of non-leaf {e.node}")
+        for b in n.blocks:
+            self.ref[b] -= 1
+        self.evicted_blocks.update(e.freed)
+        self.cow_blocks.difference_update(e.freed)
+        del n.parent.children[_first(n.tokens, 0)[0]]
+        del self.nodes[n.id]
+        self.stats.evictions += 1
+        self.stats.evicted_tokens += e.tokens

@@ -1,0 +1,714 @@
+"""RadixTree: token-granular prefix reuse on paged KV blocks.
+
+Every node owns a span of tokens ``[start, end)`` (absolute positions along its
+path) and the blocks that cover it. With block size B = 4 and a node split at
+token 6::
+
+    before:  N [0, 10)   blocks [a, b, c]        slots  a:0-3  b:4-7  c:8-9
+    after:   P [0, 6)    blocks [a, b]           b is shared: P owns slots 4-5,
+             N [6, 10)   blocks [b, c]           N owns 6-7 (refcount of b is 2)
+
+A child whose parent ends inside a block either continues in that block's free
+slots (the claim of the block ends exactly where the parent ends) or gets a
+copy of the parent's leading slots (copy-on-write, at most B - 1 slots).
+
+A request's block table takes, for each logical block, the block of the deepest
+node on its path that covers it.
+
+Concurrency: one ``threading.Lock`` guards the whole tree and its ``BlockAllocator``
+(nodes, children, locks, the LRU heap, refcounts, claims, the event list). Model
+compute never runs under it; the K/V tensor itself is not guarded (a block is
+written only by the request that holds it privately or in-place reserved).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, NewType
+
+import numpy as np
+
+from radixcache import events as ev
+from radixcache.pool import KVPool, PoolExhausted
+
+NodeId = NewType("NodeId", int)
+TokenSeq = bytes | np.ndarray | Sequence[int]
+
+_first = struct.Struct("<I").unpack_from
+ROOT_ID = NodeId(0)
+
+
+class TreeError(Exception):
+    """Base class of the errors the tree raises on bad input; the tree is unchanged after one."""
+
+
+class InvalidTokens(TreeError, ValueError):
+    """Empty token sequence, or a token id outside ``[0, vocab_limit)``."""
+
+
+class PromptTooLarge(TreeError):
+    """The sequence needs more blocks than the whole pool holds: it can never be served."""
+
+
+class NotLocked(TreeError):
+    """``unlock`` of a node that holds no lock."""
+
+
+class UnknownNode(TreeError, KeyError):
+    """A node id (or node object) that is not in this tree."""
+
+
+@dataclass(slots=True, eq=False)
+class RadixNode:
+    """A span of tokens ``[start, start + len(tokens) // 4)`` and the blocks covering it."""
+
+    id: NodeId
+    parent: RadixNode | None
+    start: int
+    tokens: bytes  # uint32 little-endian
+    blocks: list[int]
+    children: dict[int, RadixNode] = field(default_factory=dict)
+    lock: int = 0
+    clock: int = 0
+    alive: bool = True
+
+    @property
+    def end(self) -> int:
+        """Absolute position just past the node's last token."""
+        return self.start + len(self.tokens) // 4
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in this node's span."""
+        return len(self.tokens) // 4
+
+
+class MatchResult(NamedTuple):
+    """Result of ``match``: ``length`` tokens matched; ``node`` is the deepest node touched
+    (the match may end inside it); ``block_table`` covers positions ``[0, length)``."""
+
+    length: int
+    node: RadixNode
+    block_table: list[int]
+
+
+@dataclass(slots=True)
+class Lease:
+    """Blocks reserved for one running request, from ``allocate`` until ``insert``/``release``.
+
+    ``table`` covers positions ``[0, total)``. Entries from ``private_from`` on are the
+    request's own blocks (refcount 1, owned by this lease). When ``inplace`` is a block
+    id, the request writes in place after its matched prefix in that tree-owned block,
+    whose claim was ``prev_claim`` before the reservation.
+    """
+
+    node: RadixNode
+    matched: int
+    total: int
+    table: list[int]
+    private_from: int
+    inplace: int = -1
+    prev_claim: int = 0
+    done: bool = False
+
+
+class InsertResult(NamedTuple):
+    """``node`` is the new leaf (or None when the sequence was already cached); ``new_tokens``
+    were added to the tree; ``freed`` private blocks of the lease were returned as duplicates."""
+
+    node: RadixNode | None
+    new_tokens: int
+    freed: int
+
+
+class EvictResult(NamedTuple):
+    """What one eviction pass removed."""
+
+    nodes: int
+    tokens: int
+    blocks: int
+
+
+@dataclass(slots=True)
+class TreeStats:
+    """Running counters of structural operations."""
+
+    splits: int = 0
+    merges: int = 0
+    cow_copies: int = 0
+    slots_copied: int = 0
+    evicted_nodes: int = 0
+    evicted_tokens: int = 0
+    inserted_tokens: int = 0
+
+
+def as_token_bytes(tokens: TokenSeq, vocab_limit: int) -> bytes:
+    """Tokens as little-endian uint32 bytes; ``InvalidTokens`` on empty or out-of-range ids."""
+    if isinstance(tokens, bytes):
+        if not tokens or len(tokens) % 4:
+            raise InvalidTokens(f"token bytes must be a non-empty multiple of 4, got {len(tokens)}")
+        arr = np.frombuffer(tokens, dtype="<u4")
+    else:
+        arr = np.asarray(tokens)
+        if arr.ndim != 1 or arr.size == 0:
+            raise InvalidTokens("tokens must be a non-empty 1-D sequence")
+        if arr.dtype.kind not in "iu":
+            raise InvalidTokens(f"token ids must be integers, got {arr.dtype}")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= vocab_limit:
+        raise InvalidTokens(f"token ids must be in [0, {vocab_limit}), got min {lo} max {hi}")
+    return tokens if isinstance(tokens, bytes) else arr.astype("<u4", copy=False).tobytes()
+
+
+def _common_prefix(seq: bytes, pos: int, tokens: bytes) -> int:
+    """Tokens shared by ``seq[pos:]`` and ``tokens`` (compared in C by numpy)."""
+    n = min(len(seq) // 4 - pos, len(tokens) // 4)
+    a = np.frombuffer(seq, dtype="<u4", count=n, offset=pos * 4)
+    b = np.frombuffer(tokens, dtype="<u4", count=n)
+    diff = np.flatnonzero(a != b)
+    return int(diff[0]) if diff.size else n
+
+
+class RadixTree:
+    """The radix tree over a ``KVPool``. All public methods are thread-safe (one lock)."""
+
+    def __init__(
+        self,
+        pool: KVPool,
+        *,
+        high: float = 0.92,
+        low: float = 0.85,
+        vocab_limit: int = 2**32 - 1,
+        record_events: bool = True,
+    ) -> None:
+        self.pool = pool
+        self.alloc = pool.allocator
+        self.B = pool.block_size
+        self.vocab_limit = vocab_limit
+        self.lock_ = threading.Lock()
+        self.stats = TreeStats()
+        self._check_watermarks(high, low)
+        self.high, self.low = high, low
+        self._events: list[ev.AnyEvent] = []
+        self._emit: Callable[[ev.AnyEvent], None] | None = (
+            self._events.append if record_events else None
+        )
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self.root = RadixNode(ROOT_ID, None, 0, b"", [])
+        self._nodes: dict[int, RadixNode] = {ROOT_ID: self.root}
+        self._next_id = 1
+        self._clock = 0
+        self._heap: list[tuple[int, int, RadixNode]] = []
+        self._request_blocks: set[int] = set()
+        self._inplace: set[int] = set()
+
+    # -- events ----------------------------------------------------------------------------
+    def take_events(self) -> list[ev.AnyEvent]:
+        """Drain the events recorded since the last call, in order (one list swap)."""
+        with self.lock_:
+            out = self._events
+            self._events = []
+            if self._emit is not None:
+                self._emit = self._events.append
+            return out
+
+    # -- lookup ----------------------------------------------------------------------------
+    def node(self, node_id: int) -> RadixNode:
+        """The live node with this id; raises ``UnknownNode``."""
+        try:
+            return self._nodes[node_id]
+        except KeyError:
+            raise UnknownNode(f"no node {node_id} in the tree") from None
+
+    def __len__(self) -> int:
+        """Number of nodes, the root excluded."""
+        return len(self._nodes) - 1
+
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens held by all nodes."""
+        return sum(n.num_tokens for n in self._nodes.values())
+
+    # -- match -----------------------------------------------------------------------------
+    def _walk(self, seq: bytes) -> tuple[RadixNode, int, list[int]]:
+        """Deepest match of ``seq``: (node, matched length, block table). No state change."""
+        node, pos, n, B = self.root, 0, len(seq) // 4, self.B
+        table: list[int] = []
+        while pos < n:
+            child = node.children.get(_first(seq, pos * 4)[0])
+            if child is None:
+                break
+            if child.start % B:
+                table[-1:] = child.blocks
+            else:
+                table.extend(child.blocks)
+            node = child
+            if seq.startswith(child.tokens, pos * 4):
+                pos += len(child.tokens) // 4
+            else:
+                pos += _common_prefix(seq, pos, child.tokens)
+                break
+        del table[(pos + B - 1) // B :]
+        return node, pos, table
+
+    def _touch(self, node: RadixNode) -> None:
+        self._clock += 1
+        c = self._clock
+        n: RadixNode | None = node
+        while n is not None:
+            n.clock = c
+            n = n.parent
+        if not node.children and node.lock == 0 and node is not self.root:
+            heapq.heappush(self._heap, (c, node.id, node))
+        if self._emit is not None:
+            self._emit(ev.Access(node.id, c))
+
+    def match(self, tokens: TokenSeq) -> MatchResult:
+        """Longest cached prefix of ``tokens`` at token granularity; marks the path used (LRU).
+
+        The result's node is not locked: use ``match_and_lock`` when the blocks will be used.
+        """
+        seq = as_token_bytes(tokens, self.vocab_limit)
+        with self.lock_:
+            node, length, table = self._walk(seq)
+            self._touch(node)
+            return MatchResult(length, node, table)
+
+    def match_and_lock(self, tokens: TokenSeq) -> MatchResult:
+        """``match`` and ``lock`` of the result's node, atomically."""
+        seq = as_token_bytes(tokens, self.vocab_limit)
+        with self.lock_:
+            node, length, table = self._walk(seq)
+            self._touch(node)
+            self._lock(node)
+            return MatchResult(length, node, table)
+
+    # -- lock ------------------------------------------------------------------------------
+    def _lock(self, node: RadixNode) -> None:
+        n: RadixNode | None = node
+        while n is not None:
+            n.lock += 1
+            n = n.parent
+        if self._emit is not None:
+            self._emit(ev.Lock(node.id, 1))
+
+    def _alive(self, node: RadixNode) -> RadixNode:
+        if not node.alive or self._nodes.get(node.id) is not node:
+            raise UnknownNode(f"node {node.id} is not in the tree")
+        return node
+
+    def lock(self, node: RadixNode) -> None:
+        """Hold a reference on every node of ``node``'s path: none is evicted until unlock."""
+        with self.lock_:
+            self._lock(self._alive(node))
+
+    def unlock(self, node: RadixNode) -> None:
+        """Drop the reference ``lock`` took. ``NotLocked``/``UnknownNode``: tree unchanged."""
+        with self.lock_:
+            self._alive(node)
+            if node.lock <= 0:
+                raise NotLocked(f"node {node.id} is not locked")
+            n: RadixNode | None = node
+            while n is not None:
+                n.lock -= 1
+                n = n.parent
+            if self._emit is not None:
+                self._emit(ev.Lock(node.id, -1))
+            if node is not self.root and node.lock == 0 and not node.children:
+                heapq.heappush(self._heap, (node.clock, node.id, node))
+            self._maybe_merge(node)
+
+    # -- allocate --------------------------------------------------------------------------
+    def allocate(self, match: MatchResult, total: int) -> Lease:
+        """Reserve blocks so a request can hold ``total`` positions after its matched prefix.
+
+        The caller must hold a lock on ``match.node`` (``match_and_lock``). Evicts LRU leaves
+        as needed (and down to the low watermark once use passes the high one). The boundary
+        block is reserved in place when its claim ends at the match, else copied (COW).
+        Raises ``PromptTooLarge`` (never fits) or ``PoolExhausted`` (retry later); the tree is
+        unchanged then.
+        """
+        with self.lock_:
+            return self._allocate(match, total)
+
+    def _allocate(self, match: MatchResult, total: int) -> Lease:
+        B, m = self.B, match.length
+        if total <= 0 or total < m:
+            raise InvalidTokens(f"total {total} must be positive and >= matched {m}")
+        if (total + B - 1) // B > self.alloc.num_blocks:
+            raise PromptTooLarge(
+                f"{total} tokens need {(total + B - 1) // B} blocks;"
+                f" the pool has {self.alloc.num_blocks}"
+            )
+        self._alive(match.node)
+        table = list(match.block_table)
+        if total == m:  # nothing to write: the lease holds no block of its own
+            return Lease(match.node, m, total, table, len(table))
+        j0, partial = divmod(m, B)
+        new = (total + B - 1) // B - len(table)
+        if partial and self.alloc.claim(table[j0]) != partial:
+            new += 1
+        self._make_room(new)
+        if partial and self.alloc.claim(table[j0]) == partial:
+            x = table[j0]
+            lease = Lease(match.node, m, total, table, j0 + 1, x, partial)
+            self.alloc.set_claim(x, min(B, total - j0 * B))
+            self._inplace.add(x)
+            new = (total + B - 1) // B - len(table)
+        else:
+            lease = Lease(match.node, m, total, table, j0)
+        blocks = self.alloc.alloc(new)
+        if partial and lease.inplace < 0:
+            src = table[j0]
+            table[j0] = blocks[0]
+            self.pool.copy_slots(src, blocks[0], partial)
+            self.stats.cow_copies += 1
+            self.stats.slots_copied += partial
+            if self._emit is not None:
+                self._emit(ev.Cow(src, blocks[0], partial))
+            table.extend(blocks[1:])
+        else:
+            table.extend(blocks)
+        for j in range(lease.private_from, len(table)):
+            self.alloc.set_claim(table[j], min(B, total - j * B))
+        self._request_blocks.update(blocks)
+        if self._emit is not None and blocks:
+            self._emit(ev.BlockAlloc(blocks))
+        return lease
+
+    def _make_room(self, need: int) -> None:
+        """Evict so that ``need`` blocks are free, and down to ``low`` once past ``high``."""
+        a = self.alloc
+        if a.used_count + need > self.high * a.num_blocks:
+            target = need + round(a.num_blocks * (1 - self.low))
+            if a.free_count < target:
+                self._evict_blocks(target - a.free_count)
+        if a.free_count < need:
+            raise PoolExhausted(
+                f"need {need} blocks, {a.free_count} free and nothing more evictable"
+            )
+
+    # -- insert ----------------------------------------------------------------------------
+    def insert(self, tokens: TokenSeq, lease: Lease) -> InsertResult:
+        """Cache ``tokens`` (the request's whole sequence, at most ``lease.total``) using the
+        lease's blocks, splitting an edge where it diverges. Consumes the lease: blocks that
+        duplicate what is already cached go back to the free list. Does not unlock."""
+        seq = as_token_bytes(tokens, self.vocab_limit)
+        with self.lock_:
+            if lease.done:
+                raise TreeError("lease already consumed")
+            n = len(seq) // 4
+            if n > lease.total:
+                raise InvalidTokens(f"{n} tokens exceed the lease's {lease.total}")
+            node, pos, _ = self._walk(seq)
+            leaf = None
+            if pos < n:
+                leaf = self._attach(seq, node, pos, lease)
+            freed = self._finish_lease(lease, leaf, pos, n)
+            self._touch(leaf or node)
+            if leaf is not None:
+                # attached under a node the request did not lock (cached meanwhile): compress
+                self._maybe_merge(node if leaf.parent is None else leaf.parent)
+            self.stats.inserted_tokens += n - pos if leaf else 0
+            return InsertResult(leaf, n - pos if leaf else 0, freed)
+
+    def _attach(self, seq: bytes, node: RadixNode, pos: int, lease: Lease) -> RadixNode | None:
+        """Create the leaf ``[pos, n)``; returns None when its boundary block cannot be had."""
+        B, n = self.B, len(seq) // 4
+        j_first, j_last = pos // B, (n - 1) // B
+        blocks = lease.table[j_first : j_last + 1]
+        shared = False
+        if pos % B and j_first < lease.private_from:
+            # The only tree-owned block a leaf can start in is the lease's in-place block.
+            if node.blocks[(pos - 1) // B - node.start // B] == lease.inplace:
+                shared = True
+            else:
+                copy = self._copy_out(lease.inplace, min(B, n - j_first * B))
+                if copy < 0:
+                    return None
+                blocks[0] = copy
+        if pos < node.end:
+            node = self._split(node, pos - node.start)
+        leaf = RadixNode(NodeId(self._next_id), node, pos, seq[pos * 4 : n * 4], blocks)
+        self._next_id += 1
+        self._nodes[leaf.id] = leaf
+        node.children[_first(seq, pos * 4)[0]] = leaf
+        if shared:
+            self.alloc.incref(blocks[0])
+        self.alloc.set_claim(blocks[-1], n - j_last * B)  # the request may have reserved more
+        self._request_blocks.difference_update(blocks)
+        if self._emit is not None:
+            self._emit(ev.NodeCreated(leaf.id, node.id, pos, leaf.tokens, blocks, shared))
+        return leaf
+
+    def _copy_out(self, src: int, slots: int) -> int:
+        """A private copy of ``src``'s first ``slots`` slots from the free list, or -1 if none."""
+        if self.alloc.free_count == 0:
+            return -1
+        dst = self.alloc.alloc(1)[0]
+        self.pool.copy_slots(src, dst, slots)
+        self.alloc.set_claim(dst, slots)
+        self._request_blocks.add(dst)
+        self.stats.cow_copies += 1
+        self.stats.slots_copied += slots
+        if self._emit is not None:
+            self._emit(ev.BlockAlloc([dst]))
+            self._emit(ev.Cow(src, dst, slots))
+        return dst
+
+    def _finish_lease(self, lease: Lease, leaf: RadixNode | None, pos: int, n: int) -> int:
+        """Free the lease's blocks the leaf did not take; settle the in-place claim."""
+        used = set(leaf.blocks) if leaf is not None else set()
+        dup = [b for b in lease.table[lease.private_from :] if b not in used]
+        if lease.inplace >= 0:
+            self._inplace.discard(lease.inplace)
+            if lease.inplace not in used:
+                self.alloc.set_claim(lease.inplace, lease.prev_claim)
+        freed = 0
+        for b in dup:
+            freed += self.alloc.decref(b)
+        self._request_blocks.difference_update(dup)
+        if self._emit is not None and dup:
+            self._emit(ev.BlockFree(dup))
+        lease.done = True
+        return freed
+
+    def release(self, lease: Lease) -> None:
+        """Abort: return every private block of the lease and undo its in-place reservation."""
+        with self.lock_:
+            if not lease.done:
+                self._finish_lease(lease, None, 0, 0)
+
+    # -- split / merge ---------------------------------------------------------------------
+    def _split(self, node: RadixNode, k: int) -> RadixNode:
+        """Split ``node`` ``k`` tokens in; returns the new prefix (the old id keeps the suffix)."""
+        B, s = self.B, node.start
+        p = s + k
+        first = s // B
+        prefix_blocks = node.blocks[: (p - 1) // B - first + 1]
+        suffix_blocks = node.blocks[p // B - first :]
+        if p % B:
+            self.alloc.incref(suffix_blocks[0])
+        parent = node.parent
+        assert parent is not None
+        prefix = RadixNode(
+            NodeId(self._next_id),
+            parent,
+            s,
+            node.tokens[: k * 4],
+            prefix_blocks,
+            lock=node.lock,
+            clock=node.clock,
+        )
+        self._next_id += 1
+        self._nodes[prefix.id] = prefix
+        parent.children[_first(node.tokens, 0)[0]] = prefix
+        prefix.children[_first(node.tokens, k * 4)[0]] = node
+        node.parent, node.start = prefix, p
+        node.tokens, node.blocks = node.tokens[k * 4 :], suffix_blocks
+        self.stats.splits += 1
+        if self._emit is not None:
+            self._emit(ev.Split(node.id, k, prefix.id, prefix_blocks, suffix_blocks))
+        return prefix
+
+    def _maybe_merge(self, parent: RadixNode) -> None:
+        """Join ``parent`` into its only child when both hold the same lock count."""
+        if parent is self.root or len(parent.children) != 1:
+            return
+        (child,) = parent.children.values()
+        if child.lock != parent.lock:
+            return
+        B = self.B
+        dropped = -1
+        if child.start % B:
+            dropped = parent.blocks[-1]
+            if not self.alloc.decref(dropped) and dropped != child.blocks[0]:
+                # the grandparent chain still holds it: its claim falls back to our start
+                self.alloc.set_claim(dropped, parent.start % B)
+            child.blocks = parent.blocks[:-1] + child.blocks
+        else:
+            child.blocks = parent.blocks + child.blocks
+        grand = parent.parent
+        assert grand is not None
+        grand.children[_first(parent.tokens, 0)[0]] = child
+        child.parent, child.start = grand, parent.start
+        child.tokens = parent.tokens + child.tokens
+        if parent.clock > child.clock:
+            child.clock = parent.clock
+            if not child.children and child.lock == 0:
+                heapq.heappush(self._heap, (child.clock, child.id, child))
+        parent.alive = False
+        del self._nodes[parent.id]
+        self.stats.merges += 1
+        if self._emit is not None:
+            self._emit(ev.Merge(parent.id, child.id, dropped))
+
+    # -- eviction --------------------------------------------------------------------------
+    def _pop_victim(self) -> RadixNode | None:
+        heap = self._heap
+        while heap:
+            clock, _, node = heapq.heappop(heap)
+            if node.alive and not node.children and node.lock == 0 and node.clock == clock:
+                return node
+        return None
+
+    def _evict_blocks(self, want: int) -> EvictResult:
+        """Evict LRU unlocked leaves until ``want`` blocks are freed (or none is left)."""
+        freed = nodes = tokens = 0
+        while freed < want:
+            victim = self._pop_victim()
+            if victim is None:
+                break
+            freed += self._evict_leaf(victim)
+            nodes += 1
+            tokens += victim.num_tokens
+        if len(self._heap) > 2 * len(self._nodes) + 1024:
+            self._rebuild_heap()
+        return EvictResult(nodes, tokens, freed)
+
+    def _evict_leaf(self, leaf: RadixNode) -> int:
+        parent = leaf.parent
+        assert parent is not None
+        freed = [b for b in leaf.blocks if self.alloc.decref(b)]
+        if leaf.start % self.B and parent is not self.root and leaf.blocks[0] == parent.blocks[-1]:
+            self.alloc.set_claim(leaf.blocks[0], leaf.start % self.B)
+        del parent.children[_first(leaf.tokens, 0)[0]]
+        del self._nodes[leaf.id]
+        leaf.alive = False
+        self.stats.evicted_nodes += 1
+        self.stats.evicted_tokens += leaf.num_tokens
+        if self._emit is not None:
+            self._emit(ev.Evict(leaf.id, leaf.num_tokens, freed))
+        if parent is not self.root:
+            if not parent.children and parent.lock == 0:
+                heapq.heappush(self._heap, (parent.clock, parent.id, parent))
+            else:
+                self._maybe_merge(parent)
+        return len(freed)
+
+    def _rebuild_heap(self) -> None:
+        self._heap = [
+            (n.clock, n.id, n)
+            for n in self._nodes.values()
+            if not n.children and n.lock == 0 and n is not self.root
+        ]
+        heapq.heapify(self._heap)
+
+    def evict(self, n_tokens: int) -> EvictResult:
+        """Free at least ``n_tokens`` token slots (rounded up to blocks) of LRU unlocked leaves,
+        or as many as can be freed. Locked paths are never evicted."""
+        if n_tokens < 0:
+            raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
+        with self.lock_:
+            return self._evict_blocks((n_tokens + self.B - 1) // self.B)
+
+    def lru_order(self, limit: int) -> list[RadixNode]:
+        """The next ``limit`` eviction victims in order (does not change the tree)."""
+        with self.lock_:
+            live = [
+                (c, i, n)
+                for c, i, n in self._heap
+                if n.alive and not n.children and n.lock == 0 and n.clock == c
+            ]
+            return [n for _, _, n in heapq.nsmallest(limit, set(live))]
+
+    # -- watermarks / reset ----------------------------------------------------------------
+    @staticmethod
+    def _check_watermarks(high: float, low: float) -> None:
+        if not 0.0 < low <= high <= 1.0:
+            raise ValueError(f"watermarks need 0 < low <= high <= 1, got high={high} low={low}")
+
+    def set_watermarks(self, high: float, low: float) -> None:
+        """Set the eviction band: past ``high`` (fraction of blocks used) evict down to ``low``."""
+        self._check_watermarks(high, low)
+        with self.lock_:
+            self.high, self.low = high, low
+
+    def reset(self) -> None:
+        """Drop every node and free every block. Raises ``TreeError`` while anything is locked
+        or a lease is outstanding."""
+        with self.lock_:
+            if self.root.lock or self._request_blocks:
+                raise TreeError("cannot reset while requests hold locks or blocks")
+            self.alloc.reset()
+            self._reset_state()
+            if self._emit is not None:
+                self._emit(ev.Reset())
+
+    # -- state export ----------------------------------------------------------------------
+    def check(self) -> None:
+        """Verify every invariant (see ``radixcache.invariants``); raises ``InvariantError``."""
+        from radixcache.invariants import check_tree
+
+        with self.lock_:
+            check_tree(self)
+
+    def snapshot(self) -> ev.Snapshot:
+        """The whole state as one event (parents before children)."""
+        with self.lock_:
+            nodes = []
+            stack = [self.root]
+            while stack:
+                n = stack.pop()
+                nodes.append(
+                    ev.NodeState(
+                        n.id,
+                        n.parent.id if n.parent else -1,
+                        n.start,
+                        n.tokens,
+                        list(n.blocks),
+                        n.lock,
+                        n.clock,
+                    )
+                )
+                stack.extend(n.children.values())
+            return ev.Snapshot(
+                self.B,
+                self.alloc.num_blocks,
+                nodes,
+                self._clock,
+                self._next_id,
+                sorted(self._request_blocks),
+                self.high,
+                self.low,
+            )
+
+    def digest(self) -> str:
+        """A stable hash of the structure: every node's id, parent, span, tokens, blocks, lock
+        and access clock, and the request-held blocks. Equal for a mirror built from events."""
+        with self.lock_:
+            return structure_digest(
+                (
+                    (
+                        n.id,
+                        n.parent.id if n.parent else -1,
+                        n.start,
+                        n.tokens,
+                        n.blocks,
+                        n.lock,
+                        n.clock,
+                    )
+                    for n in self._nodes.values()
+                ),
+                self._request_blocks,
+            )
+
+
+def structure_digest(nodes: object, request_blocks: set[int]) -> str:
+    """The digest shared by the tree and the mirror (see ``RadixTree.digest``)."""
+    h = hashlib.blake2b(digest_size=16)
+    rows = sorted(nodes, key=lambda r: r[0])  # type: ignore[call-overload]
+    for nid, parent, start, tokens, blocks, lock, clock in rows:
+        h.update(struct.pack("<qqqqq", nid, parent, start, lock, clock))
+        h.update(tokens)
+        h.update(np.asarray(blocks, dtype="<i8").tobytes())
+        h.update(b"|")
+    h.update(np.asarray(sorted(request_blocks), dtype="<i8").tobytes())
+    return h.hexdigest()
