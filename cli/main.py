@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cli.cmd_doctor  # noqa: F401
 from cli.app import app
 
 
