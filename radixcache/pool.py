@@ -16,7 +16,9 @@ exactly where its own prefix ends; otherwise it takes a copy of the leading slot
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -53,12 +55,15 @@ class BlockAllocator:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks <= 0 or block_size <= 0:
-            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
+            raise ValueError(
+                f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._free: deque[int] = deque(range(num_blocks))
-        self._ref: list[int] = [0] * num_blocks
-        self._claim: list[int] = [0] * num_blocks
+        # int32 arrays: 8 bytes a block in all, where lists would take 16 plus int objects
+        self._ref = array("i", bytes(4 * num_blocks))
+        self._claim = array("i", bytes(4 * num_blocks))
 
     # -- figures ---------------------------------------------------------------------------
     @property
@@ -90,16 +95,17 @@ class BlockAllocator:
 
     # -- mutation --------------------------------------------------------------------------
     def alloc(self, n: int) -> list[int]:
-        """Take ``n`` blocks off the free list, each with refcount 1 and claim 0.
+        """Take ``n`` blocks off the free list, each with refcount 1 and fully claimed.
 
         Raises ``PoolExhausted`` (and takes nothing) when fewer than ``n`` are free.
         """
         if n > len(self._free):
             raise PoolExhausted(f"need {n} blocks, {len(self._free)} free")
-        free, ref = self._free, self._ref
+        free, ref, claim, size = self._free, self._ref, self._claim, self.block_size
         out = [free.popleft() for _ in range(n)]
         for b in out:
             ref[b] = 1
+            claim[b] = size
         return out
 
     def incref(self, block: int) -> None:
@@ -120,6 +126,21 @@ class BlockAllocator:
             return True
         return False
 
+    def decref_many(self, blocks: Iterable[int]) -> list[int]:
+        """``decref`` each block; returns those that went back to the free list, in order."""
+        ref, claim, free = self._ref, self._claim, self._free
+        freed = []
+        for b in blocks:
+            r = ref[b] - 1
+            if r < 0:
+                raise BlockStateError(f"decref of free block {b}")
+            ref[b] = r
+            if r == 0:
+                claim[b] = 0
+                free.append(b)
+                freed.append(b)
+        return freed
+
     def set_claim(self, block: int, slots: int) -> None:
         """Set how many leading slots of an in-use block are spoken for."""
         if self._ref[block] <= 0 or not 0 <= slots <= self.block_size:
@@ -129,8 +150,8 @@ class BlockAllocator:
     def reset(self) -> None:
         """Return every block to the free list (for an engine reset)."""
         self._free = deque(range(self.num_blocks))
-        self._ref = [0] * self.num_blocks
-        self._claim = [0] * self.num_blocks
+        self._ref = array("i", bytes(4 * self.num_blocks))
+        self._claim = array("i", bytes(4 * self.num_blocks))
 
 
 class KVPool:
@@ -157,6 +178,7 @@ class KVPool:
             dtype=s.dtype,
             device=self.device,
         )
+        self._by_block = self.kv.permute(2, 0, 1, 3, 4, 5)  # a view: block-major indexing
 
     @property
     def num_blocks(self) -> int:
@@ -169,13 +191,13 @@ class KVPool:
         return self.allocator.num_blocks * self.block_size
 
     def copy_slots(self, src: int, dst: int, slots: int) -> None:
-        """Copy the first ``slots`` slots of block ``src`` into block ``dst`` (K and V, every layer).
+        """Copy the first ``slots`` slots of block ``src`` into ``dst`` (K and V, every layer).
 
         This is the copy-on-write of a boundary block: a tensor copy on the pool's device.
         """
         if not 0 < slots <= self.block_size:
             raise ValueError(f"slots must be in 1..{self.block_size}, got {slots}")
-        self.kv[:, :, dst, :slots] = self.kv[:, :, src, :slots]
+        self._by_block[dst, :, :, :slots].copy_(self._by_block[src, :, :, :slots])
 
     def copy_slots_batch(self, src: list[int], dst: list[int], slots: list[int]) -> None:
         """Many boundary copies in one pass: whole blocks are gathered, then masked to ``slots``."""
@@ -192,4 +214,11 @@ class KVPool:
     def bytes_per_block(self) -> int:
         """Bytes of K and V one block holds across all layers."""
         s = self.shape
-        return 2 * s.num_layers * self.block_size * s.num_kv_heads * s.head_dim * self.kv.element_size()
+        return (
+            2
+            * s.num_layers
+            * self.block_size
+            * s.num_kv_heads
+            * s.head_dim
+            * self.kv.element_size()
+        )

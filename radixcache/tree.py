@@ -24,9 +24,11 @@ written only by the request that holds it privately or in-place reserved).
 from __future__ import annotations
 
 import hashlib
+from array import array
 import heapq
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, NewType
@@ -41,6 +43,7 @@ TokenSeq = bytes | np.ndarray | Sequence[int]
 
 _first = struct.Struct("<I").unpack_from
 ROOT_ID = NodeId(0)
+_U32 = 2**32
 
 
 class TreeError(Exception):
@@ -71,7 +74,7 @@ class RadixNode:
     parent: RadixNode | None
     start: int
     tokens: bytes  # uint32 little-endian
-    blocks: list[int]
+    blocks: array[int]  # int32: 4 bytes a block, not a 36-byte int object
     children: dict[int, RadixNode] = field(default_factory=dict)
     lock: int = 0
     clock: int = 0
@@ -145,13 +148,20 @@ class TreeStats:
     evicted_nodes: int = 0
     evicted_tokens: int = 0
     inserted_tokens: int = 0
+    evict_calls: int = 0
+    last_evict_ns: int = 0
 
 
 def as_token_bytes(tokens: TokenSeq, vocab_limit: int) -> bytes:
-    """Tokens as little-endian uint32 bytes; ``InvalidTokens`` on empty or out-of-range ids."""
+    """Tokens as little-endian uint32 bytes; ``InvalidTokens`` on empty or out-of-range ids.
+
+    uint32 input (bytes or array) is taken without a range scan when ``vocab_limit`` is 2**32.
+    """
     if isinstance(tokens, bytes):
         if not tokens or len(tokens) % 4:
             raise InvalidTokens(f"token bytes must be a non-empty multiple of 4, got {len(tokens)}")
+        if vocab_limit >= _U32:
+            return tokens
         arr = np.frombuffer(tokens, dtype="<u4")
     else:
         arr = np.asarray(tokens)
@@ -159,10 +169,12 @@ def as_token_bytes(tokens: TokenSeq, vocab_limit: int) -> bytes:
             raise InvalidTokens("tokens must be a non-empty 1-D sequence")
         if arr.dtype.kind not in "iu":
             raise InvalidTokens(f"token ids must be integers, got {arr.dtype}")
+        if arr.dtype == np.uint32 and vocab_limit >= _U32:
+            return arr.tobytes()
     lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 or hi >= vocab_limit:
+    if lo < 0 or hi >= min(vocab_limit, _U32):
         raise InvalidTokens(f"token ids must be in [0, {vocab_limit}), got min {lo} max {hi}")
-    return tokens if isinstance(tokens, bytes) else arr.astype("<u4", copy=False).tobytes()
+    return tokens if isinstance(tokens, bytes) else arr.astype("<u4").tobytes()
 
 
 def _common_prefix(seq: bytes, pos: int, tokens: bytes) -> int:
@@ -183,7 +195,7 @@ class RadixTree:
         *,
         high: float = 0.92,
         low: float = 0.85,
-        vocab_limit: int = 2**32 - 1,
+        vocab_limit: int = _U32,
         record_events: bool = True,
     ) -> None:
         self.pool = pool
@@ -201,7 +213,7 @@ class RadixTree:
         self._reset_state()
 
     def _reset_state(self) -> None:
-        self.root = RadixNode(ROOT_ID, None, 0, b"", [])
+        self.root = RadixNode(ROOT_ID, None, 0, b"", array("i"))
         self._nodes: dict[int, RadixNode] = {ROOT_ID: self.root}
         self._next_id = 1
         self._clock = 0
@@ -376,8 +388,8 @@ class RadixTree:
             table.extend(blocks[1:])
         else:
             table.extend(blocks)
-        for j in range(lease.private_from, len(table)):
-            self.alloc.set_claim(table[j], min(B, total - j * B))
+        if len(table) > lease.private_from:  # the last block is claimed up to ``total``
+            self.alloc.set_claim(table[-1], total - (len(table) - 1) * B)
         self._request_blocks.update(blocks)
         if self._emit is not None and blocks:
             self._emit(ev.BlockAlloc(blocks))
@@ -389,7 +401,10 @@ class RadixTree:
         if a.used_count + need > self.high * a.num_blocks:
             target = need + round(a.num_blocks * (1 - self.low))
             if a.free_count < target:
+                t0 = time.perf_counter_ns()
                 self._evict_blocks(target - a.free_count)
+                self.stats.evict_calls += 1
+                self.stats.last_evict_ns = time.perf_counter_ns() - t0
         if a.free_count < need:
             raise PoolExhausted(
                 f"need {need} blocks, {a.free_count} free and nothing more evictable"
@@ -436,7 +451,9 @@ class RadixTree:
                 blocks[0] = copy
         if pos < node.end:
             node = self._split(node, pos - node.start)
-        leaf = RadixNode(NodeId(self._next_id), node, pos, seq[pos * 4 : n * 4], blocks)
+        leaf = RadixNode(
+            NodeId(self._next_id), node, pos, seq[pos * 4 : n * 4], array("i", blocks)
+        )
         self._next_id += 1
         self._nodes[leaf.id] = leaf
         node.children[_first(seq, pos * 4)[0]] = leaf
@@ -471,9 +488,7 @@ class RadixTree:
             self._inplace.discard(lease.inplace)
             if lease.inplace not in used:
                 self.alloc.set_claim(lease.inplace, lease.prev_claim)
-        freed = 0
-        for b in dup:
-            freed += self.alloc.decref(b)
+        freed = len(self.alloc.decref_many(dup))
         self._request_blocks.difference_update(dup)
         if self._emit is not None and dup:
             self._emit(ev.BlockFree(dup))
@@ -515,7 +530,9 @@ class RadixTree:
         node.tokens, node.blocks = node.tokens[k * 4 :], suffix_blocks
         self.stats.splits += 1
         if self._emit is not None:
-            self._emit(ev.Split(node.id, k, prefix.id, prefix_blocks, suffix_blocks))
+            self._emit(
+                ev.Split(node.id, k, prefix.id, prefix_blocks.tolist(), suffix_blocks.tolist())
+            )
         return prefix
 
     def _maybe_merge(self, parent: RadixNode) -> None:
@@ -545,6 +562,7 @@ class RadixTree:
             if not child.children and child.lock == 0:
                 heapq.heappush(self._heap, (child.clock, child.id, child))
         parent.alive = False
+        parent.tokens, parent.blocks = b"", array("i")
         del self._nodes[parent.id]
         self.stats.merges += 1
         if self._emit is not None:
@@ -569,14 +587,14 @@ class RadixTree:
             freed += self._evict_leaf(victim)
             nodes += 1
             tokens += victim.num_tokens
-        if len(self._heap) > 2 * len(self._nodes) + 1024:
+        if len(self._heap) > len(self._nodes) + 32:  # stale entries: keep memory near 1x
             self._rebuild_heap()
         return EvictResult(nodes, tokens, freed)
 
     def _evict_leaf(self, leaf: RadixNode) -> int:
         parent = leaf.parent
         assert parent is not None
-        freed = [b for b in leaf.blocks if self.alloc.decref(b)]
+        freed = self.alloc.decref_many(leaf.blocks)
         if leaf.start % self.B and parent is not self.root and leaf.blocks[0] == parent.blocks[-1]:
             self.alloc.set_claim(leaf.blocks[0], leaf.start % self.B)
         del parent.children[_first(leaf.tokens, 0)[0]]
@@ -586,6 +604,7 @@ class RadixTree:
         self.stats.evicted_tokens += leaf.num_tokens
         if self._emit is not None:
             self._emit(ev.Evict(leaf.id, leaf.num_tokens, freed))
+        leaf.tokens, leaf.blocks = b"", array("i")  # stale heap entries may still point here
         if parent is not self.root:
             if not parent.children and parent.lock == 0:
                 heapq.heappush(self._heap, (parent.clock, parent.id, parent))

@@ -1,0 +1,130 @@
+"""`radixcache bench tree`: the ShareGPT trace through the tree and two baseline policies."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cli.app import bench_app
+from radixcache.baselines import replay_block_hash
+from radixcache.benchtree import Request, TreeBenchConfig, TreeRun, figures, replay_tree
+from radixcache.sharegpt import DatasetUnavailable, load_trace
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+def _run(bar: Progress, label: str, reqs: list[Request], cfg: TreeBenchConfig) -> TreeRun:
+    task = bar.add_task(label, total=len(reqs))
+    return replay_tree(reqs, cfg, lambda n: bar.advance(task, n))
+
+
+def _table(fig: dict[str, float | int | None]) -> Table:
+    t = Table(title="radixcache bench tree (ShareGPT multi-turn trace)", show_lines=False)
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+
+    def pct(k: str) -> str:
+        v = fig[k]
+        return "n/a" if v is None else f"{100 * float(v):.2f}%"
+
+    rows: list[tuple[str, str]] = [
+        ("requests", f"{fig['requests']:,}"),
+        ("prompt tokens", f"{fig['prompt_tokens']:,}"),
+        ("token hit rate (tree)", pct("hit_rate")),
+        ("hit rate, same tree at block size 1", pct("hit_rate_block_size_1")),
+        ("hit rate, page-aligned matching", pct("hit_rate_page_aligned")),
+        ("hit rate, full-block hashing", pct("hit_rate_block_hash")),
+    ]
+    for op in ("match", "lock", "alloc", "evict", "insert", "unlock"):
+        rows.append(
+            (f"{op} us mean / p99", f"{fig[op + '_us_mean']:.2f} / {fig[op + '_us_p99']:.2f}")
+        )
+    bpt = fig["bytes_per_cached_token"]
+    rows += [
+        ("tree-op seconds (events on)", f"{fig['tree_op_seconds']:.3f}"),
+        ("tree-op seconds (events off)", f"{fig['tree_op_seconds_events_off']:.3f}"),
+        ("event overhead", pct("event_overhead")),
+        ("events", f"{fig['events']:,}"),
+        ("tokens evicted", f"{fig['tokens_evicted']:,}"),
+        ("splits / merges", f"{fig['splits']:,} / {fig['merges']:,}"),
+        ("COW copies / slots copied", f"{fig['cow_copies']:,} / {fig['slots_copied']:,}"),
+        ("metadata bytes per cached token", "--memory" if bpt is None else f"{bpt:.2f}"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+@bench_app.command("tree")
+def bench_tree(
+    limit: int = typer.Option(0, "--limit", min=0, help="Only the first N requests (0: all)."),
+    block_size: int = typer.Option(16, "--block-size", min=1, max=1024, help="Tokens per block."),
+    capacity: int = typer.Option(200_000, "--capacity", min=1, help="Token slots in the pool."),
+    high: float = typer.Option(1.0, "--high", min=0.01, max=1.0, help="High watermark."),
+    low: float = typer.Option(1.0, "--low", min=0.01, max=1.0, help="Low watermark."),
+    memory: bool = typer.Option(False, "--memory", help="Measure metadata bytes (tracemalloc)."),
+    block1: bool = typer.Option(
+        True, "--block1/--no-block1", help="Also replay the same tree at block size 1."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Replay the ShareGPT multi-turn trace through the tree and two baselines.
+
+    Example: [bold]radixcache bench tree --limit 20000 --json[/bold]
+    """
+    if low > high:
+        raise typer.BadParameter(f"--low {low} must not exceed --high {high}")
+    console = Console(stderr=True)
+    try:
+        with console.status("loading the ShareGPT trace"):
+            trace = load_trace(limit or None)
+    except DatasetUnavailable as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    reqs: list[Request] = [(r.prompt, r.output) for r in trace.requests]
+    cfg = TreeBenchConfig(block_size, capacity, high, low)
+    aligned_cfg = TreeBenchConfig(block_size, capacity, high, low, page_aligned=True)
+    with _progress(console) as bar:
+        run = _run(bar, "tree (events on)", reqs, cfg)
+        quiet = _run(bar, "tree (events off)", reqs, replace(cfg, record_events=False))
+        aligned = _run(bar, "page-aligned", reqs, aligned_cfg)
+        one = (
+            _run(bar, "tree at block size 1", reqs, replace(cfg, block_size=1)) if block1 else None
+        )
+        task = bar.add_task("full-block hashing", total=len(reqs))
+        bh = replay_block_hash(iter_progress(reqs, lambda: bar.advance(task)), capacity, block_size)
+        if memory:
+            mem = _run(bar, "tree (tracemalloc)", reqs, replace(cfg, measure_memory=True))
+            run.metadata_bytes, run.cached_tokens = mem.metadata_bytes, mem.cached_tokens
+    fig = figures(run, quiet, aligned, bh.hit_rate, one)
+    if trace.truncated_at is not None:
+        console.print(
+            f"dataset cut at byte {trace.truncated_at:,}:"
+            f" {trace.records_decoded:,} complete records used"
+        )
+    if as_json:
+        typer.echo(json.dumps(fig))
+    else:
+        Console().print(_table(fig))
+
+
+def iter_progress(reqs: list[Request], tick: Callable[[], None]) -> Iterator[Request]:
+    """Yield the requests, ticking the progress bar for each."""
+    for r in reqs:
+        tick()
+        yield r

@@ -1,0 +1,221 @@
+"""`radixcache bench tree`: the ShareGPT multi-turn trace replayed through the tree.
+
+Replay protocol (identical for every policy, so hit rates compare): batches of 8
+consecutive requests; for each request of a batch: match, lock, allocate the uncached
+part (evicting as needed); then for each: insert ``prompt + output[:-1]``, unlock.
+
+Policies: the tree itself (token-granular), the same tree with matches cut to a block
+boundary (what caches with page size > 1 reuse), and full-block hashing
+(``radixcache.baselines``).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import tracemalloc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from radixcache.pool import KVPool, KVShape
+from radixcache.tree import MatchResult, RadixTree
+
+BATCH = 8
+Request = tuple[np.ndarray, np.ndarray]  # (prompt, output) uint32 arrays
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TreeBenchConfig:
+    """One replay's settings (``high = low = 1.0`` evicts on demand only)."""
+
+    block_size: int = 16
+    capacity: int = 200_000
+    high: float = 1.0
+    low: float = 1.0
+    record_events: bool = True
+    page_aligned: bool = False
+    measure_memory: bool = False
+
+
+@dataclass(slots=True)
+class OpTimes:
+    """Per-operation samples in nanoseconds."""
+
+    match: list[int] = field(default_factory=list)
+    lock: list[int] = field(default_factory=list)
+    alloc: list[int] = field(default_factory=list)
+    evict: list[int] = field(default_factory=list)
+    insert: list[int] = field(default_factory=list)
+    unlock: list[int] = field(default_factory=list)
+    drain: int = 0
+
+    def total_seconds(self) -> float:
+        """All tree-operation time, event draining included."""
+        parts = (self.match, self.lock, self.alloc, self.insert, self.unlock)
+        return (sum(sum(p) for p in parts) + self.drain) / 1e9
+
+
+@dataclass(slots=True)
+class TreeRun:
+    """What one replay measured."""
+
+    requests: int
+    prompt_tokens: int
+    hit_tokens: int
+    times: OpTimes
+    events: int
+    splits: int
+    merges: int
+    cow_copies: int
+    slots_copied: int
+    evicted_tokens: int
+    cached_tokens: int
+    nodes: int
+    metadata_bytes: int | None
+
+    @property
+    def hit_rate(self) -> float:
+        """Matched prompt tokens over all prompt tokens."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def _serve_batch(
+    tree: RadixTree, batch: Sequence[Request], cfg: TreeBenchConfig, t: OpTimes
+) -> int:
+    """One batch through the replay protocol; returns the hit tokens."""
+    clock = time.perf_counter_ns
+    B = cfg.block_size
+    held = []
+    hits = 0
+    for prompt, output in batch:
+        pb = prompt.tobytes()
+        t0 = clock()
+        m = tree.match(pb)
+        t1 = clock()
+        tree.lock(m.node)
+        t2 = clock()
+        if cfg.page_aligned and m.length % B:
+            cut = m.length - m.length % B
+            m = MatchResult(cut, m.node, m.block_table[: cut // B])
+        calls = tree.stats.evict_calls
+        lease = tree.allocate(m, len(prompt) + len(output) - 1)
+        t3 = clock()
+        if tree.stats.evict_calls != calls:
+            t.evict.append(tree.stats.last_evict_ns)
+        t.match.append(t1 - t0)
+        t.lock.append(t2 - t1)
+        t.alloc.append(t3 - t2)
+        hits += m.length
+        held.append((pb + output[:-1].tobytes(), m.node, lease))
+    for seq, node, lease in held:
+        t0 = clock()
+        tree.insert(seq, lease)
+        t1 = clock()
+        tree.unlock(node)
+        t2 = clock()
+        t.insert.append(t1 - t0)
+        t.unlock.append(t2 - t1)
+    return hits
+
+
+def replay_tree(
+    requests: Sequence[Request], cfg: TreeBenchConfig, progress: Progress | None = None
+) -> TreeRun:
+    """Replay ``requests`` through a fresh tree; drains events after every batch."""
+    if cfg.measure_memory:
+        tracemalloc.start()
+    num_blocks = cfg.capacity // cfg.block_size
+    pool = KVPool(num_blocks, cfg.block_size, KVShape(1, 1, 1), device="cpu")
+    tree = RadixTree(pool, high=cfg.high, low=cfg.low, record_events=cfg.record_events)
+    t = OpTimes()
+    hits = prompt_tokens = events = 0
+    clock = time.perf_counter_ns
+    for i in range(0, len(requests), BATCH):
+        batch = requests[i : i + BATCH]
+        hits += _serve_batch(tree, batch, cfg, t)
+        prompt_tokens += sum(len(p) for p, _ in batch)
+        t0 = clock()
+        events += len(tree.take_events())
+        t.drain += clock() - t0
+        if progress is not None:
+            progress(len(batch))
+    s = tree.stats
+    run = TreeRun(
+        len(requests),
+        prompt_tokens,
+        hits,
+        t,
+        events,
+        s.splits,
+        s.merges,
+        s.cow_copies,
+        s.slots_copied,
+        s.evicted_tokens,
+        tree.cached_tokens,
+        len(tree),
+        None,
+    )
+    if cfg.measure_memory:
+        # what the tree retains: the traced memory that goes away with it
+        held = tracemalloc.get_traced_memory()[0]
+        del tree, pool
+        gc.collect()
+        run.metadata_bytes = held - tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+    return run
+
+
+def _us(samples: list[int]) -> tuple[float, float]:
+    if not samples:
+        return 0.0, 0.0
+    a = np.asarray(samples, dtype=np.float64) / 1e3
+    return float(a.mean()), float(np.percentile(a, 99))
+
+
+def figures(
+    run: TreeRun,
+    quiet: TreeRun,
+    aligned: TreeRun,
+    block_hash_rate: float,
+    block1: TreeRun | None,
+) -> dict[str, float | int | None]:
+    """The benchmark's figures as one flat dict (the ``--json`` keys are a stable contract).
+
+    ``run`` has events on; ``quiet`` is the same replay with events off (for the overhead).
+    """
+    t = run.times
+    out: dict[str, float | int | None] = {
+        "requests": run.requests,
+        "prompt_tokens": run.prompt_tokens,
+        "hit_tokens": run.hit_tokens,
+        "hit_rate": run.hit_rate,
+        "hit_rate_page_aligned": aligned.hit_rate,
+        "hit_rate_block_hash": block_hash_rate,
+        "hit_rate_block_size_1": block1.hit_rate if block1 else None,
+    }
+    for name in ("match", "lock", "alloc", "evict", "insert", "unlock"):
+        mean, p99 = _us(getattr(t, name))
+        out[f"{name}_us_mean"], out[f"{name}_us_p99"] = mean, p99
+    on, off = t.total_seconds(), quiet.times.total_seconds()
+    out.update(
+        tree_op_seconds=on,
+        tree_op_seconds_events_off=off,
+        event_overhead=max(0.0, (on - off) / on) if on else 0.0,
+        events=run.events,
+        tokens_evicted=run.evicted_tokens,
+        splits=run.splits,
+        merges=run.merges,
+        cow_copies=run.cow_copies,
+        slots_copied=run.slots_copied,
+        nodes=run.nodes,
+        cached_tokens=run.cached_tokens,
+        bytes_per_cached_token=(
+            run.metadata_bytes / run.cached_tokens
+            if run.metadata_bytes is not None and run.cached_tokens
+            else None
+        ),
+    )
+    return out
