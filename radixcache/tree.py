@@ -24,11 +24,11 @@ written only by the request that holds it privately or in-place reserved).
 from __future__ import annotations
 
 import hashlib
-from array import array
 import heapq
 import struct
 import threading
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, NewType
@@ -178,12 +178,24 @@ def as_token_bytes(tokens: TokenSeq, vocab_limit: int) -> bytes:
 
 
 def _common_prefix(seq: bytes, pos: int, tokens: bytes) -> int:
-    """Tokens shared by ``seq[pos:]`` and ``tokens`` (compared in C by numpy)."""
+    """Tokens shared by ``seq[pos:]`` and ``tokens``: galloping then bisection over slice
+    comparisons, each one a C ``memcmp`` (O(log k) compares for a k-token common run)."""
     n = min(len(seq) // 4 - pos, len(tokens) // 4)
-    a = np.frombuffer(seq, dtype="<u4", count=n, offset=pos * 4)
-    b = np.frombuffer(tokens, dtype="<u4", count=n)
-    diff = np.flatnonzero(a != b)
-    return int(diff[0]) if diff.size else n
+    off = pos * 4
+    lo, step = 0, 1  # invariant: the first ``lo`` tokens match
+    while lo + step <= n and seq.startswith(tokens[lo * 4 : (lo + step) * 4], off + lo * 4):
+        lo += step
+        step *= 2
+    hi = min(n, lo + step)  # the first mismatch lies in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if seq.startswith(tokens[lo * 4 : mid * 4], off + lo * 4):
+            lo = mid
+        else:
+            hi = mid
+    if lo < n and hi == lo + 1 and seq.startswith(tokens[lo * 4 : hi * 4], off + lo * 4):
+        lo = hi
+    return lo
 
 
 class RadixTree:
@@ -251,10 +263,12 @@ class RadixTree:
     # -- match -----------------------------------------------------------------------------
     def _walk(self, seq: bytes) -> tuple[RadixNode, int, list[int]]:
         """Deepest match of ``seq``: (node, matched length, block table). No state change."""
-        node, pos, n, B = self.root, 0, len(seq) // 4, self.B
+        node, pos, B = self.root, 0, self.B
+        ids = memoryview(seq).cast("I")  # native uint32: x86 and arm64 are little-endian
+        n = len(ids)
         table: list[int] = []
         while pos < n:
-            child = node.children.get(_first(seq, pos * 4)[0])
+            child = node.children.get(ids[pos])
             if child is None:
                 break
             if child.start % B:
