@@ -112,8 +112,15 @@ def _shown(value: Value) -> str:
 @app.command()
 def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
+    gpu: bool = typer.Option(False, "--gpu", help="Run the GPU check (reuse equality, COW "
+                             "bandwidth, prefill speedup); exits 1 without CUDA."),
 ) -> None:
     """Show torch/CUDA, NVML, the ShareGPT dataset, ZeroMQ and where recordings go."""
+    if gpu:
+        from cli.cmd_engine import gpu_doctor
+
+        gpu_doctor(as_json)
+        return
     checks = collect_checks()
     if as_json:
         typer.echo(json.dumps({c.key: c.value for c in checks}))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import cli.cmd_doctor  # noqa: F401
+import cli.cmd_bench_tree
+import cli.cmd_doctor
+import cli.cmd_engine
 from cli.app import app
 
 

@@ -373,7 +373,8 @@ class RadixTree:
                 f"{total} tokens need {(total + B - 1) // B} blocks;"
                 f" the pool has {self.alloc.num_blocks}"
             )
-        self._alive(match.node)
+        if self._alive(match.node).lock <= 0:
+            raise NotLocked(f"allocate needs a lock on node {match.node.id} (match_and_lock)")
         table = list(match.block_table)
         if total == m:  # nothing to write: the lease holds no block of its own
             return Lease(match.node, m, total, table, len(table))

@@ -1,0 +1,159 @@
+"""`radixcache bench engine` (one workload served with the cache on and off) and the GPU check
+that `radixcache doctor --gpu` runs."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import NamedTuple
+
+import torch
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cli.app import bench_app
+from radixcache.engine import Engine, EngineConfig, RequestResult, percentiles
+from radixcache.gpucheck import EQUAL_ATOL, cuda_unavailable, run_gpu_check
+from radixcache.workloads import Workload, WorkloadError, build_workload
+
+console = Console(stderr=True)
+
+
+class ModeFigures(NamedTuple):
+    """One pass of the workload (cache on or off)."""
+
+    requests: int
+    failed: int
+    prompt_tokens: int
+    hit_tokens: int
+    prefill_tokens: int
+    output_tokens: int
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    decode_tokens_per_s: float  # output tokens / wall time of the pass
+    wall_s: float
+    device: str
+
+
+def _serve_pass(workload: Workload, limit: int, cfg: EngineConfig, label: str) -> ModeFigures:
+    engine = Engine(cfg).start()
+    t0 = time.perf_counter()
+    run = engine.run_workload(workload, limit)
+    columns = (TextColumn(f"cache {label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(label, total=len(run.handles))
+        while not all(h.done() for h in run.handles):
+            bar.update(task, completed=sum(h.done() for h in run.handles))
+            time.sleep(0.1)
+    wall = time.perf_counter() - t0
+    outcomes = run.wait(0)
+    device = str(engine.model.device)
+    engine.close()
+    done = [r.metrics for r in outcomes if isinstance(r, RequestResult)]
+    p50, p99 = percentiles([m.ttft_ms for m in done])
+    out = sum(m.output_tokens for m in done)
+    return ModeFigures(
+        len(outcomes), len(outcomes) - len(done), sum(m.prompt_tokens for m in done),
+        sum(m.hit_tokens for m in done), sum(m.prefill_tokens for m in done), out, p50, p99,
+        out / wall if wall else 0.0, wall, device,
+    )
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 2) if b else 0.0
+
+
+def _report(name: str, on: ModeFigures, off: ModeFigures) -> dict[str, float | int | str | bool]:
+    hit_rate = on.hit_tokens / on.prompt_tokens if on.prompt_tokens else 0.0
+    reduction = 1 - on.prefill_tokens / off.prefill_tokens if off.prefill_tokens else 0.0
+    return {
+        "workload": name,
+        "requests": on.requests,
+        "failed": on.failed + off.failed,
+        "prompt_tokens": on.prompt_tokens,
+        "hit_rate": round(hit_rate, 4),
+        "prefill_tokens_on": on.prefill_tokens,
+        "prefill_tokens_off": off.prefill_tokens,
+        "prefill_reduction": round(reduction, 4),
+        "prefill_reduction_at_least_hit_rate": reduction >= hit_rate - 1e-9,
+        "ttft_p50_on_ms": round(on.ttft_p50_ms, 2),
+        "ttft_p50_off_ms": round(off.ttft_p50_ms, 2),
+        "ttft_p99_on_ms": round(on.ttft_p99_ms, 2),
+        "ttft_p99_off_ms": round(off.ttft_p99_ms, 2),
+        "ttft_p50_ratio_off_on": _ratio(off.ttft_p50_ms, on.ttft_p50_ms),
+        "ttft_p99_ratio_off_on": _ratio(off.ttft_p99_ms, on.ttft_p99_ms),
+        "decode_tokens_per_s_on": round(on.decode_tokens_per_s, 1),
+        "decode_tokens_per_s_off": round(off.decode_tokens_per_s, 1),
+        "wall_s_on": round(on.wall_s, 2),
+        "wall_s_off": round(off.wall_s, 2),
+        "device": on.device,
+    }
+
+
+def _print_table(r: dict[str, float | int | str | bool]) -> None:
+    t = Table(title=f"bench engine: {r['workload']}, {r['requests']} requests on {r['device']}")
+    for col in ("", "cache on", "cache off", "off / on"):
+        t.add_column(col, justify="right")
+    t.add_row("prefill tokens computed", str(r["prefill_tokens_on"]), str(r["prefill_tokens_off"]),
+              f"-{float(r['prefill_reduction']):.1%} (hit rate {float(r['hit_rate']):.1%})")
+    t.add_row("TTFT p50 ms", str(r["ttft_p50_on_ms"]), str(r["ttft_p50_off_ms"]),
+              f"{r['ttft_p50_ratio_off_on']}x")
+    t.add_row("TTFT p99 ms", str(r["ttft_p99_on_ms"]), str(r["ttft_p99_off_ms"]),
+              f"{r['ttft_p99_ratio_off_on']}x")
+    t.add_row("decode tokens/s", str(r["decode_tokens_per_s_on"]),
+              str(r["decode_tokens_per_s_off"]), "")
+    t.add_row("wall s", str(r["wall_s_on"]), str(r["wall_s_off"]), "")
+    Console().print(t)
+
+
+@bench_app.command("engine")
+def bench_engine(
+    workload: str = typer.Option("chat", help="Workload name (chat, system, tot, fork, flood)."),
+    requests: int | None = typer.Option(None, help="Serve only the first N requests."),
+    blocks: int = typer.Option(4096, help="KV pool blocks (of 16 tokens)."),
+    step_tokens: int = typer.Option(512, help="Tokens per scheduler step (prefill budget)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
+) -> None:
+    """Serve one workload with the cache on, then off; compare prefill work, TTFT, decode rate."""
+    torch.set_num_threads(1)  # measured faster than 2 threads for this model size
+    try:
+        w = build_workload(workload, [])
+    except WorkloadError as err:
+        console.print(f"[red]{err}[/red]")
+        raise typer.Exit(2) from err
+    limit = len(w.requests) if requests is None else max(0, min(requests, len(w.requests)))
+    figures = [
+        _serve_pass(w, limit, EngineConfig(num_blocks=blocks, cache=cache,
+                                           max_step_tokens=step_tokens, record_events=False),
+                    "on" if cache else "off")
+        for cache in (True, False)
+    ]
+    report = _report(workload, *figures)
+    if as_json:
+        typer.echo(json.dumps(report))
+    else:
+        _print_table(report)
+
+
+def gpu_doctor(as_json: bool) -> None:
+    """`doctor --gpu`: exit 1 with "CUDA unavailable: <reason>" without CUDA, else run the GPU
+    check and exit 1 when reuse equality failed on the device."""
+    reason = cuda_unavailable()
+    if reason is not None:
+        typer.echo(f"CUDA unavailable: {reason}")
+        raise typer.Exit(1)
+    report = run_gpu_check(lambda step: console.print(f"[dim]gpu check: {step}[/dim]"))
+    values = {**report._asdict(), "ok": report.ok, "equal_atol": EQUAL_ATOL}
+    if as_json:
+        typer.echo(json.dumps(values))
+    else:
+        table = Table(title="radixcache doctor --gpu", show_header=False)
+        table.add_column("figure", style="bold")
+        table.add_column("value")
+        for key, value in values.items():
+            table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+        Console().print(table)
+    if not report.ok:
+        raise typer.Exit(1)
