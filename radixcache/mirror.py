@@ -77,6 +77,7 @@ class Mirror:
         self.stats = MirrorStats()
         self.high, self.low = 0.92, 0.85
         self.watermark: ev.Watermark | None = None
+        self.version = 0  # bumped on every applied event, never rewound (the UI redraws on change)
         self._reset(block_size, num_blocks)
 
     def _reset(self, block_size: int, num_blocks: int) -> None:
@@ -89,7 +90,6 @@ class Mirror:
         self.cow_blocks: set[int] = set()
         self.evicted_blocks: set[int] = set()
         self.clock = 0
-        self.version = 0  # bumped on every applied event (the UI redraws on change)
 
     # -- reading ---------------------------------------------------------------------------
     def node(self, node_id: int) -> MirrorNode:

@@ -318,12 +318,16 @@ class RadixTree:
 
     # -- lock ------------------------------------------------------------------------------
     def _lock(self, node: RadixNode) -> None:
-        n: RadixNode | None = node
-        while n is not None:
-            n.lock += 1
-            n = n.parent
+        self._hold(node, 1)
         if self._emit is not None:
             self._emit(ev.Lock(node.id, 1))
+
+    @staticmethod
+    def _hold(node: RadixNode, delta: int) -> None:
+        n: RadixNode | None = node
+        while n is not None:
+            n.lock += delta
+            n = n.parent
 
     def _alive(self, node: RadixNode) -> RadixNode:
         if not node.alive or self._nodes.get(node.id) is not node:
@@ -358,8 +362,9 @@ class RadixTree:
         The caller must hold a lock on ``match.node`` (``match_and_lock``). Evicts LRU leaves
         as needed (and down to the low watermark once use passes the high one). The boundary
         block is reserved in place when its claim ends at the match, else copied (COW).
-        Raises ``PromptTooLarge`` (never fits) or ``PoolExhausted`` (retry later); the tree is
-        unchanged then.
+        Raises ``PromptTooLarge`` (never fits; the tree is unchanged) or ``PoolExhausted``
+        (retry later): then no block was reserved, but unlocked leaves may already have been
+        evicted on the way -- they were the next victims, and the retry needs their room.
         """
         with self.lock_:
             return self._allocate(match, total)
@@ -437,7 +442,7 @@ class RadixTree:
             n = len(seq) // 4
             if n > lease.total:
                 raise InvalidTokens(f"{n} tokens exceed the lease's {lease.total}")
-            node, pos, _ = self._walk(seq)
+            node, pos = self._descend_from_lease(seq, lease)
             leaf = None
             if pos < n:
                 leaf = self._attach(seq, node, pos, lease)
@@ -448,6 +453,28 @@ class RadixTree:
                 self._maybe_merge(node if leaf.parent is None else leaf.parent)
             self.stats.inserted_tokens += n - pos if leaf else 0
             return InsertResult(leaf, n - pos if leaf else 0, freed)
+
+    def _descend_from_lease(self, seq: bytes, lease: Lease) -> tuple[RadixNode, int]:
+        """Where ``seq`` leaves the tree, walking down from the lease's locked node, whose path
+        (locked, so never evicted; splits and merges keep its tokens) is the matched prefix."""
+        top = lease.node
+        k = lease.matched - top.start
+        if k > 0 and not seq.startswith(top.tokens[: k * 4], top.start * 4):
+            raise InvalidTokens("insert tokens do not start with the prefix the lease matched")
+        node, pos = (top.parent, top.start) if top.parent is not None else (top, 0)
+        ids = memoryview(seq).cast("I")
+        n = len(ids)
+        while pos < n:
+            child = node.children.get(ids[pos])
+            if child is None:
+                break
+            node = child
+            if seq.startswith(child.tokens, pos * 4):
+                pos += len(child.tokens) // 4
+            else:
+                pos += _common_prefix(seq, pos, child.tokens)
+                break
+        return node, pos
 
     def _attach(self, seq: bytes, node: RadixNode, pos: int, lease: Lease) -> RadixNode | None:
         """Create the leaf ``[pos, n)``; returns None when its boundary block cannot be had."""
@@ -460,7 +487,7 @@ class RadixTree:
             if node.blocks[(pos - 1) // B - node.start // B] == lease.inplace:
                 shared = True
             else:
-                copy = self._copy_out(lease.inplace, min(B, n - j_first * B))
+                copy = self._copy_out(lease.inplace, min(B, n - j_first * B), node)
                 if copy < 0:
                     return None
                 blocks[0] = copy
@@ -475,15 +502,25 @@ class RadixTree:
         if shared:
             self.alloc.incref(blocks[0])
         self.alloc.set_claim(blocks[-1], n - j_last * B)  # the request may have reserved more
-        self._request_blocks.difference_update(blocks)
         if self._emit is not None:
             self._emit(ev.NodeCreated(leaf.id, node.id, pos, leaf.tokens, blocks, shared))
         return leaf
 
-    def _copy_out(self, src: int, slots: int) -> int:
-        """A private copy of ``src``'s first ``slots`` slots from the free list, or -1 if none."""
+    def _copy_out(self, src: int, slots: int, keep: RadixNode) -> int:
+        """A private copy of ``src``'s first ``slots`` slots, or -1 when no block can be had.
+
+        With the pool full it evicts one LRU leaf, holding ``keep``'s path (where the copy's
+        leaf will hang) for the duration; the hold nets to zero, so it emits no Lock event."""
         if self.alloc.free_count == 0:
-            return -1
+            self._hold(keep, 1)
+            try:
+                self._evict_blocks(1)
+            finally:
+                self._hold(keep, -1)
+            if keep is not self.root and not keep.children and keep.lock == 0:
+                heapq.heappush(self._heap, (keep.clock, keep.id, keep))  # a rebuild skipped it
+            if self.alloc.free_count == 0:
+                return -1
         dst = self.alloc.alloc(1)[0]
         self.pool.copy_slots(src, dst, slots)
         self.alloc.set_claim(dst, slots)
@@ -497,14 +534,19 @@ class RadixTree:
 
     def _finish_lease(self, lease: Lease, leaf: RadixNode | None, pos: int, n: int) -> int:
         """Free the lease's blocks the leaf did not take; settle the in-place claim."""
-        used = set(leaf.blocks) if leaf is not None else set()
-        dup = [b for b in lease.table[lease.private_from :] if b not in used]
+        table, first = lease.table, lease.private_from
+        if leaf is None:
+            dup = table[first:]
+        else:  # the leaf took table[pos // B : (n - 1) // B + 1] (its first may be a copy)
+            dup = table[first : max(first, pos // self.B)] + table[(n - 1) // self.B + 1 :]
         if lease.inplace >= 0:
             self._inplace.discard(lease.inplace)
-            if lease.inplace not in used:
+            if leaf is None or leaf.blocks[0] != lease.inplace:
                 self.alloc.set_claim(lease.inplace, lease.prev_claim)
         freed = len(self.alloc.decref_many(dup))
-        self._request_blocks.difference_update(dup)
+        self._request_blocks.difference_update(table[first:])
+        if leaf is not None:
+            self._request_blocks.difference_update(leaf.blocks[:1])  # a copy made at insert
         if self._emit is not None and dup:
             self._emit(ev.BlockFree(dup))
         lease.done = True
@@ -550,18 +592,20 @@ class RadixTree:
             )
         return prefix
 
-    def _maybe_merge(self, parent: RadixNode) -> None:
-        """Join ``parent`` into its only child when both hold the same lock count."""
+    def _maybe_merge(self, parent: RadixNode) -> int:
+        """Join ``parent`` into its only child when both hold the same lock count; returns the
+        blocks that freed (the parent's boundary block when only it held it)."""
         if parent is self.root or len(parent.children) != 1:
-            return
+            return 0
         (child,) = parent.children.values()
         if child.lock != parent.lock:
-            return
+            return 0
         B = self.B
-        dropped = -1
+        dropped, freed = -1, False
         if child.start % B:
             dropped = parent.blocks[-1]
-            if not self.alloc.decref(dropped) and dropped != child.blocks[0]:
+            freed = self.alloc.decref(dropped)
+            if not freed and dropped != child.blocks[0]:
                 # the grandparent chain still holds it: its claim falls back to our start
                 self.alloc.set_claim(dropped, parent.start % B)
             child.blocks = parent.blocks[:-1] + child.blocks
@@ -582,6 +626,7 @@ class RadixTree:
         self.stats.merges += 1
         if self._emit is not None:
             self._emit(ev.Merge(parent.id, child.id, dropped))
+        return int(freed)
 
     # -- eviction --------------------------------------------------------------------------
     def _pop_victim(self) -> RadixNode | None:
@@ -599,9 +644,9 @@ class RadixTree:
             victim = self._pop_victim()
             if victim is None:
                 break
+            tokens += victim.num_tokens
             freed += self._evict_leaf(victim)
             nodes += 1
-            tokens += victim.num_tokens
         if len(self._heap) > len(self._nodes) + 32:  # stale entries: keep memory near 1x
             self._rebuild_heap()
         return EvictResult(nodes, tokens, freed)
@@ -624,7 +669,7 @@ class RadixTree:
             if not parent.children and parent.lock == 0:
                 heapq.heappush(self._heap, (parent.clock, parent.id, parent))
             else:
-                self._maybe_merge(parent)
+                return len(freed) + self._maybe_merge(parent)
         return len(freed)
 
     def _rebuild_heap(self) -> None:
