@@ -8,7 +8,10 @@ refcounts and the few extra marks the inspector draws (COW copies, just evicted)
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 from radixcache import events as ev
 from radixcache.tree import structure_digest
@@ -136,63 +139,58 @@ class Mirror:
         for e in batch.events:
             self.apply(e)
 
-    def apply(self, e: ev.AnyEvent) -> None:  # noqa: C901 - one branch per event kind
+    def apply(self, e: ev.AnyEvent) -> None:
         """Apply one event; raises ``MirrorError`` when it does not fit the current state."""
         self.stats.events += 1
         self.version += 1
         try:
-            match e:
-                case ev.Access():
-                    self._path(self.node(e.node), "clock", e.clock)
-                    self.clock = e.clock
-                case ev.Lock():
-                    self._lock(self.node(e.node), e.delta)
-                case ev.NodeCreated():
-                    self._create(e)
-                case ev.Split():
-                    self._split(e)
-                case ev.Merge():
-                    self._merge(e)
-                case ev.Evict():
-                    self._evict(e)
-                case ev.BlockAlloc():
-                    for b in e.blocks:
-                        self.ref[b] += 1
-                        self.evicted_blocks.discard(b)
-                    self.request_blocks.update(e.blocks)
-                case ev.BlockFree():
-                    for b in e.blocks:
-                        self.ref[b] -= 1
-                    self.request_blocks.difference_update(e.blocks)
-                case ev.Cow():
-                    self.cow_blocks.add(e.dst)
-                    self.stats.cow_copies += 1
-                    self.stats.slots_copied += e.slots
-                case _:
-                    self._apply_other(e)
+            _HANDLERS[type(e)](self, e)
         except (IndexError, KeyError) as exc:
             raise MirrorError(f"{type(e).__name__} does not fit the mirror: {exc!r}") from exc
 
-    def _apply_other(self, e: ev.AnyEvent) -> None:
-        match e:
-            case ev.Watermark():
-                self.watermark = e
-                self.high, self.low = e.high, e.low
-            case ev.RequestStart():
-                self.stats.requests += 1
-                self.stats.prompt_tokens += e.prompt_tokens
-                self.stats.hit_tokens += e.hit_tokens
-            case ev.RequestFinish():
-                self.stats.finished += 1
-            case ev.Snapshot():
-                self.load_snapshot(e)
-            case ev.Reset():
-                self._reset(self.block_size, self.num_blocks)
-            case ev.Digest():
-                self.stats.digest_checks += 1
-                if e.value != self.digest():
-                    self.stats.digest_mismatches += 1
-                    raise MirrorError("digest mismatch")
+    def _access(self, e: ev.Access) -> None:
+        self._path(self.node(e.node), "clock", e.clock)
+        self.clock = e.clock
+
+    def _lock_event(self, e: ev.Lock) -> None:
+        self._lock(self.node(e.node), e.delta)
+
+    def _alloc(self, e: ev.BlockAlloc) -> None:
+        for b in e.blocks:
+            self.ref[b] += 1
+            self.evicted_blocks.discard(b)
+        self.request_blocks.update(e.blocks)
+
+    def _free(self, e: ev.BlockFree) -> None:
+        for b in e.blocks:
+            self.ref[b] -= 1
+        self.request_blocks.difference_update(e.blocks)
+
+    def _cow(self, e: ev.Cow) -> None:
+        self.cow_blocks.add(e.dst)
+        self.stats.cow_copies += 1
+        self.stats.slots_copied += e.slots
+
+    def _watermark(self, e: ev.Watermark) -> None:
+        self.watermark = e
+        self.high, self.low = e.high, e.low
+
+    def _request_start(self, e: ev.RequestStart) -> None:
+        self.stats.requests += 1
+        self.stats.prompt_tokens += e.prompt_tokens
+        self.stats.hit_tokens += e.hit_tokens
+
+    def _request_finish(self, e: ev.RequestFinish) -> None:
+        self.stats.finished += 1
+
+    def _reset_event(self, e: ev.Reset) -> None:
+        self._reset(self.block_size, self.num_blocks)
+
+    def _digest(self, e: ev.Digest) -> None:
+        self.stats.digest_checks += 1
+        if e.value != self.digest():
+            self.stats.digest_mismatches += 1
+            raise MirrorError("digest mismatch")
 
     def load_snapshot(self, s: ev.Snapshot) -> None:
         """Replace the whole state with a snapshot's."""
@@ -290,3 +288,25 @@ class Mirror:
         del self.nodes[n.id]
         self.stats.evictions += 1
         self.stats.evicted_tokens += e.tokens
+
+
+# One handler per event kind: a dict lookup instead of a chain of isinstance tests.
+_HANDLERS: Mapping[type, Callable[[Mirror, Any], None]] = MappingProxyType(
+    {
+        ev.Access: Mirror._access,
+        ev.Lock: Mirror._lock_event,
+        ev.NodeCreated: Mirror._create,
+        ev.Split: Mirror._split,
+        ev.Merge: Mirror._merge,
+        ev.Evict: Mirror._evict,
+        ev.BlockAlloc: Mirror._alloc,
+        ev.BlockFree: Mirror._free,
+        ev.Cow: Mirror._cow,
+        ev.Watermark: Mirror._watermark,
+        ev.RequestStart: Mirror._request_start,
+        ev.RequestFinish: Mirror._request_finish,
+        ev.Snapshot: Mirror.load_snapshot,
+        ev.Reset: Mirror._reset_event,
+        ev.Digest: Mirror._digest,
+    }
+)

@@ -742,7 +742,7 @@ class RadixTree:
                         n.parent.id if n.parent else -1,
                         n.start,
                         n.tokens,
-                        list(n.blocks),
+                        n.blocks.tolist(),
                         n.lock,
                         n.clock,
                     )
