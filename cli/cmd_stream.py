@@ -1,0 +1,452 @@
+"""`radixcache serve | record | export | tree` and `radixcache bench events`."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import signal
+import threading
+import time
+import warnings
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+from rich.tree import Tree
+
+from cli.app import app, bench_app
+from radixcache import events as ev
+from radixcache.export import jsonl_lines, perfetto_json
+from radixcache.kvevents import KVEventsClient
+from radixcache.mirror import Mirror, MirrorNode
+from radixcache.pool import KVPool
+from radixcache.recording import RecordingError, RecordingReader, RecordingWriter, mirror_snapshot
+from radixcache.server import ServerConfig, TreeServer
+from radixcache.stream import (
+    BindPolicy,
+    Endpoints,
+    Publisher,
+    SnapshotAt,
+    TreeSource,
+    serve_request,
+)
+from radixcache.subscriber import Subscriber
+from radixcache.tree import RadixTree, TreeError
+from radixcache.workloads import WorkloadError, build_workload
+
+console = Console()
+
+
+def _endpoints(port: int, host: str, ipc: str | None) -> Endpoints:
+    return Endpoints.ipc(ipc) if ipc else Endpoints.tcp(host, port)
+
+
+@app.command()
+def serve(
+    port: int = typer.Option(5557, help="Events on P, snapshot/replay on P+1, commands on P+2."),
+    endpoint_host: str = typer.Option("127.0.0.1", help="Host to bind (loopback by default)."),
+    ipc: str | None = typer.Option(None, help="Bind ipc://IPC-events/-control/-commands instead."),
+    allow_remote: bool = typer.Option(False, help="Allow binding a non-loopback address."),
+    workload: str | None = typer.Option(None, help="Start this workload at once (e.g. chat)."),
+    kv_events: str | None = typer.Option(None, help="'vllm': also publish vLLM KV events on "
+                                                    "P+3 (replay P+4)."),
+    blocks: int = typer.Option(8192, help="KV pool blocks."),
+) -> None:
+    """Run the engine in this process and serve its event stream and commands."""
+    policy = BindPolicy.ANY if allow_remote else BindPolicy.LOCAL_ONLY
+    kv = None
+    if kv_events is not None:
+        if kv_events != "vllm":
+            raise typer.BadParameter("only 'vllm' is supported", param_hint="--kv-events")
+        kv = (f"tcp://{endpoint_host}:{port + 3}", f"tcp://{endpoint_host}:{port + 4}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            server = TreeServer(_endpoints(port, endpoint_host, ipc),
+                                ServerConfig(num_blocks=blocks), policy=policy, kv_endpoints=kv)
+        except ValueError as exc:
+            console.print(f"[red]{exc}[/] (pass --allow-remote to bind it anyway)")
+            raise typer.Exit(2) from None
+    for w in caught:
+        console.print(f"[yellow]warning:[/] {w.message}")
+    server.start()
+    ep = server.publisher.endpoints
+    console.print(f"serving epoch {server.publisher.epoch}: events {ep.events}  "
+                  f"snapshot/replay {ep.control}  commands {ep.commands}")
+    if server.kv is not None:
+        console.print(f"vLLM KV events {server.kv.endpoints[0]}  replay {server.kv.endpoints[1]}")
+    if workload:
+        console.print(server.handle_line(workload))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    server.close()
+
+
+def _workload_prompts(name: str, requests: int) -> list[np.ndarray]:
+    out: list[np.ndarray] = []
+    seed = 0
+    while len(out) < requests:
+        w = build_workload(name, {"seed": seed})
+        for r in w.requests:
+            extra = r.forced_output if r.forced_output is not None else np.zeros(0, np.uint32)
+            out.append(np.concatenate([r.prompt, extra]).astype(np.uint32))
+        seed += 1
+    return out[:requests]
+
+
+@app.command()
+def record(
+    out: Path = typer.Option(..., "--out", help="Recording file to write."),
+    workload: str = typer.Option("chat", help="Workload to run headless."),
+    requests: int = typer.Option(2000, help="Requests to run headless."),
+    from_: str | None = typer.Option(None, "--from", help="Record a live engine instead "
+                                                          "(tcp://HOST:PORT of its events)."),
+    seconds: float = typer.Option(10.0, help="With --from: how long to record."),
+    blocks: int = typer.Option(8192, help="Headless: KV pool blocks."),
+    keyframe_every: int = typer.Option(50_000, help="Events between snapshot keyframes."),
+) -> None:
+    """Record a headless run of a workload, or a live engine, to a file."""
+    if from_ is not None:
+        n = _record_live(from_, out, seconds, keyframe_every)
+    else:
+        try:
+            prompts = _workload_prompts(workload, requests)
+        except WorkloadError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--workload") from None
+        n = _record_headless(prompts, out, blocks, keyframe_every)
+    console.print(f"wrote {out}: {n:,} events")
+
+
+def _record_headless(prompts: list[np.ndarray], out: Path, blocks: int, every: int) -> int:
+    tree = RadixTree(KVPool(blocks, 16))
+    config: dict[str, str | int | float] = {"num_blocks": blocks, "block_size": 16}
+    with RecordingWriter(out, config, keyframe_every=every) as w:
+        w.write_keyframe(0, 1, tree.snapshot())
+        for seq, tokens in enumerate(prompts, start=1):
+            try:
+                serve_request(tree, tokens)
+            except TreeError:
+                continue
+            w.write_batch(ev.Batch(seq, 1, time.time(), "radixcache", tree.take_events()))
+            if w.needs_keyframe:
+                w.write_keyframe(seq, 1, tree.snapshot())
+        return w.events
+
+
+def _record_live(endpoint: str, out: Path, seconds: float, every: int) -> int:
+    mirror = Mirror()
+    writer: RecordingWriter | None = None
+
+    def on_batch(batch: ev.Batch) -> None:
+        nonlocal writer
+        if writer is None or sub.stats.snapshots != snapshots[0]:
+            snapshots[0] = sub.stats.snapshots
+            if writer is None:
+                writer = RecordingWriter(out, {"source": endpoint}, keyframe_every=every)
+            writer.write_keyframe(batch.seq - 1, batch.epoch, mirror_snapshot(mirror))
+        writer.write_batch(batch)
+        if writer.needs_keyframe:
+            writer.write_keyframe(batch.seq, batch.epoch, mirror_snapshot(mirror))
+
+    snapshots = [0]
+    sub = Subscriber(Endpoints.from_events(endpoint), mirror, on_batch=on_batch)
+    sub.start()
+    time.sleep(seconds)
+    sub.stop()
+    if writer is None:
+        console.print(f"[red]no batch from {endpoint} in {seconds:g} s[/]")
+        raise typer.Exit(1)
+    writer.close()
+    return writer.events
+
+
+@app.command()
+def export(
+    file: Path = typer.Argument(..., help="A recording."),
+    format: str = typer.Option("jsonl", help="jsonl or perfetto."),
+    out: Path | None = typer.Option(None, help="Output file (default: FILE.jsonl/.json)."),
+) -> None:
+    """Export a recording as JSON lines or a Perfetto/Chrome trace."""
+    reader = _reader(file)
+    items = [r.item for r in reader.records()]
+    if format == "jsonl":
+        target = out or file.with_suffix(".jsonl")
+        target.write_text("".join(line + "\n" for line in jsonl_lines(items)))
+    elif format == "perfetto":
+        target = out or file.with_suffix(".json")
+        target.write_bytes(perfetto_json(items))
+    else:
+        raise typer.BadParameter("jsonl or perfetto", param_hint="--format")
+    if reader.damage is not None:
+        console.print(f"[yellow]stopped at byte {reader.damage.offset}: {reader.damage.reason}[/]")
+    console.print(f"wrote {target}")
+
+
+def _reader(file: Path) -> RecordingReader:
+    try:
+        return RecordingReader(file)
+    except (RecordingError, OSError) as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+
+
+def _rich_tree(mirror: Mirror, limit: int) -> Tree:
+    root = Tree(f"root ({len(mirror.nodes) - 1} nodes)")
+    stack: list[tuple[Tree, MirrorNode]] = [(root, c) for c in mirror.root.children.values()]
+    shown = 0
+    while stack and shown < limit:
+        parent, n = stack.pop()
+        blocks = f"b{n.blocks[0]}-{n.blocks[-1]}" if n.blocks else "-"
+        branch = parent.add(f"n{n.id} [{n.num_tokens}] {blocks} r{n.lock}")
+        shown += 1
+        stack.extend((branch, c) for c in n.children.values())
+    return root
+
+
+@app.command()
+def tree(
+    source: str | None = typer.Argument(None, help="A recording file or tcp://HOST:PORT."),
+    kv_events: str | None = typer.Option(None, help="A vLLM/SGLang KV-event PUB endpoint."),
+    replay: str | None = typer.Option(None, help="Its replay ROUTER (replays from seq 0)."),
+    seconds: float = typer.Option(2.0, help="With --kv-events: how long to follow."),
+    limit: int = typer.Option(200, help="Print at most this many nodes."),
+) -> None:
+    """Print the cache tree of a recording or a live engine, or a KV-event block-hash tree."""
+    if kv_events is not None:
+        _kv_tree(kv_events, replay, seconds, limit)
+        return
+    if source is None:
+        raise typer.BadParameter("give FILE, ENDPOINT or --kv-events")
+    if "://" in source:
+        sub = Subscriber(Endpoints.from_events(source)).start()
+        ok = sub.wait_synced(10)
+        sub.stop()
+        if not ok:
+            console.print(f"[red]no snapshot from {source}[/]")
+            raise typer.Exit(1)
+        mirror = sub.mirror
+    else:
+        reader = _reader(Path(source))
+        mirror, _ = reader.mirror_at(2**62)
+    console.print(_rich_tree(mirror, limit))
+
+
+def _kv_tree(endpoint: str, replay: str | None, seconds: float, limit: int) -> None:
+    client = KVEventsClient(endpoint, replay)
+    try:
+        client.run_for(seconds)
+    finally:
+        client.close()
+    root = Tree("blocks")
+    nodes: dict[int, Tree] = {}
+    for shown, (depth, b) in enumerate(client.tree.walk()):
+        if shown >= limit:
+            break
+        label = b.hash.hex()[:16] if isinstance(b.hash, bytes) else f"{b.hash:016x}"
+        parent = nodes.get(depth - 1, root) if depth else root
+        nodes[depth] = parent.add(f"{label} {b.tokens[:6]}{'…' if len(b.tokens) > 6 else ''}")
+    console.print(root)
+    console.print(f"live blocks: {len(client.blocks)}")
+
+
+@bench_app.command("events")
+def bench_events(
+    requests: int = typer.Option(20_000, help="Requests the tree driver runs."),
+    per_step: int = typer.Option(16, help="Requests per engine step (batch)."),
+    late_join_nodes: int = typer.Option(100_000, help="Tree size for the late-join test."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Events/s from a tree driver to a mirror in another process, and what publishing costs."""
+    result = _bench(requests, per_step, late_join_nodes, quiet=as_json)
+    if as_json:
+        typer.echo(json.dumps(result._asdict()))
+    else:
+        console.print(_bench_table(result))
+
+
+# -- bench events -------------------------------------------------------------------------------
+class BenchResult(NamedTuple):
+    """What `bench events` measured."""
+
+    events: int
+    events_per_s: float
+    lost: int
+    recovered: int
+    digest_equal: bool
+    publish_overhead: float
+    events_overhead: float
+    late_join_seconds: float
+    late_join_nodes: int
+    tree_seconds_events_off: float
+    tree_seconds_events_on: float
+    publish_seconds: float
+    driver_events_per_s: float
+
+
+def _mirror_process(endpoints: tuple[str, str, str], conn: Connection) -> None:
+    """Child process: follow the stream until told the last seq, then report."""
+    done = threading.Event()
+    target: list[int] = []
+
+    def on_batch(batch: ev.Batch) -> None:
+        if target and batch.seq >= target[0]:
+            done.set()
+
+    t0 = time.monotonic()
+    sub = Subscriber(Endpoints(*endpoints), on_batch=on_batch).start()
+    sub.wait_synced(60)
+    conn.send(("synced", time.monotonic() - t0))
+    target.append(conn.recv())
+    if sub.seq >= target[0]:
+        done.set()
+    done.wait(300)
+    conn.send((time.monotonic(), sub.seq, asdict(sub.stats), sub.mirror.digest(),
+               time.monotonic() - t0))
+    sub.stop()
+
+
+class _Child(NamedTuple):
+    process: BaseProcess
+    conn: Connection
+
+
+def _spawn_mirror(pub: Publisher) -> tuple[_Child, float]:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_mirror_process, args=(tuple(pub.endpoints), child), daemon=True)
+    proc.start()
+    _, synced_s = parent.recv()
+    return _Child(proc, parent), synced_s
+
+
+def _finish(child: _Child, last_seq: int) -> tuple[float, int, dict[str, int], str, float]:
+    child.conn.send(last_seq)
+    t_done, seq, stats, digest, total = child.conn.recv()
+    child.process.join(10)
+    return t_done, last_seq - seq, stats, digest, total
+
+
+def _phase_cost(prompts: list[np.ndarray], per_step: int, progress: Progress) -> tuple[
+        list[float], TreeSource, list[list[ev.AnyEvent]], ev.Snapshot]:
+    """Same run, step by step: tree ops with events off, with events on, and publishing."""
+    off = RadixTree(KVPool(4096, 16), record_events=False)
+    source = TreeSource(RadixTree(KVPool(4096, 16)), digest_every=0)
+    snap0 = source.tree.snapshot()
+    pub = Publisher(Endpoints.tcp("127.0.0.1", 0), source.snapshot_at, ring=1 << 17)
+    source.publisher = pub
+    kept: list[list[ev.AnyEvent]] = []
+    times = [0.0, 0.0, 0.0]
+    task = progress.add_task("engine: events off vs on", total=len(prompts))
+    with pub:
+        child, _ = _spawn_mirror(pub)
+        for i in range(0, len(prompts), per_step):
+            step = prompts[i:i + per_step]
+            times[0] += _timed(off, step)
+            times[1] += _timed(source.tree, step)
+            t = time.perf_counter()
+            events = source.tree.take_events()
+            if len(kept) % 256 == 255:  # TreeSource.flush, inlined to keep the lists
+                events.append(ev.Digest(source.tree.digest()))
+            pub.publish(events)
+            times[2] += time.perf_counter() - t
+            kept.append(events)
+            progress.advance(task, len(step))
+        _finish(child, pub.seq)
+    return times, source, kept, snap0
+
+
+def _timed(tree: RadixTree, step: list[np.ndarray]) -> float:
+    t = time.perf_counter()
+    for tokens in step:
+        serve_request(tree, tokens)
+    return time.perf_counter() - t
+
+
+def _phase_throughput(batches: list[list[ev.AnyEvent]], snap0: ev.Snapshot, digest: str,
+                      progress: Progress) -> tuple[float, int, int, bool]:
+    """Publish recorded tree batches at full speed to a mirror in another process."""
+    task = progress.add_task("stream: engine -> mirror", total=1)
+    holder: list[Publisher] = []
+    pub = Publisher(Endpoints.tcp("127.0.0.1", 0), lambda: SnapshotAt(snap0, holder[0].seq),
+                    ring=1 << 17, hwm=100_000)
+    holder.append(pub)
+    with pub:
+        child, _ = _spawn_mirror(pub)
+        t0 = time.monotonic()
+        for events in batches:
+            pub.publish(events)
+        t_done, lost, stats, got, _ = _finish(child, pub.seq)
+    progress.advance(task)
+    n = sum(len(b) for b in batches)
+    return n / (t_done - t0), lost, stats["replayed_batches"], got == digest
+
+
+def _big_tree(nodes: int, progress: Progress) -> TreeSource:
+    source = TreeSource(RadixTree(KVPool(nodes * 2 + 1024, 16)), digest_every=0)
+    rng = np.random.default_rng(0)
+    task = progress.add_task(f"late join: building {nodes:,} nodes", total=nodes)
+    tree = source.tree
+    while len(tree) < nodes:
+        before = len(tree)
+        for _ in range(256):
+            serve_request(tree, rng.integers(0, 64, int(rng.integers(3, 9)), dtype=np.uint32))
+        tree.take_events()
+        progress.advance(task, len(tree) - before)
+    return source
+
+
+def _phase_late_join(nodes: int, progress: Progress) -> tuple[float, int]:
+    source = _big_tree(nodes, progress)
+    pub = Publisher(Endpoints.tcp("127.0.0.1", 0), source.snapshot_at)
+    source.publisher = pub
+    with pub:
+        child, synced_s = _spawn_mirror(pub)
+        _, lost, _, digest, _ = _finish(child, pub.seq)
+    if lost or digest != source.tree.digest():
+        raise RuntimeError("late joiner did not converge")
+    return synced_s, len(source.tree)
+
+
+def _bench(requests: int, per_step: int, late_nodes: int, *, quiet: bool) -> BenchResult:
+    prompts = _workload_prompts("chat", requests)
+    with Progress(console=console, disable=quiet, transient=True) as progress:
+        times, source, kept, snap0 = _phase_cost(prompts, per_step, progress)
+        events = sum(len(b) for b in kept)
+        rate, lost, recovered, equal = _phase_throughput(kept, snap0, source.tree.digest(),
+                                                         progress)
+        late_s, late_n = _phase_late_join(late_nodes, progress) if late_nodes else (0.0, 0)
+    off, on, pub = times
+    return BenchResult(events, round(rate), lost, recovered, equal, round(pub / on, 4),
+                       round((on + pub - off) / off, 4), round(late_s, 3), late_n,
+                       round(off, 3), round(on, 3), round(pub, 3), round(events / on))
+
+
+def _bench_table(r: BenchResult) -> Table:
+    t = Table(title="bench events")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    rows = [
+        ("events", f"{r.events:,}"),
+        ("events/s engine -> mirror (other process)", f"{r.events_per_s:,.0f}"),
+        ("lost / recovered by replay", f"{r.lost} / {r.recovered}"),
+        ("digest equal at the end", str(r.digest_equal)),
+        ("publishing / tree-op time", f"{r.publish_overhead:.1%}"),
+        ("events on vs off (tree + publish)", f"{r.events_overhead:+.1%}"),
+        ("tree driver events/s", f"{r.driver_events_per_s:,.0f}"),
+        (f"late join of {r.late_join_nodes:,} nodes", f"{r.late_join_seconds:.3f} s"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t

@@ -1,0 +1,72 @@
+"""Export of recordings: JSON lines and the Perfetto/Chrome trace."""
+
+from __future__ import annotations
+
+import json
+
+from radixcache import events as ev
+from radixcache.export import jsonl_lines, perfetto_json
+from radixcache.recording import Keyframe
+
+SNAP = ev.Snapshot(16, 8, [ev.NodeState(0, -1, 0, b"", [], 0, 0)], 0, 1, [], 0.92, 0.85)
+BATCHES = [
+    Keyframe(0, 5, 0, SNAP),
+    ev.Batch(1, 5, 100.0, "t", [
+        ev.RequestStart(1, 20, 0),
+        ev.NodeCreated(1, 0, 0, b"\x01\x00\x00\x00\x02\x00\x00\x00", [0], False),
+        ev.Watermark(2, 8, 0.92, 0.85),
+    ]),
+    ev.Batch(2, 5, 100.5, "t", [
+        ev.Split(1, 1, 2, [0], [0]), ev.Cow(0, 3, 1), ev.Evict(1, 1, [3]), ev.Merge(2, 1, -1),
+        ev.RequestFinish(1, 4, 12.5),
+    ]),
+]
+
+
+def test_jsonl_has_one_object_per_event_and_keyframe():
+    lines = [json.loads(x) for x in jsonl_lines(BATCHES)]
+    assert [x["kind"] for x in lines] == [
+        "keyframe", "rstart", "create", "wm", "split", "cow", "evict", "merge", "rfinish"]
+    assert lines[0] == {"kind": "keyframe", "seq": 0, "epoch": 5, "nodes": 1}
+    assert lines[2] == {"seq": 1, "epoch": 5, "ts": 100.0, "kind": "create", "node": 1,
+                        "parent": 0, "start": 0, "tokens": [1, 2], "blocks": [0],
+                        "shared_first": False}
+
+
+def test_perfetto_trace_has_request_slices_instants_and_a_counter():
+    trace = json.loads(perfetto_json(BATCHES))
+    events = [e for e in trace["traceEvents"] if e["ph"] != "M"]
+    assert [(e["ph"], e["name"], e["ts"]) for e in events] == [
+        ("b", "req 1", 0.0), ("C", "pool", 0.0),
+        ("i", "split n1 @1", 500000.0), ("i", "cow 0->3", 500000.0), ("i", "evict n1", 500000.0),
+        ("i", "merge n2+n1", 500000.0), ("e", "req 1", 500000.0),
+    ]
+    assert events[1]["args"] == {"used_blocks": 2, "total_blocks": 8}
+    assert {e["id"] for e in events if e["ph"] in "be"} == {1}
+    assert sum(e["ph"] == "M" for e in trace["traceEvents"]) == 3
+
+
+def test_cli_record_export_and_kv_tree(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from radixcache.kvevents import BlockStored, KVEventPublisher
+
+    runner = CliRunner()
+    out = tmp_path / "run.rcx"
+    res = runner.invoke(app, ["record", "--workload", "chat", "--requests", "40",
+                              "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["export", str(out), "--format", "perfetto"])
+    assert res.exit_code == 0, res.output
+    trace = json.loads((tmp_path / "run.json").read_text())
+    assert {e["ph"] for e in trace["traceEvents"]} >= {"M", "i"}
+    pub = KVEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+    try:
+        pub.publish([BlockStored([11, 12], None, list(range(32)), 16)])
+        res = runner.invoke(app, ["tree", "--kv-events", pub.endpoints[0],
+                                  "--replay", pub.endpoints[1], "--seconds", "0.5"])
+    finally:
+        pub.close()
+    assert res.exit_code == 0, res.output
+    assert res.output.rstrip().splitlines()[-1] == "live blocks: 2"
