@@ -19,7 +19,7 @@ import msgspec
 MAX_COMMAND_BYTES = 64 * 1024
 
 
-class Command(msgspec.Struct, tag_field="cmd", array_like=True):
+class Command(msgspec.Struct, tag_field="cmd", array_like=True, forbid_unknown_fields=True):
     """Base of every command."""
 
 

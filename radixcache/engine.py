@@ -256,6 +256,8 @@ Tokens = Sequence[int] | npt.NDArray[np.integer]
 
 def _as_tokens(tokens: Tokens, vocab: int, what: str) -> TokenArray:
     arr = np.asarray(tokens)
+    if arr.ndim == 1 and arr.size == 0:
+        arr = arr.astype(np.int64)  # ``[]`` reads as float64: call it empty, not non-integer
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
         raise ValueError(f"{what} must be a 1-D sequence of integer token ids")
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= vocab):

@@ -1,0 +1,201 @@
+"""Faults: the engine process killed mid-stream, a frozen or slow subscriber, a pool full
+of locked blocks. The first runs the real ``radixcache serve`` process on loopback."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+
+from radixcache import commands as cmd
+from radixcache import events as ev
+from radixcache.engine import Engine, EngineConfig
+from radixcache.mirror import Mirror
+from radixcache.model import ModelConfig
+from radixcache.pool import KVPool, PoolExhausted
+from radixcache.stream import Endpoints, Publisher, send_command, u64
+from radixcache.subscriber import Subscriber
+from radixcache.tree import RadixTree
+from tests.test_stream_helpers import caught_up, drive, make_source, prompts, serving, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port_triple() -> int:
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port > 65000:
+            continue
+        try:
+            for p in (port + 1, port + 2):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no three free consecutive ports")
+
+
+def _serve(port: int, workload: str) -> tuple[subprocess.Popen[str], int]:
+    """Start ``radixcache serve``; returns the process and its epoch once it is serving."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--blocks", "256",
+         "--workload", workload],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"},
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        found = re.search(r"serving epoch (\d+)", line)
+        if found:
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep draining
+            return proc, int(found.group(1))
+    raise AssertionError(f"serve exited with {proc.wait()}")
+
+
+def _engine_snapshot(endpoints: Endpoints) -> tuple[int, str]:
+    """(seq, digest) of the engine's own tree, asked over the control socket."""
+    with zmq.Context.instance().socket(zmq.DEALER) as sock:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoints.control)
+        sock.send_multipart([b"snapshot", u64(99)])
+        assert sock.poll(5000)
+        _, _, _, seq, data = sock.recv_multipart()
+    m = Mirror()
+    m.load_snapshot(msgspec.msgpack.decode(data, type=ev.Snapshot))
+    return int.from_bytes(seq, "big"), m.digest()
+
+
+def test_sigkill_mid_stream_then_restart_resyncs_within_two_seconds():
+    port = _free_port_triple()
+    endpoints = Endpoints.tcp("127.0.0.1", port)
+    first, epoch1 = _serve(port, "flood 2000")
+    sub = Subscriber(endpoints, request_timeout_s=0.3).start()
+    second = None
+    try:
+        assert sub.wait_synced(10)
+        assert wait_for(lambda: sub.stats.batches >= 20)
+        first.send_signal(signal.SIGKILL)  # mid-stream: the flood is still running
+        assert first.wait(5) == -signal.SIGKILL
+        second, epoch2 = _serve(port, "chat 3")
+        t0 = time.monotonic()
+        assert epoch2 > epoch1
+        assert wait_for(lambda: sub.epoch == epoch2, timeout=2.0)
+        assert send_command(endpoints.commands, cmd.Pause()) == cmd.Ok("paused")
+        seq, digest = _engine_snapshot(endpoints)
+        assert wait_for(lambda: sub.epoch == epoch2 and sub.seq >= seq, timeout=2.0)
+        with sub.lock:
+            assert sub.mirror.digest() == digest
+        assert time.monotonic() - t0 < 2.0
+        assert sub.stats.epochs == 1
+        assert sub.stats.malformed == 0
+    finally:
+        sub.stop()
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(10)
+
+
+def test_frozen_subscriber_never_blocks_the_engine():
+    """A SUB that never reads: the PUB drops past SNDHWM, the engine side holds nothing."""
+    source = make_source()
+    pub = Publisher(Endpoints.tcp("127.0.0.1", 0), source.snapshot_at, hwm=50, ring=64)
+    source.publisher = pub
+    with pub, zmq.Context.instance().socket(zmq.SUB) as frozen:
+        frozen.setsockopt(zmq.RCVHWM, 50)
+        frozen.setsockopt(zmq.SUBSCRIBE, b"")
+        frozen.connect(pub.endpoints.events)
+        time.sleep(0.2)
+        for _ in range(20_000):
+            pub.publish([ev.Watermark(1, 2, 0.9, 0.8, 0, 0)])
+        assert wait_for(lambda: pub.stats().batches == pub.seq, timeout=10)
+        assert pub.stats().events == 20_000
+
+
+def test_slow_subscriber_overflowing_the_hwm_recovers_by_snapshot(tmp_path):
+    frozen, release = threading.Event(), threading.Event()
+
+    def on_batch(_: ev.Batch) -> None:
+        if frozen.is_set():
+            release.wait(60)
+
+    source = make_source(num_blocks=256)
+    with serving(source, Endpoints.ipc(str(tmp_path / "slow")), ring=32) as pub:
+        sub = Subscriber(pub.endpoints, on_batch=on_batch, request_timeout_s=0.5).start()
+        try:
+            assert sub.wait_synced(5)
+            frozen.set()
+            drive(source, prompts(5, seed=1))  # the first of these freezes the subscriber
+            for _ in range(120_000):  # more than its RCVHWM (100k) and the ring (32) hold
+                pub.publish([])
+            drive(source, prompts(40, seed=2))
+            assert wait_for(lambda: pub.stats().batches == pub.seq, timeout=20)
+            frozen.clear()
+            release.set()
+            assert wait_for(caught_up(sub, pub), timeout=30)
+            with sub.lock:
+                assert sub.mirror.digest() == source.tree.digest()
+            assert sub.stats.too_old >= 1
+            assert sub.stats.snapshots == 1 + sub.stats.too_old
+            assert sub.stats.resyncs == 0
+        finally:
+            release.set()
+            sub.stop()
+
+
+def test_pool_full_of_locked_blocks():
+    tree = RadixTree(KVPool(8, 16))
+    m = tree.match_and_lock(list(range(100)))
+    held = tree.allocate(m, 128)  # every block, held by a "running request"
+    m2 = tree.match_and_lock(list(range(500, 520)))
+    tree.check()
+    digest = tree.digest()
+    with pytest.raises(PoolExhausted, match="need 2 blocks, 0 free and nothing more evictable"):
+        tree.allocate(m2, 20)
+    assert tree.digest() == digest  # refused: the tree is unchanged
+    assert tree.alloc.free_count == 0
+    tree.check()
+    tree.release(held)
+    tree.unlock(m.node)
+    lease = tree.allocate(m2, 20)
+    tree.insert(list(range(500, 520)), lease)
+    tree.unlock(m2.node)
+    tree.check()
+    assert sum(n.lock for n in tree.snapshot().nodes) == 0
+
+
+def test_engine_waits_while_the_pool_is_locked_then_serves():
+    engine = Engine(EngineConfig(num_blocks=8, model=ModelConfig(vocab_size=1000)))
+    try:
+        tree = engine.tree
+        m = tree.match_and_lock(list(range(100)))
+        held = tree.allocate(m, 128)  # locked outside the engine
+        h = engine.submit(list(range(20)), 3)
+        for _ in range(5):
+            report = engine.step()
+            assert (report.admitted, report.sequences) == (0, 0)
+        assert not h.done()
+        assert (engine.metrics().waiting, engine.metrics().running) == (1, 0)
+        tree.check()
+        tree.release(held)
+        tree.unlock(m.node)
+        for _ in range(10):
+            engine.step()
+        assert len(h.result(0).tokens) == 3
+        tree.check()
+        assert sum(n.lock for n in tree.snapshot().nodes) == 0
+    finally:
+        engine.close()
