@@ -1,16 +1,54 @@
-"""Entry point of the `radixcache` console script: imports every command module."""
+"""Entry point of the `radixcache` console script: imports every command module.
+
+Exit codes: 0 ok; 1 a runtime error, printed as one line ``error: <reason>`` on stderr
+(``RADIXCACHE_DEBUG=1`` re-raises it with its traceback); 2 a usage error (Click).
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+
+import zmq
+
 import cli.cmd_bench_tree
+import cli.cmd_demo
 import cli.cmd_doctor
 import cli.cmd_engine
-from cli.app import app
+import cli.cmd_soak
+import cli.cmd_stream  # noqa: F401
+from cli.app import CliError, app, finish_help
+from radixcache.mirror import MirrorError
+from radixcache.pool import PoolError
+from radixcache.recording import RecordingError
+from radixcache.sharegpt import DatasetUnavailable
+from radixcache.tree import TreeError
+
+finish_help()
+
+# Failures a user can cause (a bad file, a busy port, a dataset not installed, a bad value):
+# reported in one line. Anything else is a bug and keeps its traceback.
+RUNTIME_ERRORS: tuple[type[BaseException], ...] = (
+    CliError, TreeError, PoolError, ValueError, DatasetUnavailable, RecordingError,
+    MirrorError, OSError, zmq.ZMQError,
+)
 
 
-def main() -> None:
-    """Run the CLI."""
-    app()
+def reason(exc: BaseException) -> str:
+    """One line saying what went wrong: the message's first line, else the error's type."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI on ``argv`` (default ``sys.argv[1:]``); always ends in ``SystemExit``."""
+    try:
+        app(args=argv, prog_name="radixcache")
+    except RUNTIME_ERRORS as exc:
+        if os.environ.get("RADIXCACHE_DEBUG") == "1":
+            raise
+        print(f"error: {reason(exc)}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
