@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import multiprocessing as mp
+import shlex
 import signal
 import threading
 import time
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import torch
 import typer
 from rich.console import Console
 from rich.progress import Progress
@@ -22,13 +25,24 @@ from rich.table import Table
 from rich.tree import Tree
 
 from cli.app import app, bench_app
+from radixcache import commands as cmd
 from radixcache import events as ev
+from radixcache.engine import Engine, EngineConfig
 from radixcache.export import jsonl_lines, perfetto_json
 from radixcache.kvevents import KVEventsClient
 from radixcache.mirror import Mirror, MirrorNode
+from radixcache.model import ModelConfig
 from radixcache.pool import KVPool
 from radixcache.recording import RecordingError, RecordingReader, RecordingWriter, mirror_snapshot
-from radixcache.server import ServerConfig, TreeServer
+from radixcache.server import (
+    DEFAULT_LOOP,
+    Answers,
+    EngineServer,
+    EngineServerConfig,
+    fold_answers,
+    record_workload,
+    tiny_model,
+)
 from radixcache.stream import (
     BindPolicy,
     Endpoints,
@@ -38,14 +52,28 @@ from radixcache.stream import (
     serve_request,
 )
 from radixcache.subscriber import Subscriber
-from radixcache.tree import RadixTree, TreeError
-from radixcache.workloads import WorkloadError, build_workload
+from radixcache.tree import RadixTree
+from radixcache.workloads import WORKLOADS, Workload, WorkloadError, build_workload
 
 console = Console()
 
 
 def _endpoints(port: int, host: str, ipc: str | None) -> Endpoints:
     return Endpoints.ipc(ipc) if ipc else Endpoints.tcp(host, port)
+
+
+class ModelSize(enum.StrEnum):
+    """Which model the engine runs."""
+
+    TINY = "tiny"
+    DEFAULT = "default"
+
+
+def _engine_config(model: ModelSize, blocks: int, device: str | None,
+                   threads: int) -> EngineConfig:
+    torch.set_num_threads(threads)
+    mc = tiny_model() if model is ModelSize.TINY else ModelConfig()
+    return EngineConfig(num_blocks=blocks, model=mc, device=device)
 
 
 @app.command()
@@ -55,35 +83,55 @@ def serve(
     ipc: str | None = typer.Option(None, help="Bind ipc://IPC-events/-control/-commands instead."),
     allow_remote: bool = typer.Option(False, help="Allow binding a non-loopback address."),
     workload: str | None = typer.Option(None, help="Start this workload at once (e.g. chat)."),
+    workload_args: str = typer.Option("", help="Its arguments, e.g. \"20 --seed 7\"."),
+    loop: bool = typer.Option(False, help="Whenever idle, inject the next of a mixed workload "
+                                          "(chat, system, tot, fork, flood) so the tree keeps "
+                                          "changing and evicting."),
     kv_events: str | None = typer.Option(None, help="'vllm': also publish vLLM KV events on "
                                                     "P+3 (replay P+4)."),
-    blocks: int = typer.Option(8192, help="KV pool blocks."),
+    blocks: int = typer.Option(2048, help="KV pool blocks of 16 tokens (2048: --loop evicts "
+                                          "within a minute on a CPU)."),
+    model: ModelSize = typer.Option(ModelSize.TINY, help="tiny: 1 layer, d_model 32 (fast on a "
+                                                         "CPU); default: the 2-layer model."),
+    answers: Answers = typer.Option(Answers.DECODE, help="decode forced answers token by token, "
+                                                         "or fold them into the prefill."),
+    device: str | None = typer.Option(None, help="torch device (default: cuda when present)."),
+    threads: int = typer.Option(1, help="torch CPU threads (1 is fastest for the tiny model)."),
+    digest_every: int = typer.Option(64, help="A Digest event every N batches (0: none)."),
 ) -> None:
-    """Run the engine in this process and serve its event stream and commands."""
+    """Run the engine (model, radix cache, scheduler) in this process; serve its event stream,
+    snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C."""
     policy = BindPolicy.ANY if allow_remote else BindPolicy.LOCAL_ONLY
     kv = None
     if kv_events is not None:
         if kv_events != "vllm":
             raise typer.BadParameter("only 'vllm' is supported", param_hint="--kv-events")
         kv = (f"tcp://{endpoint_host}:{port + 3}", f"tcp://{endpoint_host}:{port + 4}")
+    config = EngineServerConfig(_engine_config(model, blocks, device, threads), answers,
+                                digest_every, loop=DEFAULT_LOOP if loop else ())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            server = TreeServer(_endpoints(port, endpoint_host, ipc),
-                                ServerConfig(num_blocks=blocks), policy=policy, kv_endpoints=kv)
+            server = EngineServer(_endpoints(port, endpoint_host, ipc), config, policy=policy,
+                                  kv_endpoints=kv)
         except ValueError as exc:
             console.print(f"[red]{exc}[/] (pass --allow-remote to bind it anyway)")
             raise typer.Exit(2) from None
     for w in caught:
         console.print(f"[yellow]warning:[/] {w.message}")
+    _serve_until_stopped(server, workload, workload_args)
+
+
+def _serve_until_stopped(server: EngineServer, workload: str | None, args: str) -> None:
     server.start()
     ep = server.publisher.endpoints
-    console.print(f"serving epoch {server.publisher.epoch}: events {ep.events}  "
-                  f"snapshot/replay {ep.control}  commands {ep.commands}")
+    console.print(f"serving epoch {server.publisher.epoch} on {server.engine.model.device}: "
+                  f"events {ep.events}  snapshot/replay {ep.control}  commands {ep.commands}",
+                  highlight=False)
     if server.kv is not None:
         console.print(f"vLLM KV events {server.kv.endpoints[0]}  replay {server.kv.endpoints[1]}")
     if workload:
-        console.print(server.handle_line(workload))
+        console.print(server.handle(cmd.StartWorkload(workload, shlex.split(args))).message)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -95,6 +143,7 @@ def serve(
 
 
 def _workload_prompts(name: str, requests: int) -> list[np.ndarray]:
+    """Model-free prompts (prompt + forced answer) for ``bench events``."""
     out: list[np.ndarray] = []
     seed = 0
     while len(out) < requests:
@@ -106,43 +155,63 @@ def _workload_prompts(name: str, requests: int) -> list[np.ndarray]:
     return out[:requests]
 
 
+_SIZE_PARAM = {"chat": "conversations", "system": "users", "flood": "requests"}
+
+
+def _sized_workload(name: str, args: str, requests: int) -> Workload:
+    """``name`` built from ``args``, or (no args) sized to hold at least ``requests``."""
+    if args or name not in _SIZE_PARAM:
+        return build_workload(name, shlex.split(args))
+    high = next(p.high for p in WORKLOADS[name].params if p.name == _SIZE_PARAM[name])
+    return build_workload(name, {_SIZE_PARAM[name]: min(requests, high)})
+
+
 @app.command()
 def record(
     out: Path = typer.Option(..., "--out", help="Recording file to write."),
     workload: str = typer.Option("chat", help="Workload to run headless."),
-    requests: int = typer.Option(2000, help="Requests to run headless."),
+    workload_args: str = typer.Option("", help="Its arguments (default: sized to --requests)."),
+    requests: int = typer.Option(2000, help="Headless: run the first N requests."),
     from_: str | None = typer.Option(None, "--from", help="Record a live engine instead "
                                                           "(tcp://HOST:PORT of its events)."),
     seconds: float = typer.Option(10.0, help="With --from: how long to record."),
-    blocks: int = typer.Option(8192, help="Headless: KV pool blocks."),
+    blocks: int = typer.Option(65536, help="Headless: KV pool blocks of 16 tokens."),
+    model: ModelSize = typer.Option(ModelSize.TINY, help="Headless model: tiny is 1 layer, "
+                                                         "d_model 32, 1 K/V head of 16."),
+    answers: Answers = typer.Option(Answers.PREFILL, help="Headless: prefill folds each forced "
+                                    "answer into its prompt (same tree, ~50x faster on a CPU; "
+                                    "RequestStart then counts answers as prompt); decode "
+                                    "generates them token by token."),
+    device: str | None = typer.Option(None, help="Headless torch device (default: cuda when "
+                                                 "present)."),
+    threads: int = typer.Option(1, help="torch CPU threads."),
     keyframe_every: int = typer.Option(50_000, help="Events between snapshot keyframes."),
 ) -> None:
-    """Record a headless run of a workload, or a live engine, to a file."""
+    """Record a live engine (--from), or run a workload headless on the engine with the tiny
+    model and record every step's events: 2000 chat requests take about 80 s on 2 CPU cores."""
     if from_ is not None:
         n = _record_live(from_, out, seconds, keyframe_every)
-    else:
-        try:
-            prompts = _workload_prompts(workload, requests)
-        except WorkloadError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--workload") from None
-        n = _record_headless(prompts, out, blocks, keyframe_every)
-    console.print(f"wrote {out}: {n:,} events")
-
-
-def _record_headless(prompts: list[np.ndarray], out: Path, blocks: int, every: int) -> int:
-    tree = RadixTree(KVPool(blocks, 16))
-    config: dict[str, str | int | float] = {"num_blocks": blocks, "block_size": 16}
-    with RecordingWriter(out, config, keyframe_every=every) as w:
-        w.write_keyframe(0, 1, tree.snapshot())
-        for seq, tokens in enumerate(prompts, start=1):
-            try:
-                serve_request(tree, tokens)
-            except TreeError:
-                continue
-            w.write_batch(ev.Batch(seq, 1, time.time(), "radixcache", tree.take_events()))
-            if w.needs_keyframe:
-                w.write_keyframe(seq, 1, tree.snapshot())
-        return w.events
+        console.print(f"wrote {out}: {n:,} events")
+        return
+    try:
+        w = _sized_workload(workload, workload_args, requests)
+    except WorkloadError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--workload") from None
+    if answers is Answers.PREFILL:
+        w = fold_answers(w)
+    n = min(requests, len(w.requests))
+    engine = Engine(_engine_config(model, blocks, device, threads))
+    header: dict[str, str | int | float] = {
+        "num_blocks": blocks, "block_size": 16, "model": model.value, "answers": answers.value,
+        "workload": f"{workload} {workload_args}".strip(), "requests": n,
+        "device": str(engine.model.device)}
+    t0 = time.perf_counter()
+    with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer:
+        r = record_workload(engine, w, writer, limit=n)
+    engine.close()
+    console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {r.finished:,} of "
+                  f"{n:,} requests finished ({r.rejected} rejected) in {r.steps:,} steps, "
+                  f"{time.perf_counter() - t0:.1f} s", highlight=False)
 
 
 def _record_live(endpoint: str, out: Path, seconds: float, every: int) -> int:
@@ -268,7 +337,10 @@ def bench_events(
     late_join_nodes: int = typer.Option(100_000, help="Tree size for the late-join test."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Events/s from a tree driver to a mirror in another process, and what publishing costs."""
+    """Events/s from a tree driver to a mirror in another process, and what publishing costs.
+
+    Measures the stream, not the model: the driver runs chat requests (prompt + forced
+    answer) through the radix tree with no model (``TreeSource``), as fast as the tree goes."""
     result = _bench(requests, per_step, late_join_nodes, quiet=as_json)
     if as_json:
         typer.echo(json.dumps(result._asdict()))

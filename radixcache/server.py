@@ -1,18 +1,28 @@
 """The engine process: a cache whose events are published, steered by commands.
 
-``TreeServer`` runs workload requests through a ``RadixTree`` in its own step thread (no
-model: a request's output is its forced output, as the recorded traces give), publishes
-each step's events as one batch (``TreeSource``), a heartbeat when idle and a ``Digest``
-every ``digest_every`` batches, optionally the vLLM KV-event format beside it, and answers
-the command set of ``radixcache.commands``. When ``radixcache.engine.Engine`` lands, the
-same wiring runs with the model (see the closing note of issue 4).
+``EngineServer`` (what ``radixcache serve`` runs) drives an ``Engine`` -- the tiny model,
+prefix reuse, continuous batching -- from its own step thread. Every step's events (tree
+events, ``RequestStart``/``RequestFinish``, ``Watermark`` samples) go out as one batch with
+the next ``seq``; a ``Digest`` every ``digest_every`` batches; a watermark sample (and the
+publisher's heartbeat) while idle. One server lock serializes engine steps, commands and
+snapshots with publishing, so the snapshot served with seq S holds exactly the events of
+batches 1..S::
+
+    step thread:      with lock: engine.step() -> on_step(events) -> publish  (seq S+1)
+    snapshot ROUTER:  with lock: publish(engine.take_events()); tree.snapshot(), seq
+
+``TreeServer`` is the model-free variant (a request's output is its forced output, served
+through the tree alone): ``bench events`` and the malformed-input tests use it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import enum
 import queue
 import threading
+import time
 from collections import deque
 from typing import NamedTuple
 
@@ -20,11 +30,21 @@ import numpy as np
 
 from radixcache import commands as cmd
 from radixcache import events as ev
+from radixcache.engine import Engine, EngineConfig
 from radixcache.kvevents import KVEventPublisher, KVTranslator
+from radixcache.model import ModelConfig
 from radixcache.pool import KVPool
-from radixcache.stream import BindPolicy, Endpoints, Publisher, TreeSource, serve_request
+from radixcache.recording import RecordingWriter
+from radixcache.stream import (
+    BindPolicy,
+    Endpoints,
+    Publisher,
+    SnapshotAt,
+    TreeSource,
+    serve_request,
+)
 from radixcache.tree import RadixTree, TreeError
-from radixcache.workloads import WorkloadError, build_workload
+from radixcache.workloads import Workload, WorkloadError, build_workload
 
 
 class ServerConfig(NamedTuple):
@@ -159,3 +179,295 @@ class TreeServer:
                 "used_blocks": self.tree.alloc.used_count, "seq": self.publisher.seq,
                 "splits": s.splits, "merges": s.merges, "evicted_nodes": s.evicted_nodes,
                 "epoch": str(self.publisher.epoch)}
+
+
+# -- the engine with its model ------------------------------------------------------------------
+
+
+def tiny_model() -> ModelConfig:
+    """The smallest model the engine serves well on a CPU: 1 layer, d_model 32, 2 query heads
+    over 1 K/V head of 16 (the full ShareGPT vocabulary, so trace token ids stay valid)."""
+    return ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
+
+
+class Answers(enum.Enum):
+    """How forced answers (trace outputs) are computed.
+
+    DECODE: token by token, as a server decodes (requests stay running, locks held).
+    PREFILL: teacher forcing in one pass -- the request's prompt becomes prompt + answer[:-1]
+    and it decodes one token. The engine inserts the same sequence, so the tree ends the same;
+    ``RequestStart.prompt_tokens`` then counts the answer. Tens of times faster on a CPU.
+    """
+
+    DECODE = "decode"
+    PREFILL = "prefill"
+
+
+def fold_answers(workload: Workload) -> Workload:
+    """``workload`` with each forced answer moved into its prompt (see ``Answers.PREFILL``);
+    requests without a forced answer, or with a one-token answer, are kept as they are."""
+    out = []
+    for r in workload.requests:
+        f = r.forced_output
+        if f is not None and len(f) > 1:
+            r = r._replace(prompt=np.concatenate([r.prompt, f[:-1]]).astype(np.uint32),
+                           max_new_tokens=1, forced_output=f[-1:])
+        out.append(r)
+    return dataclasses.replace(workload, requests=out)
+
+
+class DigestEvery:
+    """Numbers batches and appends a ``Digest`` of ``tree`` to every ``every``-th one (0: never).
+    The caller must hold whatever keeps the tree from changing between the events and the
+    digest (the server lock, or the single thread of a headless recording)."""
+
+    def __init__(self, tree: RadixTree, every: int) -> None:
+        self.tree, self.every = tree, every
+        self.batches = 0
+
+    def stamp(self, events: list[ev.AnyEvent]) -> list[ev.AnyEvent]:
+        """Count one batch; returns ``events`` with a ``Digest`` appended when one is due."""
+        self.batches += 1
+        if self.every and self.batches % self.every == 0:
+            events.append(ev.Digest(self.tree.digest()))
+        return events
+
+
+class EngineServerConfig(NamedTuple):
+    """What an ``EngineServer`` runs with (the engine's own knobs are in ``engine``)."""
+
+    engine: EngineConfig = EngineConfig(model=tiny_model())
+    answers: Answers = Answers.DECODE
+    digest_every: int = 64
+    ring: int = 8192
+    loop: tuple[str, ...] = ()  # command lines injected in turn whenever the engine is idle
+
+
+DEFAULT_LOOP = ("chat 8", "system 40 --seed {n}", "tot 2 4 --seed {n}", "fork 12 --seed {n}",
+                "flood 40 --seed {n}")
+
+
+class EngineServer:
+    """An ``Engine`` served over ZeroMQ (see the module doc). ``start()``, then ``close()``."""
+
+    def __init__(
+        self, endpoints: Endpoints, config: EngineServerConfig | None = None, *,
+        policy: BindPolicy = BindPolicy.LOCAL_ONLY, kv_endpoints: tuple[str, str] | None = None,
+    ) -> None:
+        self.config = config if config is not None else EngineServerConfig()
+        self._lock = threading.Lock()  # steps, commands and snapshots, with their publishing
+        self.engine = Engine(self.config.engine, on_step=self._on_step)
+        self.digests = DigestEvery(self.engine.tree, self.config.digest_every)
+        self.publisher = Publisher(endpoints, self.snapshot_at, commands=self.handle,
+                                   ring=self.config.ring, policy=policy)
+        self.kv: KVEventPublisher | None = None
+        if kv_endpoints is not None:
+            ecfg = self.config.engine
+            translator = KVTranslator(ecfg.block_size, ecfg.num_blocks)
+            kv = self.kv = KVEventPublisher(*kv_endpoints, policy=policy)
+            self.publisher.tap = lambda events: kv.publish(translator.translate(events))
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._loop_count = 0
+        self.loop_error: str | None = None  # why --loop stopped, when an entry failed
+        self._thread = threading.Thread(target=self._run, name="rc-engine-server", daemon=True)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> EngineServer:
+        """Start publishing and stepping."""
+        self.publisher.start()
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop stepping, cancel what is unfinished, stop the publishers."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(10)
+        with self._lock:
+            self.engine.close()
+        self.publisher.close()
+        if self.kv is not None:
+            self.kv.close()
+
+    # -- publishing (self._lock held) ---------------------------------------------------------
+    def _on_step(self, events: list[ev.AnyEvent]) -> None:
+        if events:
+            self._publish(events)
+
+    def _publish(self, events: list[ev.AnyEvent]) -> int:
+        return self.publisher.publish(self.digests.stamp(events))
+
+    def _flush(self) -> None:
+        events = self.engine.take_events()
+        if events:
+            self._publish(events)
+
+    def snapshot_at(self) -> SnapshotAt:
+        """The tree's snapshot and the seq of the last batch it includes (events recorded
+        since the last step are published first, so the two agree)."""
+        with self._lock:
+            self._flush()
+            return SnapshotAt(self.engine.tree.snapshot(), self.publisher.seq)
+
+    # -- the step thread ----------------------------------------------------------------------
+    def _busy(self) -> bool:
+        m = self.engine.metrics()
+        return m.running > 0 or (m.waiting > 0 and not self.engine.paused)
+
+    def _run(self) -> None:
+        every = self.config.engine.watermark_every_s
+        last_sample = 0.0
+        while not self._stop.is_set():
+            if self._busy():
+                with self._lock:
+                    self.engine.step()
+                continue
+            if self.config.loop and self.loop_error is None and not self.engine.paused:
+                self._inject_next()
+                continue
+            if time.monotonic() - last_sample >= every:
+                last_sample = time.monotonic()
+                with self._lock:
+                    self._publish([*self.engine.take_events(), self.engine.watermark()])
+            self._wake.wait(every)
+            self._wake.clear()
+
+    def _inject_next(self) -> None:
+        loop = self.config.loop
+        line = loop[self._loop_count % len(loop)].format(n=self._loop_count // len(loop))
+        self._loop_count += 1
+        try:
+            reply = self.handle(cmd.parse_command_line(line))
+        except cmd.CommandError as exc:
+            reply = cmd.Error(str(exc))
+        if isinstance(reply, cmd.Error):  # a bad entry must not spin: stop looping
+            self.loop_error = f"loop entry {line!r}: {reply.message}"
+
+    # -- commands (the publisher's thread) ----------------------------------------------------
+    def submit_workload(self, name: str, args: list[str]) -> int:
+        """Submit a workload's requests (dependent ones follow their predecessors); returns
+        how many. Raises ``WorkloadError``."""
+        w = build_workload(name, args)
+        if self.config.answers is Answers.PREFILL:
+            w = fold_answers(w)
+        self.engine.run_workload(w)
+        self._wake.set()
+        return len(w.requests)
+
+    def handle(self, c: cmd.AnyCommand) -> cmd.AnyReply:
+        """Do one command; its tree events go out as one batch before the reply."""
+        try:
+            if isinstance(c, cmd.StartWorkload):
+                n = self.submit_workload(c.name, c.args)
+                return cmd.Ok(f"{c.name}: {n} requests submitted", {"requests": n})
+            if isinstance(c, cmd.Stats):
+                return cmd.Ok("stats", self.stats())
+            with self._lock:
+                reply = self._handle_locked(c)
+                self._flush()
+            self._wake.set()
+            return reply
+        except (WorkloadError, TreeError, ValueError) as exc:
+            return cmd.Error(str(exc))
+
+    def _handle_locked(self, c: cmd.AnyCommand) -> cmd.AnyReply:
+        e = self.engine
+        match c:
+            case cmd.Pause():
+                e.pause()
+                return cmd.Ok("paused")
+            case cmd.Resume():
+                e.resume()
+                return cmd.Ok("resumed")
+            case cmd.SetWatermark():
+                e.set_watermarks(c.high, c.low)
+                return cmd.Ok(f"watermarks high {c.high:g} low {c.low:g}")
+            case cmd.Evict():
+                r = e.evict(c.tokens)
+                return cmd.Ok(f"evicted {r.nodes} nodes, {r.tokens} tokens",
+                              {"nodes": r.nodes, "tokens": r.tokens, "blocks": r.blocks})
+            case cmd.Reset():
+                m = e.metrics()
+                e.reset()
+                return cmd.Ok(f"reset ({m.waiting + m.running} requests cancelled)")
+            case cmd.TakeSnapshot():
+                self._flush()
+                seq = self.publisher.seq
+                self._publish([e.tree.snapshot()])
+                return cmd.Ok(f"snapshot after seq {seq}", {"seq": seq})
+        return cmd.Error(f"unsupported command {type(c).__name__}")
+
+    def handle_line(self, line: str) -> str:
+        """Parse and do a command typed by a person; returns the reply's message."""
+        try:
+            reply = self.handle(cmd.parse_command_line(line))
+        except cmd.CommandError as exc:
+            return f"error: {exc}"
+        return reply.message if isinstance(reply, cmd.Ok) else f"error: {reply.message}"
+
+    def stats(self) -> dict[str, float | int | str]:
+        """The engine's counters (``Engine.stats``), the tree's digest, and the stream's seq
+        (the last batch published; the digest is the tree's after it), batches and epoch."""
+        with self._lock:
+            self._flush()
+            out = self.engine.stats()
+            out["digest"] = self.engine.tree.digest()
+            out.update(seq=self.publisher.seq, batches=self.digests.batches,
+                       epoch=str(self.publisher.epoch), loop_rounds=self._loop_count)
+        if self.loop_error is not None:
+            out["loop_error"] = self.loop_error
+        return out
+
+
+# -- headless recording -------------------------------------------------------------------------
+
+
+class RecordResult(NamedTuple):
+    """What ``record_workload`` wrote and how the requests ended."""
+
+    batches: int
+    events: int
+    finished: int
+    rejected: int
+    steps: int
+    digest: str  # the tree's digest after the last batch (also the file's last Digest)
+
+
+def record_workload(
+    engine: Engine, workload: Workload, writer: RecordingWriter, *, digest_every: int = 64,
+    epoch: int = 1, limit: int | None = None,
+) -> RecordResult:
+    """Run the first ``limit`` requests of ``workload`` on ``engine`` in this thread (no
+    scheduler thread, no sockets) until every one is done, writing each step's events as one
+    batch (seq 1, 2, ... with no empty batches), a keyframe first and whenever the writer
+    needs one, a ``Digest`` every ``digest_every`` batches and one in the last batch.
+
+    ``engine`` must be fresh, not started, and have no ``on_step`` of its own.
+    """
+    digests = DigestEvery(engine.tree, digest_every)
+    seq = 0
+
+    def write(events: list[ev.AnyEvent]) -> None:
+        nonlocal seq
+        seq += 1
+        writer.write_batch(ev.Batch(seq, epoch, time.time(), "radixcache", events))
+        if writer.needs_keyframe:
+            writer.write_keyframe(seq, epoch, engine.tree.snapshot())
+
+    def on_step(events: list[ev.AnyEvent]) -> None:
+        if events:
+            write(digests.stamp(events))
+
+    engine.on_step = on_step
+    writer.write_keyframe(0, epoch, engine.tree.snapshot())
+    engine.run_workload(workload, limit)
+    while True:
+        m = engine.metrics()
+        if not m.waiting and not m.running:
+            break
+        engine.step()
+    digest = engine.tree.digest()
+    write([*engine.take_events(), engine.watermark(), ev.Digest(digest)])
+    m = engine.metrics()
+    return RecordResult(writer.batches, writer.events, m.finished, m.rejected, m.steps, digest)
