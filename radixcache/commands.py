@@ -52,7 +52,7 @@ class Evict(Command, tag="evict"):
 
 
 class Reset(Command, tag="reset"):
-    """Empty the cache (refused while requests run)."""
+    """Empty the cache; waiting and running requests are cancelled first."""
 
 
 class Stats(Command, tag="stats"):

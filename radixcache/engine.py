@@ -404,7 +404,10 @@ class Engine:
     def step(self) -> StepReport:
         """Admit what fits, run one batched forward (or two, see the module doc), advance
         every request in it, finish the done ones; then call ``on_step`` with the drained
-        events when set. Thread-safe (serialized with other steps and ``reset``)."""
+        events when set. Thread-safe (serialized with other steps and ``reset``).
+
+        ``on_step`` runs after the step lock is released: a publisher that must order its
+        batches with snapshots calls ``step()`` under its own lock (as ``EngineServer`` does)."""
         with self._step_lock:
             t0 = time.perf_counter()
             admitted = self._admit()
@@ -722,7 +725,10 @@ class _Feed(NamedTuple):
         self.proxy.id = handle.id
         handle.add_done_callback(self.copy_outcome)
 
-    def after_done(self, _: RequestHandle) -> None:
+    def after_done(self, done: RequestHandle) -> None:
+        if isinstance(done._error, RequestCancelled):  # a reset or close ends the workload
+            self.proxy._settle(None, RequestCancelled("an earlier request was cancelled"))
+            return
         self.submit()
 
     def copy_outcome(self, done: RequestHandle) -> None:

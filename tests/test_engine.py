@@ -217,3 +217,15 @@ def test_gpu_check_without_cuda_exits_1_with_the_reason() -> None:
     result = CliRunner().invoke(app, ["doctor", "--gpu"])
     assert result.exit_code == 1
     assert result.output.startswith("CUDA unavailable: ")
+
+
+def test_reset_ends_a_workload_instead_of_feeding_its_later_turns() -> None:
+    engine = _engine(256)
+    wl = build_workload("tot", ["2", "2"])  # 7 requests; 6 wait on a parent
+    run = engine.run_workload(wl)
+    engine.reset()  # cancels the 1 root request before it ever ran
+    outcomes = run.wait(timeout=10)
+    assert [type(o).__name__ for o in outcomes] == ["RequestCancelled"] * 7
+    assert engine.step().admitted == 0  # nothing dependent was submitted afterwards
+    assert (engine.metrics().waiting, engine.metrics().running) == (0, 0)
+    _assert_idle_and_consistent(engine)
