@@ -168,6 +168,7 @@ class MixLoop:
     def __init__(self, engine: EngineProcess, mix: tuple[str, ...], interval_s: float) -> None:
         self.engine, self.mix, self.interval_s = engine, mix, interval_s
         self.sent = 0
+        self.requests = 0  # requests in the workloads the engine accepted
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rc-demo-mix", daemon=True)
 
@@ -177,10 +178,12 @@ class MixLoop:
 
     def _run(self) -> None:
         while True:
-            queued = self.engine.stats().get("queued", MAX_QUEUED)
-            if isinstance(queued, int) and queued < MAX_QUEUED:
-                self.engine.send(self._next())
+            waiting = self.engine.stats().get("waiting", MAX_QUEUED)
+            if isinstance(waiting, int) and waiting < MAX_QUEUED:
+                reply = self.engine.send(self._next())
                 self.sent += 1
+                if isinstance(reply, cmd.Ok):
+                    self.requests += int(reply.values.get("requests", 0))
             if self._stop.wait(self.interval_s):
                 return
 
@@ -231,7 +234,8 @@ def headless(engine: EngineProcess, loop: MixLoop, seconds: float) -> DemoStats:
     finally:
         sub.stop()
     return DemoStats(round(time.monotonic() - t0, 2), round(first, 3), loop.sent,
-                     int(stats.get("served", 0)), int(stats.get("queued", 0)),
+                     int(stats.get("finished", 0)),
+                     loop.requests - int(stats.get("finished", 0)),  # waiting, running, dependent
                      int(stats.get("nodes", 0)),
                      len(sub.mirror.nodes) - 1, int(stats.get("splits", 0)),
                      int(stats.get("merges", 0)), int(stats.get("evicted_nodes", 0)),
