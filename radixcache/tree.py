@@ -455,9 +455,12 @@ class RadixTree:
             return InsertResult(leaf, n - pos if leaf else 0, freed)
 
     def _descend_from_lease(self, seq: bytes, lease: Lease) -> tuple[RadixNode, int]:
-        """Where ``seq`` leaves the tree, walking down from the lease's locked node, whose path
-        (locked, so never evicted; splits and merges keep its tokens) is the matched prefix."""
+        """Where ``seq`` leaves the tree, walking down from the deepest node of the lease's
+        locked path that starts within the match (the path is never evicted, and splits and
+        merges keep its tokens, so the first ``matched`` tokens are known to be there)."""
         top = lease.node
+        while top.start > lease.matched and top.parent is not None:
+            top = top.parent  # split after the match: the old id now names a later suffix
         k = lease.matched - top.start
         if k > 0 and not seq.startswith(top.tokens[: k * 4], top.start * 4):
             raise InvalidTokens("insert tokens do not start with the prefix the lease matched")

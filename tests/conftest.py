@@ -1,0 +1,77 @@
+"""Shared test setup: hypothesis profiles and K/V helpers for the engine-core tests.
+
+Profiles (select with ``HYPOTHESIS_PROFILE``):
+
+- ``ci`` (default): deterministic (derandomized, no example database), no deadline; the
+  state machine runs a modest number of steps so ``tests/test_tree_state_machine.py`` stays
+  well under 60 s on two cores.
+- ``long``: random seeds, 2,000 state-machine runs of 50 steps = 100,000 steps in total.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from hypothesis import HealthCheck, settings
+
+from radixcache.pool import KVPool
+
+settings.register_profile(
+    "ci",
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+settings.register_profile(
+    "long",
+    deadline=None,
+    database=None,
+    print_blob=True,
+    max_examples=2_000,
+    stateful_step_count=50,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROFILE)
+# runs of each of the two tree state machines (50 steps each): 2 x 1,000 x 50 = 100,000 steps
+STATE_MACHINE_RUNS = 1_000 if PROFILE == "long" else 40
+
+
+def toks(seq: Sequence[int]) -> np.ndarray:
+    """Token ids as the uint32 array the tree takes."""
+    return np.asarray(seq, dtype=np.uint32)
+
+
+def write_kv(pool: KVPool, table: Sequence[int], lo: int, tokens: Sequence[int]) -> None:
+    """Write K = token id and V = token id + 0.5 at positions ``[lo, len(tokens))`` through
+    ``table``, in every layer/head/dim (what a request's prefill would write)."""
+    n, B = len(tokens), pool.block_size
+    if lo >= n:
+        return
+    pos = torch.arange(lo, n)
+    blocks = torch.tensor([table[p // B] for p in range(lo, n)])
+    vals = torch.tensor([float(t) for t in tokens[lo:n]], dtype=pool.kv.dtype)
+    pool.kv[:, 0, blocks, pos % B] = vals[None, :, None, None]
+    pool.kv[:, 1, blocks, pos % B] = (vals + 0.5)[None, :, None, None]
+
+
+def read_kv(pool: KVPool, table: Sequence[int], n: int) -> tuple[list[int], list[int]]:
+    """Read positions ``[0, n)`` back through ``table``: (K of layer 0 head 0 dim 0 as ints,
+    V - 0.5 as ints), every layer/head/dim checked equal to that value."""
+    if n == 0:
+        return [], []
+    B = pool.block_size
+    pos = torch.arange(n)
+    blocks = torch.tensor([table[p // B] for p in range(n)])
+    k = pool.kv[:, 0, blocks, pos % B]  # (L, n, H, D)
+    v = pool.kv[:, 1, blocks, pos % B]
+    k0 = k[0, :, 0, 0]
+    v0 = v[0, :, 0, 0]
+    assert bool((k == k0[None, :, None, None]).all()), "K differs across layers/heads"
+    assert bool((v == v0[None, :, None, None]).all()), "V differs across layers/heads"
+    return [int(x) for x in k0.tolist()], [int(x - 0.5) for x in v0.tolist()]

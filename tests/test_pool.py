@@ -1,0 +1,151 @@
+"""KVPool and BlockAllocator: exact free-list order, refcount and claim errors, slot copies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixcache.pool import BlockAllocator, BlockStateError, KVPool, KVShape, PoolExhausted
+
+
+def test_free_list_order_is_exact() -> None:
+    a = BlockAllocator(10, 16)
+    assert a.alloc(3) == [0, 1, 2]
+    assert a.free_blocks() == [3, 4, 5, 6, 7, 8, 9]
+    assert a.decref(1) is True
+    assert a.decref(0) is True
+    assert a.free_blocks() == [3, 4, 5, 6, 7, 8, 9, 1, 0]  # freed go to the back
+    assert a.alloc(8) == [3, 4, 5, 6, 7, 8, 9, 1]
+    a.incref(2)
+    assert a.decref(2) is False  # still referenced: not freed
+    assert a.free_blocks() == [0]
+    assert a.decref(2) is True
+    assert a.free_blocks() == [0, 2]
+    assert (a.free_count, a.used_count, a.used_fraction) == (2, 8, 0.8)
+
+
+def test_alloc_takes_nothing_when_short() -> None:
+    a = BlockAllocator(4, 16)
+    a.alloc(3)
+    with pytest.raises(PoolExhausted):
+        a.alloc(2)
+    assert a.free_blocks() == [3]
+    assert a.alloc(0) == []
+    assert a.alloc(1) == [3]
+    with pytest.raises(PoolExhausted):
+        a.alloc(1)
+
+
+def test_refcounts_and_errors() -> None:
+    a = BlockAllocator(4, 16)
+    (b,) = a.alloc(1)
+    assert a.refcount(b) == 1
+    a.incref(b)
+    a.incref(b)
+    assert a.refcount(b) == 3
+    with pytest.raises(BlockStateError):
+        a.incref(3)  # free block
+    with pytest.raises(BlockStateError):
+        a.decref(3)
+    assert a.refcount(3) == 0 and a.free_blocks() == [1, 2, 3]
+    assert [a.decref(b) for _ in range(3)] == [False, False, True]
+    with pytest.raises(BlockStateError):
+        a.decref(b)  # double free
+    assert a.free_blocks() == [1, 2, 3, 0] and a.refcount(b) == 0
+
+
+def test_claims() -> None:
+    a = BlockAllocator(4, 16)
+    (b,) = a.alloc(1)
+    assert a.claim(b) == 16  # a fresh block is fully claimed by whoever took it
+    a.set_claim(b, 0)
+    assert a.claim(b) == 0
+    a.set_claim(b, 5)
+    assert a.claim(b) == 5
+    for bad in (-1, 17):
+        with pytest.raises(BlockStateError):
+            a.set_claim(b, bad)
+    assert a.claim(b) == 5
+    with pytest.raises(BlockStateError):
+        a.set_claim(2, 1)  # free block
+    assert a.claim(2) == 0
+    a.decref(b)
+    assert a.claim(b) == 0  # freeing clears the claim
+    (again,) = a.alloc(4)[-1:]
+    assert again == b and a.claim(b) == 16
+
+
+def test_decref_many_frees_in_order() -> None:
+    a = BlockAllocator(6, 16)
+    a.alloc(6)
+    a.incref(2)
+    assert a.decref_many([4, 2, 1]) == [4, 1]
+    assert a.free_blocks() == [4, 1] and a.refcount(2) == 1
+    with pytest.raises(BlockStateError):
+        a.decref_many([4])  # free already
+    assert a.free_blocks() == [4, 1]
+
+
+def test_reset_and_bad_sizes() -> None:
+    a = BlockAllocator(5, 4)
+    a.alloc(4)
+    a.set_claim(2, 3)
+    a.reset()
+    assert a.free_blocks() == [0, 1, 2, 3, 4]
+    assert [a.refcount(b) for b in range(5)] == [0] * 5 and a.claim(2) == 0
+    for n, bs in ((0, 16), (4, 0), (-1, 16)):
+        with pytest.raises(ValueError):
+            BlockAllocator(n, bs)
+
+
+def filled_pool() -> KVPool:
+    pool = KVPool(6, 4, KVShape(2, 3, 2), device="cpu")
+    pool.kv.copy_(torch.arange(pool.kv.numel(), dtype=torch.float32).reshape(pool.kv.shape))
+    return pool
+
+
+def test_pool_shape_and_figures() -> None:
+    pool = KVPool(6, 4, KVShape(2, 3, 2, torch.float16), device="cpu")
+    assert tuple(pool.kv.shape) == (2, 2, 6, 4, 3, 2) and pool.kv.dtype == torch.float16
+    assert (pool.num_blocks, pool.block_size, pool.capacity_tokens) == (6, 4, 24)
+    assert pool.bytes_per_block() == 2 * 2 * 4 * 3 * 2 * 2
+    assert pool.device == torch.device("cpu")
+    assert bool((pool.kv == 0).all())
+
+
+def test_copy_slots_contents() -> None:
+    pool = filled_pool()
+    before = pool.kv.clone()
+    pool.copy_slots(1, 4, 3)
+    want = before.clone()
+    want[:, :, 4, :3] = before[:, :, 1, :3]
+    assert torch.equal(pool.kv, want)  # slot 3 of block 4 and every other block untouched
+    pool.copy_slots(2, 0, 4)
+    want[:, :, 0] = before[:, :, 2]
+    assert torch.equal(pool.kv, want)
+    for bad in (0, 5, -1):
+        with pytest.raises(ValueError):
+            pool.copy_slots(1, 4, bad)
+    assert torch.equal(pool.kv, want)
+
+
+def test_copy_slots_batch_contents() -> None:
+    pool = filled_pool()
+    before = pool.kv.clone()
+    pool.copy_slots_batch([1, 2, 5], [3, 4, 0], [1, 3, 4])
+    want = before.clone()
+    want[:, :, 3, :1] = before[:, :, 1, :1]
+    want[:, :, 4, :3] = before[:, :, 2, :3]
+    want[:, :, 0, :4] = before[:, :, 5, :4]
+    assert torch.equal(pool.kv, want)
+    pool.copy_slots_batch([], [], [])
+    assert torch.equal(pool.kv, want)
+
+
+def test_copy_slots_batch_equals_single_copies() -> None:
+    a, b = filled_pool(), filled_pool()
+    plan = [(0, 1, 2), (3, 2, 4), (5, 4, 1)]
+    for s, d, n in plan:
+        a.copy_slots(s, d, n)
+    b.copy_slots_batch([p[0] for p in plan], [p[1] for p in plan], [p[2] for p in plan])
+    assert torch.equal(a.kv, b.kv)
