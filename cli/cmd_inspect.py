@@ -1,0 +1,143 @@
+"""`radixcache inspect`, `replay`, `screenshot` and `bench tui`: the Textual inspector.
+
+``run_live(endpoints)`` and ``run_local()`` are the entry points other commands (``demo``)
+call; the inspector package is imported lazily so ``radixcache --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cli.app import CliError, app, bench_app
+
+console = Console()
+
+
+def run_live(endpoints: list[str]) -> None:
+    """Open the inspector on the engine whose event endpoint is ``endpoints[0]`` (tcp://HOST:PORT
+    or ipc://PATH-events; the snapshot/replay and command sockets follow from it). Blocks until
+    the user quits. Only one engine is shown: extra endpoints are refused."""
+    from inspector.app import InspectorApp
+    from inspector.live import LiveSource
+
+    if len(endpoints) != 1:
+        raise CliError(f"the inspector follows one engine, got {len(endpoints)} endpoints")
+    InspectorApp(LiveSource(endpoints[0])).run()
+
+
+def run_local(num_blocks: int = 4096) -> None:
+    """Open the inspector on an in-process tree of ``num_blocks`` blocks (no model, no
+    sockets), steered from its command line. Blocks until the user quits."""
+    from inspector.app import InspectorApp
+    from inspector.local import LocalSource
+
+    InspectorApp(LocalSource(num_blocks)).run()
+
+
+@app.command()
+def inspect(
+    endpoint: str | None = typer.Argument(None, help="An engine's event endpoint "
+                                                     "(tcp://HOST:PORT or ipc://PATH-events)."),
+    kv_events: str | None = typer.Option(None, help="Attach to a vLLM-format KV-event PUB "
+                                                    "(tcp://HOST:PORT) instead."),
+    replay: str | None = typer.Option(None, help="With --kv-events: its replay ROUTER."),
+    blocks: int = typer.Option(4096, help="Without ENDPOINT: blocks of the embedded tree."),
+) -> None:
+    """Open the inspector on a running engine, on a vLLM-format KV-event publisher, or (with
+    no ENDPOINT) on an embedded in-process tree.
+
+    Example: radixcache inspect tcp://127.0.0.1:5557   (after: radixcache serve --port 5557)
+    """
+    if kv_events is not None:
+        from inspector.kv_view import KVEventsApp
+        from radixcache.workloads import Vocabulary
+
+        KVEventsApp(kv_events, replay, vocab=Vocabulary()).run()
+    elif replay is not None:
+        raise typer.BadParameter("--replay goes with --kv-events", param_hint="--replay")
+    elif endpoint is not None:
+        run_live([endpoint])
+    else:
+        run_local(blocks)
+
+
+@app.command("replay")
+def replay_file(
+    file: Path = typer.Argument(..., help="A file written by `radixcache record`."),
+) -> None:
+    """Replay a recording in the inspector: p play/pause, . step, , step back, < > keyframes,
+    [ ] speed. A damaged file replays up to the damage and the replay bar says where.
+
+    Example: radixcache replay chat.rcx   (after: radixcache record --out chat.rcx)
+    """
+    from inspector.app import InspectorApp
+    from inspector.replay import ReplaySource, load_recording
+
+    InspectorApp(ReplaySource(load_recording(file))).run()
+
+
+@app.command()
+def screenshot(
+    out: Path = typer.Option(Path("screenshots"), help="Directory to write SVG and PNG into."),
+) -> None:
+    """Write SVG and PNG screenshots of the inspector: the live tree after a chat workload, the
+    block map under eviction, replay mode and the view attached to a vLLM-format publisher.
+
+    Example: radixcache screenshot --out screenshots
+    """
+    from inspector.shots import take_all
+
+    out.mkdir(parents=True, exist_ok=True)
+    for path in take_all(out, log=console.print):
+        console.print(f"wrote {path}")
+
+
+@bench_app.command("tui")
+def bench_tui(
+    nodes: int = typer.Option(100_000, help="Nodes in the tree."),
+    seconds: float = typer.Option(3.0, help="Length of each phase (scroll, change, keys)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """The inspector headless on a big tree fed 50,000 events/s: frame cost while scrolling
+    and while nodes change, key latency, events ingested/s, memory pane redraws/s.
+
+    Example: radixcache bench tui --nodes 100000 --json
+    """
+    from inspector.bench import run_bench
+
+    if as_json:
+        result = run_bench(nodes, seconds)
+        print(json.dumps(result._asdict()))
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}"),
+                  TimeElapsedColumn(), console=console) as progress:
+        build = progress.add_task(f"building {nodes:,} nodes", total=nodes)
+        phase = progress.add_task("phases", total=3)
+
+        def step(name: str) -> None:
+            progress.update(phase, description=name, advance=0 if name == "scrolling" else 1)
+
+        result = run_bench(nodes, seconds,
+                           progress=lambda done, _: progress.update(build, completed=done),
+                           step=step)
+        progress.update(phase, completed=3)
+    table = Table(title=f"bench tui ({result.nodes:,} nodes)")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_column("target", justify="right")
+    rows = [("frame p50 / p99 ms", f"{result.frame_ms_p50:.1f} / {result.frame_ms_p99:.1f}",
+             "<= 30"),
+            ("frame p99 scroll / change ms",
+             f"{result.frame_ms_p99_scroll:.1f} / {result.frame_ms_p99_change:.1f}", "<= 30"),
+            ("key p50 / p99 ms", f"{result.key_ms_p50:.1f} / {result.key_ms_p99:.1f}", "<= 100"),
+            ("events ingested/s", f"{result.events_per_s:,.0f}", ">= 50,000"),
+            ("memory pane redraws/s", f"{result.watermark_hz:.1f}", ">= 2")]
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

@@ -1,0 +1,228 @@
+"""Feed: the one place where batches meet the mirror.
+
+A source's thread calls ``Feed.apply`` for every batch it decodes; the UI's frame timer calls
+``Feed.take`` once per frame and gets a ``Delta``: what changed since the previous frame
+(structure, touched blocks, nodes to flash, the newest events for the log). Both hold
+``Feed.lock``, so the UI reads a mirror that is never half-way through a batch.
+
+Besides the mirror the feed keeps the few indexes the panes need and the mirror does not
+have: the set of locked nodes (so the block map finds locked blocks without a scan) and the
+wall time of each access clock (so the tree and LRU panes can show ages).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from bisect import bisect_right
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from radixcache import events as ev
+from radixcache.mirror import Mirror, MirrorError, MirrorNode
+
+LOG_KEEP = 2_000  # events the log pane can scroll back through
+
+
+class Flash(Enum):
+    """Why a node is highlighted for a moment."""
+
+    CREATE = "create"
+    SPLIT = "split"
+    MERGE = "merge"
+    EVICT = "evict"
+
+
+class LogEntry:
+    """One event as the log shows it, with the time of its batch."""
+
+    __slots__ = ("event", "kind", "seq", "ts")
+
+    def __init__(self, ts: float, seq: int, event: ev.AnyEvent) -> None:
+        self.ts = ts
+        self.seq = seq
+        self.event = event
+        self.kind: str = type(event).__struct_config__.tag  # type: ignore[assignment]
+
+
+@dataclass
+class Delta:
+    """What changed between two frames. ``rebuild`` means the tree rows must be redone from
+    scratch (snapshot, reset, resync); ``structure`` that nodes appeared or went away."""
+
+    batches: int = 0
+    events: int = 0
+    structure: bool = False
+    rebuild: bool = False
+    watermarks: list[ev.Watermark] = field(default_factory=list)  # every sample, in order
+    blocks: set[int] = field(default_factory=set)
+    flashes: dict[int, Flash] = field(default_factory=dict)
+    log: list[LogEntry] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        """True when nothing at all happened."""
+        return self.events == 0 and self.batches == 0 and not self.errors
+
+
+_STRUCTURAL = (ev.NodeCreated, ev.Split, ev.Merge, ev.Evict)
+
+
+class Feed:
+    """Applies batches to a mirror (any thread) and hands out per-frame deltas (UI thread)."""
+
+    def __init__(self, mirror: Mirror | None = None) -> None:
+        self.lock = threading.Lock()
+        self.mirror = mirror if mirror is not None else Mirror()
+        self.locked: set[int] = set()
+        self.seq = -1
+        self.epoch = -1
+        self.engine = ""
+        self.last_ts = 0.0
+        self.out_of_sync = False
+        self.log: deque[LogEntry] = deque(maxlen=LOG_KEEP)
+        self._clocks: list[int] = []
+        self._clock_ts: list[float] = []
+        self._delta = Delta()
+
+    # -- writer side (source threads) ------------------------------------------------------
+    def apply(self, batch: ev.Batch) -> bool:
+        """Apply a whole batch under the lock. Returns False (and marks the feed out of sync,
+        keeping what applied) when an event does not fit; a snapshot batch repairs it.
+
+        Yields the GIL afterwards, so a source applying back to back cannot starve the UI
+        thread of the lock (Python locks are not fair)."""
+        try:
+            return self._apply(batch)
+        finally:
+            time.sleep(0)
+
+    def _apply(self, batch: ev.Batch) -> bool:
+        with self.lock:
+            d = self._delta
+            d.batches += 1
+            self.seq, self.epoch, self.engine = batch.seq, batch.epoch, batch.engine
+            self.last_ts = batch.ts
+            for e in batch.events:
+                try:
+                    self.mirror.apply(e)
+                except MirrorError as err:
+                    self.out_of_sync = True
+                    d.errors.append(f"seq {batch.seq}: {err}")
+                    d.rebuild = True
+                    return False
+                self._note(d, batch, e)
+            return True
+
+    def observe(self, batch: ev.Batch) -> None:
+        """Record the deltas of a batch someone else already applied to ``mirror`` (a
+        subscriber that shares ``lock``); call with the lock NOT held."""
+        with self.lock:
+            d = self._delta
+            d.batches += 1
+            self.seq, self.epoch, self.engine = batch.seq, batch.epoch, batch.engine
+            self.last_ts = batch.ts
+            for e in batch.events:
+                self._note(d, batch, e)
+
+    def resynced(self, ts: float) -> None:
+        """The mirror was replaced behind the feed's back (a subscriber loaded a snapshot)."""
+        with self.lock:
+            self._after_snapshot(self._delta, ts)
+
+    def load(self, snapshot: ev.Snapshot, seq: int, ts: float) -> None:
+        """Replace everything with ``snapshot`` (join, resync, replay seek)."""
+        with self.lock:
+            self.mirror.load_snapshot(snapshot)
+            self.seq, self.last_ts = seq, ts
+            self._after_snapshot(self._delta, ts)
+
+    def _after_snapshot(self, d: Delta, ts: float) -> None:
+        self.out_of_sync = False
+        self.locked = {n.id for n in self.mirror.nodes.values() if n.lock > 0}
+        self._clocks, self._clock_ts = [self.mirror.clock], [ts]
+        d.rebuild = d.structure = True
+        d.blocks.update(range(self.mirror.num_blocks))
+
+    def _note(self, d: Delta, batch: ev.Batch, e: ev.AnyEvent) -> None:  # noqa: C901
+        d.events += 1
+        if not isinstance(e, ev.Access | ev.Lock):
+            d.log.append(LogEntry(batch.ts, batch.seq, e))
+        match e:
+            case ev.Access():
+                # one entry per batch time (the batch's first clock) keeps this bounded
+                if not self._clock_ts or self._clock_ts[-1] != batch.ts:
+                    self._clocks.append(e.clock)
+                    self._clock_ts.append(batch.ts)
+            case ev.Lock():
+                self._relock(self.mirror.nodes.get(e.node))
+            case ev.NodeCreated():
+                d.structure = True
+                d.flashes[e.node] = Flash.CREATE
+                d.blocks.update(e.blocks)
+            case ev.Split():
+                d.structure = True
+                d.flashes[e.node] = d.flashes[e.prefix] = Flash.SPLIT
+                prefix = self.mirror.nodes.get(e.prefix)
+                if prefix is not None and prefix.lock > 0:
+                    self.locked.add(e.prefix)
+            case ev.Merge():
+                d.structure = True
+                d.flashes[e.child] = Flash.MERGE
+                self.locked.discard(e.parent)
+            case ev.Evict():
+                d.structure = True
+                d.flashes[e.node] = Flash.EVICT
+                d.blocks.update(e.freed)
+                self.locked.discard(e.node)
+            case ev.BlockAlloc() | ev.BlockFree():
+                d.blocks.update(e.blocks)
+            case ev.Cow():
+                d.blocks.update((e.src, e.dst))
+            case ev.Watermark():
+                d.watermarks.append(e)
+            case ev.Snapshot() | ev.Reset():
+                self._after_snapshot(d, batch.ts)
+
+    def _relock(self, n: MirrorNode | None) -> None:
+        """Bring ``locked`` up to date along the path of a Lock event."""
+        while n is not None:
+            if n.lock > 0:
+                self.locked.add(n.id)
+            else:
+                self.locked.discard(n.id)
+            n = n.parent
+
+    # -- reader side (UI thread) -----------------------------------------------------------
+    def take(self) -> Delta:
+        """The changes since the previous call (call with the lock NOT held)."""
+        with self.lock:
+            d, self._delta = self._delta, Delta()
+            self.log.extend(d.log)
+            return d
+
+    def idle(self) -> bool:
+        """True when nothing arrived since the last ``take`` (a racy read, for polling)."""
+        return self._delta.empty
+
+    def access_time(self, clock: int) -> float | None:
+        """Wall time of the access at logical ``clock`` (or the latest before it)."""
+        i = bisect_right(self._clocks, clock) - 1
+        return self._clock_ts[i] if i >= 0 else None
+
+    def locked_blocks(self) -> set[int]:
+        """Blocks held by locked nodes or by running requests (call under the lock)."""
+        out = set(self.mirror.request_blocks)
+        nodes = self.mirror.nodes
+        for nid in self.locked:
+            n = nodes.get(nid)
+            if n is not None and n.parent is not None:
+                out.update(n.blocks)
+        return out
+
+    def now(self) -> float:
+        """The time ages are measured against: the newest batch's (replay shows the recorded
+        moment), or the wall clock before any batch arrived."""
+        return self.last_ts or time.time()

@@ -1,0 +1,91 @@
+"""LiveSource: a running engine, followed by ``radixcache.subscriber.Subscriber``.
+
+The subscriber thread receives, decodes, recovers gaps and applies batches to the feed's
+mirror under the feed's lock (it is given both); the feed only records what changed
+(``Feed.observe``). Commands go over the engine's command socket (``stream.send_command``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from inspector.feed import Feed
+from inspector.layout import TokenText
+from inspector.sources import ConnState, SourceStatus
+from radixcache import commands as cmd
+from radixcache.stream import Endpoints, send_command
+from radixcache.subscriber import State, Subscriber
+from radixcache.workloads import Vocabulary
+
+STALE_S = 3.0  # no batch (heartbeats included) for this long: shown as disconnected
+
+
+class LiveSource:
+    """A ``Source`` over the engine at ``endpoint`` (its event endpoint, tcp:// or ipc://)."""
+
+    def __init__(self, endpoint: str, *, request_timeout_s: float = 2.0) -> None:
+        self.endpoint = endpoint
+        self.endpoints = Endpoints.from_events(endpoint)
+        self._timeout = request_timeout_s
+        self._sub: Subscriber | None = None
+        self._feed: Feed | None = None
+        self._last_batch = 0.0
+        self._since = time.time()
+        self._state = ConnState.DISCONNECTED
+        self._snapshots = 0
+        self._vocab = Vocabulary()
+
+    def start(self, feed: Feed) -> None:
+        """Start the subscriber thread on the feed's mirror and lock."""
+        self._feed = feed
+        sub = Subscriber(self.endpoints, feed.mirror, on_batch=self._on_batch,
+                         request_timeout_s=self._timeout)
+        sub.lock = feed.lock  # one lock: the UI never reads a half-applied batch
+        self._sub = sub.start()
+
+    def _on_batch(self, batch: object) -> None:
+        from radixcache import events as ev
+
+        if self._feed is None or not isinstance(batch, ev.Batch):
+            return
+        self._last_batch = time.time()
+        if self._sub is not None and self._sub.stats.snapshots != self._snapshots:
+            self._snapshots = self._sub.stats.snapshots
+            self._feed.resynced(batch.ts)
+        self._feed.observe(batch)
+
+    def stop(self) -> None:
+        """Stop the subscriber (idempotent)."""
+        if self._sub is not None:
+            self._sub.stop()
+
+    def _current(self) -> ConnState:
+        sub = self._sub
+        if sub is None or not sub.synced.is_set():
+            return ConnState.DISCONNECTED
+        if sub.state is not State.LIVE:
+            return ConnState.RESYNCING
+        if time.time() - self._last_batch > STALE_S:
+            return ConnState.DISCONNECTED
+        return ConnState.LIVE
+
+    def status(self) -> SourceStatus:
+        """LIVE, RESYNCING (waiting for snapshot/replay) or DISCONNECTED since when."""
+        state = self._current()
+        if state is not self._state:
+            self._state, self._since = state, time.time()
+        if self._sub is not None and self._feed is not None \
+                and self._sub.stats.snapshots != self._snapshots:
+            self._snapshots = self._sub.stats.snapshots
+            self._feed.resynced(time.time())
+        gaps = self._sub.stats.gaps if self._sub is not None else 0
+        detail = f"{gaps} gaps recovered" if gaps else ""
+        return SourceStatus(state, self.endpoint, self._since, detail)
+
+    def send(self, command: cmd.AnyCommand) -> cmd.AnyReply:
+        """One round trip on the command socket (``Error`` on timeout, never raises)."""
+        return send_command(self.endpoints.commands, command, timeout_s=5.0)
+
+    def vocabulary(self) -> TokenText:
+        """The synthetic workloads' words (trace words render as ids)."""
+        return self._vocab

@@ -1,0 +1,99 @@
+"""The command line: parse, validate, complete, remember.
+
+``parse`` turns what a person typed into a typed ``radixcache.commands`` command, or says
+exactly why not; a workload command is checked by building it (the workloads' own rules),
+so nothing invalid is ever sent.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, NamedTuple
+
+from textual.binding import Binding, BindingType
+from textual.widgets import Input
+
+from radixcache import commands as cmd
+from radixcache.workloads import WORKLOADS, WorkloadError, build_workload
+
+CONTROL = ("pause", "resume", "reset", "stats", "snapshot", "evict", "watermark")
+LOCAL = ("filter", "help", "quit")
+WORDS = tuple(sorted((*WORKLOADS, *CONTROL, *LOCAL)))
+
+
+class Parsed(NamedTuple):
+    """A command to send, or a local action (``filter``/``help``/``quit``) with its args, or
+    an error message (exactly one of the three is set)."""
+
+    command: cmd.AnyCommand | None
+    local: tuple[str, ...] | None
+    error: str | None
+
+
+def parse(line: str) -> Parsed:
+    """What ``line`` asks for. Never raises; a bad line gives ``Parsed.error``."""
+    words = line.split()
+    if words and words[0] in LOCAL:
+        return Parsed(None, tuple(words), None)
+    try:
+        command = cmd.parse_command_line(line)
+    except cmd.CommandError as err:
+        return Parsed(None, None, str(err))
+    if isinstance(command, cmd.StartWorkload):
+        try:
+            build_workload(command.name, command.args)
+        except WorkloadError as err:
+            return Parsed(None, None, str(err))
+    if isinstance(command, cmd.SetWatermark) and not 0 < command.low <= command.high <= 1:
+        return Parsed(None, None, "watermark needs 0 < LOW <= HIGH <= 1, e.g. watermark 0.9 0.8")
+    if isinstance(command, cmd.Evict) and command.tokens < 0:
+        return Parsed(None, None, "evict needs a token count >= 0")
+    return Parsed(command, None, None)
+
+
+def complete(text: str) -> str:
+    """Complete the first word to the longest common prefix of the commands it starts."""
+    if " " in text:
+        return text
+    hits = [w for w in WORDS if w.startswith(text)]
+    if not hits:
+        return text
+    common = hits[0]
+    for w in hits[1:]:
+        while not w.startswith(common):
+            common = common[:-1]
+    return common + " " if len(hits) == 1 else common
+
+
+class CommandLine(Input):
+    """An ``Input`` with tab completion and an up/down history."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("tab", "complete", "Complete", show=False, priority=True),
+        Binding("up", "history(-1)", "History", show=False),
+        Binding("down", "history(1)", "History", show=False),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(placeholder="chat 20 · tot 3 4 · evict 4096 · watermark 0.9 0.8 · pause",
+                         id=id)
+        self.history: list[str] = []
+        self._at = 0
+
+    def remember(self, line: str) -> None:
+        """Append to the history (no immediate duplicates) and reset the cursor."""
+        if line and (not self.history or self.history[-1] != line):
+            self.history.append(line)
+        self._at = len(self.history)
+
+    def action_complete(self) -> None:
+        """Tab: complete the command word."""
+        self.value = complete(self.value)
+        self.cursor_position = len(self.value)
+
+    def action_history(self, step: int) -> None:
+        """Up/down: walk the history; past the newest entry gives an empty line."""
+        if not self.history:
+            return
+        self._at = max(0, min(len(self.history), self._at + step))
+        self.value = self.history[self._at] if self._at < len(self.history) else ""
+        self.cursor_position = len(self.value)

@@ -1,0 +1,76 @@
+"""The memory pane: device memory (NVML) with a history sparkline, pool occupancy against the
+high and low watermarks, or a plain note saying why device figures are missing."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from rich.text import Text
+from textual.widget import Widget
+
+from radixcache import events as ev
+
+SPARK = "▁▂▃▄▅▆▇█"
+HISTORY = 60
+GIB = 1 << 30
+
+
+def sparkline(values: list[float], width: int) -> str:
+    """The last ``width`` fractions in [0, 1] as block characters."""
+    tail = values[-width:]
+    return "".join(SPARK[min(len(SPARK) - 1, max(0, int(v * len(SPARK))))] for v in tail)
+
+
+def pool_bar(used: float, high: float, low: float, width: int) -> Text:
+    """An occupancy bar of ``width`` cells with ``│`` at the low and ``▲`` at the high mark."""
+    cells = max(4, width)
+    filled = round(used * cells)
+    marks = {min(cells - 1, round(low * cells)): "│", min(cells - 1, round(high * cells)): "▲"}
+    bar = Text()
+    for i in range(cells):
+        mark = marks.get(i)
+        color = "#e06c75" if used >= high else "#3d8b5a"
+        if mark is not None:
+            bar.append(mark, style="bold #ffb347")
+        else:
+            bar.append("█" if i < filled else "░", style=color if i < filled else "#4c566a")
+    return bar
+
+
+class MemoryPane(Widget):
+    """Watermark samples in, one short panel out. ``draws`` counts redraws (the bench)."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.sample: ev.Watermark | None = None
+        self.note = ""
+        self.history: deque[float] = deque(maxlen=HISTORY)
+        self.draws = 0
+
+    def push(self, sample: ev.Watermark, note: str) -> None:
+        """Record a sample: device fraction when NVML reports, else pool fraction."""
+        self.sample, self.note = sample, note
+        if sample.device_used is not None and sample.device_total:
+            self.history.append(sample.device_used / sample.device_total)
+        elif sample.total_blocks:
+            self.history.append(sample.used_blocks / sample.total_blocks)
+        self.refresh()
+
+    def render(self) -> Text:
+        """Device line (or the NVML note), pool bar, sparkline."""
+        self.draws += 1
+        s, width = self.sample, max(10, self.size.width - 2)
+        out = Text()
+        if s is None:
+            return Text("waiting for a watermark sample…", style="dim")
+        if s.device_used is not None and s.device_total:
+            gib = f"{s.device_used / GIB:6.1f} / {s.device_total / GIB:.1f} GiB"
+            out.append(f"GPU  {gib}\n", "bold")
+        else:
+            out.append((self.note or "NVML unavailable") + "\n", "#e5c07b")
+        frac = s.used_blocks / s.total_blocks if s.total_blocks else 0.0
+        out.append(f"pool {s.used_blocks:,}/{s.total_blocks:,} blocks {frac:5.1%}\n")
+        out.append_text(pool_bar(frac, s.high, s.low, width))
+        out.append(f"\nhigh {s.high:.0%}  low {s.low:.0%}\n", "dim")
+        out.append(sparkline(list(self.history), width), "#7fd4ff")
+        return out

@@ -1,0 +1,384 @@
+"""The inspector: command parsing, Pilot tests on a seeded in-process source, replay, snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+
+import pytest
+
+from inspector.app import InspectorApp
+from inspector.feed import Feed
+from inspector.layout import block_ranges, flatten
+from inspector.live import LiveSource
+from inspector.local import LocalSource
+from inspector.replay import Recording, ReplaySource, load_recording
+from inspector.shots import free_ports, record_demo
+from inspector.widgets.command_line import complete, parse
+from inspector.widgets.lru import next_victims
+from radixcache import commands as cmd
+from radixcache import events as ev
+from radixcache.memory import MemorySource
+from radixcache.mirror import Mirror
+
+T0 = 1_700_000_000.0
+STATES_AFTER_EVICT = {"SELECTED": 16, "EVICTED": 41, "FREE": 967}
+SIZE = (150, 44)
+FRAME_S = 0.02  # tests wait on conditions, never on an idle screen
+
+
+class NoNvml:
+    """An NVML module whose init fails (so every machine renders the same memory pane)."""
+
+    def nvmlInit(self) -> None:
+        raise RuntimeError("no driver (test)")
+
+
+def local(recording: Recording | None = None) -> LocalSource:
+    return LocalSource(1024, clock=lambda: T0, recording=recording,
+                       memory=MemorySource(nvml=NoNvml()))  # type: ignore[arg-type]
+
+
+async def wait_until(pilot, predicate: Callable[[], bool], timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    """Let the app run until ``predicate()`` holds (an AssertionError after ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await pilot.pause(0.01)
+
+
+async def settle(app: InspectorApp, pilot, source: LocalSource, replies: int) -> None:  # type: ignore[no-untyped-def]
+    """Wait for ``replies`` command replies, an idle source and every batch on screen."""
+    await wait_until(pilot, lambda: len(app.replies) >= replies and source.idle()
+                     and app.caught_up())
+
+
+async def type_line(pilot, line: str) -> None:  # type: ignore[no-untyped-def]
+    """Focus the command line with ``:``, put ``line`` in it, press enter (each pilot key
+    press waits for the screen to settle, so the line is set rather than typed key by key)."""
+    await pilot.press("escape", "colon")
+    pilot.app.query_one("#command").value = line
+    await pilot.press("enter")
+
+
+def sync(fn: Callable[..., Coroutine[None, None, None]]) -> Callable[..., None]:
+    """Run an async Pilot test with asyncio (no async pytest plugin is installed)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: object, **kwargs: object) -> None:
+        asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+# -- units ---------------------------------------------------------------------------------
+
+
+def test_parse_builds_typed_commands_and_explains_errors() -> None:
+    assert parse("tot 3 4").command == cmd.StartWorkload("tot", ["3", "4"])
+    assert parse("watermark 0.9 0.8").command == cmd.SetWatermark(0.9, 0.8)
+    assert parse("evict 4096").command == cmd.Evict(4096)
+    assert parse("pause").command == cmd.Pause()
+    assert parse("filter split evict").local == ("filter", "split", "evict")
+    assert parse("bogus 1").error == (
+        "unknown workload 'bogus' (known: chat, system, tot, fork, flood)")
+    assert parse("chat 0").error == "chat: conversations must be between 1 and 1000, got 0"
+    assert parse("watermark 0.8 0.9").error == (
+        "watermark needs 0 < LOW <= HIGH <= 1, e.g. watermark 0.9 0.8")
+    assert parse("pause now").error == "pause takes no arguments"
+
+
+def test_completion_and_block_ranges() -> None:
+    assert complete("ch") == "chat "
+    assert complete("re") == "res"
+    assert complete("wat") == "watermark "
+    assert complete("tot 3") == "tot 3"
+    assert block_ranges([3, 4, 5, 9, 11, 12]) == "b3-5,9,11-12"
+    assert block_ranges([]) == "-"
+    assert block_ranges(list(range(0, 100, 2)), 12) == "b0,2,4,6,8,…"
+
+
+def test_feed_follows_a_local_tree_exactly() -> None:
+    feed, src = Feed(), local()
+    src.start(feed)
+    try:
+        assert src.send(cmd.StartWorkload("tot", ["2", "3"])) == cmd.Ok(
+            "tot: 13 requests queued (synthetic tree of thought, depth 2, branching 3)")
+        while not src.idle():
+            time.sleep(0.01)
+        assert feed.mirror.digest() == src.tree.digest()
+        assert [r.node.id for r in flatten(feed.mirror, set())] == [
+            0, 3, 7, 6, 8, 9, 11, 10, 12, 13, 15, 14, 16, 17]
+        assert [n.id for n in next_victims(feed.mirror, 20)] == [
+            n.id for n in feed.mirror.lru(20)] == [6, 8, 9, 10, 12, 13, 14, 16, 17]
+    finally:
+        src.stop()
+
+
+# -- Pilot ---------------------------------------------------------------------------------
+
+
+@sync
+async def test_typed_command_is_sent_and_tree_and_stats_show_the_workload() -> None:
+    src = local()
+    app = InspectorApp(src, flash_s=0, frame_interval=FRAME_S)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_line(pilot, "tot 2 3")
+        await settle(app, pilot, src, 1)
+        assert src.sent == [cmd.StartWorkload("tot", ["2", "3"])]
+        assert app.messages[-1] == (
+            "✓ tot: 13 requests queued (synthetic tree of thought, depth 2, branching 3)")
+        assert [r.node.id for r in app.tree_pane.rows] == [
+            0, 3, 7, 6, 8, 9, 11, 10, 12, 13, 15, 14, 16, 17]
+        s = app.feed.mirror.stats
+        figures = (s.requests, s.prompt_tokens, s.hit_tokens, s.splits, s.merges)
+        assert figures == (13, 1747, 1521, 4, 4)
+        assert f"{s.hit_rate:.1%}" == "87.1%"
+        assert "hit 87.1%" in str(app.query_one("#header").render())
+
+
+@sync
+async def test_wrong_command_shows_a_message_and_sends_nothing() -> None:
+    src = local()
+    app = InspectorApp(src, flash_s=0, frame_interval=FRAME_S)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_line(pilot, "tot 2 x")
+        await pilot.pause(0.05)
+        assert src.sent == []
+        assert app.messages == ["✗ tot: branching must be an integer, got 'x' — nothing sent"]
+
+
+@sync
+async def test_evict_empties_the_lru_queue() -> None:
+    src = local()
+    app = InspectorApp(src, flash_s=0, frame_interval=FRAME_S)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_line(pilot, "tot 2 3")
+        await settle(app, pilot, src, 1)
+        assert [n.id for n in app.query_one("LruPane").victims] == [6, 8, 9, 10, 12, 13, 14, 16, 17]
+        await type_line(pilot, "evict 100000")
+        await settle(app, pilot, src, 2)
+        assert app.messages[-1] == "✓ evicted 9 nodes, 562 tokens, 43 blocks"
+        assert app.query_one("LruPane").victims == []
+        assert [r.node.id for r in app.tree_pane.rows] == [0]
+        assert (app.feed.mirror.stats.evictions, app.feed.mirror.used_blocks) == (9, 0)
+
+
+@sync
+async def test_selecting_a_node_highlights_its_blocks_and_lru_place() -> None:
+    src = local()
+    app = InspectorApp(src, flash_s=0, frame_interval=FRAME_S)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_line(pilot, "tot 2 3")
+        await settle(app, pilot, src, 1)
+        await pilot.press("escape", "down", "down", "down")  # root, n3, n7, n6
+        await pilot.pause(0.05)
+        node = app.feed.mirror.nodes[6]
+        assert app.blocks.selected == set(node.blocks)
+        assert app.query_one("LruPane").rank_of(6) == 1
+        assert str(app.tree_pane.border_subtitle).endswith("· LRU #1")
+
+
+def _recording() -> Recording:
+    rec = Recording(name="test.rcrec")
+    feed, src = Feed(), local(rec)
+    src.start(feed)
+    try:
+        src.send(cmd.StartWorkload("fork", ["4"]))
+        while not src.idle():
+            time.sleep(0.01)
+    finally:
+        src.stop()
+    return rec
+
+
+@sync
+async def test_replay_step_applies_exactly_the_next_batch() -> None:
+    rec = _recording()
+    assert len(rec.batches) == 4
+    expected = Mirror()
+    expected.load_snapshot(rec.keyframes[0][1])
+    digests = [expected.digest()]
+    for b in rec.batches:
+        expected.apply_batch(b)
+        digests.append(expected.digest())
+    app = InspectorApp(ReplaySource(rec), flash_s=0)
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.feed.mirror.digest() == digests[0]
+        for i in (1, 2, 3):
+            await pilot.press("full_stop")
+            assert app.feed.mirror.digest() == digests[i]
+            assert app.feed.seq == rec.batches[i - 1].seq
+        await pilot.press("comma")
+        assert app.feed.mirror.digest() == digests[2]
+        await pilot.press("less_than_sign")
+        assert app.feed.mirror.digest() == digests[0]
+        await pilot.pause(0.05)
+        assert len(app.tree_pane.rows) == 1
+
+
+class FastSource(LocalSource):
+    """Streams 50,000 Access events per second (batches of 500 every 10 ms) from its thread."""
+
+    def start(self, feed: Feed) -> None:
+        self.feed_ = feed
+        self._execute(cmd.StartWorkload("tot", ["1", "3"]))
+        while self._pending:
+            self._serve(self._pending.popleft(), [])
+        self.tree.take_events()
+        feed.load(self.tree.snapshot(), 0, T0)
+        self.streamed = 0
+        self._halt = threading.Event()
+        self._t = threading.Thread(target=self._flood, daemon=True)
+        self._t.start()
+
+    def _flood(self) -> None:
+        seq, clock = 1, 1
+        while not self._halt.is_set():
+            events: list[ev.AnyEvent] = []
+            for _ in range(500):
+                events.append(ev.Access(0, clock))
+                clock += 1
+            self.feed_.apply(ev.Batch(seq, 1, T0, "fast", events))
+            self.streamed += len(events)
+            seq += 1
+            self._halt.wait(0.01)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._t.join(5)
+
+
+@sync
+async def test_key_press_is_handled_while_a_fast_source_streams() -> None:
+    src = FastSource(256, memory=MemorySource(nvml=NoNvml()))  # type: ignore[arg-type]
+    app = InspectorApp(src)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        before = src.streamed
+        cursor = app.tree_pane.cursor
+        t0 = time.perf_counter()
+        await pilot.press("down")
+        took = app.tree_pane.key_handled_at - t0  # handled, not pilot's wait for an idle screen
+        assert app.tree_pane.cursor == cursor + 1
+        assert src.streamed - before >= 500
+        assert 0 < took < 0.25
+
+
+# -- snapshots -----------------------------------------------------------------------------
+
+
+def _snap_app(line: str) -> tuple[InspectorApp, object]:
+    src = local()
+    app = InspectorApp(src, flash_s=0, evicted_s=3600)
+
+    async def run_before(pilot) -> None:  # type: ignore[no-untyped-def]
+        for i, part in enumerate(line.split(";")):
+            await type_line(pilot, part)
+            await settle(app, pilot, src, i + 1)
+        await pilot.press("escape", "down", "down")
+        await pilot.pause(0.1)
+
+    return app, run_before
+
+
+def test_snapshot_tree_after_tot(snap_compare) -> None:  # type: ignore[no-untyped-def]
+    app, run_before = _snap_app("tot 2 3")
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+@sync
+async def test_block_map_under_eviction_marks_freed_blocks() -> None:
+    app, run_before = _snap_app("fork 8;evict 600")
+    async with app.run_test(size=SIZE) as pilot:
+        await run_before(pilot)
+        bm = app.blocks
+        states = Counter(bm.state(b).name for b in range(1024))
+        assert app.messages[-1] == "✓ evicted 8 nodes, 549 tokens, 42 blocks"
+        assert states == STATES_AFTER_EVICT
+
+
+def test_snapshot_replay(snap_compare) -> None:  # type: ignore[no-untyped-def]
+    app = InspectorApp(ReplaySource(_recording()), flash_s=0)
+    assert snap_compare(app, terminal_size=SIZE, press=["full_stop", "full_stop", "_"])
+
+
+@pytest.mark.parametrize("line", ["help"])
+@sync
+async def test_help_command_opens_help(line: str) -> None:
+    app = InspectorApp(local())
+    async with app.run_test(size=SIZE) as pilot:
+        await type_line(pilot, line)
+        await pilot.pause(0.05)
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape")
+        assert type(app.screen).__name__ == "Screen"
+
+
+# -- real recordings, a real engine process, the KV-event view ----------------------------
+
+
+def test_load_recording_reads_record_files_and_stops_at_damage(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = record_demo(tmp_path / "tot.rcx", requests=30)
+    rec = load_recording(path)
+    assert (len(rec.batches), [i for i, _ in rec.keyframes], rec.damage) == (30, [0, 14, 28], "")
+    data = path.read_bytes()
+    (tmp_path / "cut.rcx").write_bytes(data[: len(data) * 2 // 3])
+    cut = load_recording(tmp_path / "cut.rcx")
+    assert len(cut.batches) < 30
+    assert cut.damage.startswith("stopped at byte ")
+    src = ReplaySource(cut)
+    assert src.position().note == cut.damage
+    assert src.status().detail.endswith("· damaged file")
+
+
+@sync
+async def test_replay_of_a_record_file_seeks_by_its_keyframes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    rec = load_recording(record_demo(tmp_path / "tot.rcx", requests=30))
+    expected = Mirror()
+    expected.load_snapshot(rec.keyframes[0][1])
+    for b in rec.batches[:28]:
+        expected.apply_batch(b)
+    app = InspectorApp(ReplaySource(rec), flash_s=0, frame_interval=FRAME_S)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("greater_than_sign", "greater_than_sign")
+        assert app.feed.mirror.digest() == expected.digest()
+        assert app.source.position().index == 28  # type: ignore[attr-defined]
+
+
+@sync
+async def test_against_a_real_engine_process() -> None:
+    port = free_ports(3)
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--port", str(port),
+                             "--blocks", "2048"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        app = InspectorApp(LiveSource(f"tcp://127.0.0.1:{port}"), flash_s=0,
+                           frame_interval=FRAME_S)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.feed.seq > 0, timeout=30)
+            await type_line(pilot, "tot 2 2")
+            await wait_until(pilot, lambda: len(app.replies) == 1)
+            assert app.messages[-1] == "✓ tot: 7 requests submitted requests=7"
+            await wait_until(pilot, lambda: len(app.feed.mirror.nodes) == 8 and app.caught_up())
+            assert [r.node.num_tokens for r in app.tree_pane.rows][:1] == [0]
+            assert len(app.query_one("LruPane").victims) == 4
+            await wait_until(pilot, lambda: app.feed.mirror.stats.requests == 7)
+            s = app.feed.mirror.stats
+            assert (s.requests, s.prompt_tokens, s.hit_tokens) == (7, 904, 740)
+            assert "hit 81.9%" in str(app.query_one("#header").render())
+            await type_line(pilot, "evict 100000")
+            await wait_until(pilot, lambda: len(app.replies) == 2)
+            await wait_until(pilot, lambda: len(app.feed.mirror.nodes) == 1 and app.caught_up())
+            assert app.query_one("LruPane").victims == []
+            assert app.feed.mirror.used_blocks == 0
+    finally:
+        proc.kill()
+        proc.wait(10)
