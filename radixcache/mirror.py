@@ -117,21 +117,7 @@ class Mirror:
 
     def digest(self) -> str:
         """The same hash as ``RadixTree.digest`` over the mirrored state."""
-        return structure_digest(
-            (
-                (
-                    n.id,
-                    n.parent.id if n.parent else -1,
-                    n.start,
-                    n.tokens,
-                    n.blocks,
-                    n.lock,
-                    n.clock,
-                )
-                for n in self.nodes.values()
-            ),
-            self.request_blocks,
-        )
+        return structure_digest(self.nodes.values(), self.request_blocks)
 
     # -- applying --------------------------------------------------------------------------
     def apply_batch(self, batch: ev.Batch) -> None:

@@ -24,6 +24,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -45,6 +46,15 @@ from radixcache.stream import (
 )
 from radixcache.tree import RadixTree, TreeError
 from radixcache.workloads import Workload, WorkloadError, build_workload
+
+
+def reply_text(handle: Callable[[cmd.AnyCommand], cmd.AnyReply], line: str) -> str:
+    """Parse a command typed by a person, run it through ``handle``, and say what happened."""
+    try:
+        reply = handle(cmd.parse_command_line(line))
+    except cmd.CommandError as exc:
+        return f"error: {exc}"
+    return reply.message if isinstance(reply, cmd.Ok) else f"error: {reply.message}"
 
 
 class ServerConfig(NamedTuple):
@@ -166,11 +176,7 @@ class TreeServer:
 
     def handle_line(self, line: str) -> str:
         """Parse and do a command typed by a person; returns the reply's message."""
-        try:
-            reply = self.handle(cmd.parse_command_line(line))
-        except cmd.CommandError as exc:
-            return f"error: {exc}"
-        return reply.message if isinstance(reply, cmd.Ok) else f"error: {reply.message}"
+        return reply_text(self.handle, line)
 
     def stats(self) -> dict[str, float | int | str]:
         """The counters ``stats`` replies with."""
@@ -400,11 +406,7 @@ class EngineServer:
 
     def handle_line(self, line: str) -> str:
         """Parse and do a command typed by a person; returns the reply's message."""
-        try:
-            reply = self.handle(cmd.parse_command_line(line))
-        except cmd.CommandError as exc:
-            return f"error: {exc}"
-        return reply.message if isinstance(reply, cmd.Ok) else f"error: {reply.message}"
+        return reply_text(self.handle, line)
 
     def stats(self) -> dict[str, float | int | str]:
         """The engine's counters (``Engine.stats``), the tree's digest, and the stream's seq

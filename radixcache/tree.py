@@ -29,9 +29,9 @@ import struct
 import threading
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, NewType
+from typing import NamedTuple, NewType, Protocol
 
 import numpy as np
 
@@ -261,26 +261,38 @@ class RadixTree:
         return sum(n.num_tokens for n in self._nodes.values())
 
     # -- match -----------------------------------------------------------------------------
-    def _walk(self, seq: bytes) -> tuple[RadixNode, int, list[int]]:
-        """Deepest match of ``seq``: (node, matched length, block table). No state change."""
-        node, pos, B = self.root, 0, self.B
+    def _descend(self, seq: bytes, node: RadixNode, pos: int) -> tuple[RadixNode, int]:
+        """Follow ``seq`` down from ``node`` (whose path covers ``seq[:pos]``): the deepest node
+        touched (the match may end inside it) and the matched length. No state change."""
         ids = memoryview(seq).cast("I")  # native uint32: x86 and arm64 are little-endian
         n = len(ids)
-        table: list[int] = []
         while pos < n:
             child = node.children.get(ids[pos])
             if child is None:
                 break
-            if child.start % B:
-                table[-1:] = child.blocks
-            else:
-                table.extend(child.blocks)
             node = child
             if seq.startswith(child.tokens, pos * 4):
                 pos += len(child.tokens) // 4
             else:
                 pos += _common_prefix(seq, pos, child.tokens)
                 break
+        return node, pos
+
+    def _walk(self, seq: bytes) -> tuple[RadixNode, int, list[int]]:
+        """Deepest match of ``seq``: (node, matched length, block table). No state change."""
+        node, pos = self._descend(seq, self.root, 0)
+        path = []
+        n: RadixNode | None = node
+        while n is not None and n is not self.root:
+            path.append(n)
+            n = n.parent
+        B = self.B
+        table: list[int] = []
+        for n in reversed(path):  # the deepest node covering a logical block wins
+            if n.start % B:
+                table[-1:] = n.blocks
+            else:
+                table.extend(n.blocks)
         del table[(pos + B - 1) // B :]
         return node, pos, table
 
@@ -464,20 +476,9 @@ class RadixTree:
         k = lease.matched - top.start
         if k > 0 and not seq.startswith(top.tokens[: k * 4], top.start * 4):
             raise InvalidTokens("insert tokens do not start with the prefix the lease matched")
-        node, pos = (top.parent, top.start) if top.parent is not None else (top, 0)
-        ids = memoryview(seq).cast("I")
-        n = len(ids)
-        while pos < n:
-            child = node.children.get(ids[pos])
-            if child is None:
-                break
-            node = child
-            if seq.startswith(child.tokens, pos * 4):
-                pos += len(child.tokens) // 4
-            else:
-                pos += _common_prefix(seq, pos, child.tokens)
-                break
-        return node, pos
+        if top.parent is None:
+            return self._descend(seq, top, 0)
+        return self._descend(seq, top.parent, top.start)
 
     def _attach(self, seq: bytes, node: RadixNode, pos: int, lease: Lease) -> RadixNode | None:
         """Create the leaf ``[pos, n)``; returns None when its boundary block cannot be had."""
@@ -496,9 +497,7 @@ class RadixTree:
                 blocks[0] = copy
         if pos < node.end:
             node = self._split(node, pos - node.start)
-        leaf = RadixNode(
-            NodeId(self._next_id), node, pos, seq[pos * 4 : n * 4], array("i", blocks)
-        )
+        leaf = RadixNode(NodeId(self._next_id), node, pos, seq[pos * 4 : n * 4], array("i", blocks))
         self._next_id += 1
         self._nodes[leaf.id] = leaf
         node.children[_first(seq, pos * 4)[0]] = leaf
@@ -766,31 +765,36 @@ class RadixTree:
         """A stable hash of the structure: every node's id, parent, span, tokens, blocks, lock
         and access clock, and the request-held blocks. Equal for a mirror built from events."""
         with self.lock_:
-            return structure_digest(
-                (
-                    (
-                        n.id,
-                        n.parent.id if n.parent else -1,
-                        n.start,
-                        n.tokens,
-                        n.blocks,
-                        n.lock,
-                        n.clock,
-                    )
-                    for n in self._nodes.values()
-                ),
-                self._request_blocks,
-            )
+            return structure_digest(self._nodes.values(), self._request_blocks)
 
 
-def structure_digest(nodes: object, request_blocks: set[int]) -> str:
+class _DigestNode(Protocol):
+    """What the digest reads of a node (a tree node or a mirror node)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def tokens(self) -> bytes: ...
+    @property
+    def lock(self) -> int: ...
+    @property
+    def clock(self) -> int: ...
+    @property
+    def parent(self) -> _DigestNode | None: ...
+    @property
+    def blocks(self) -> Sequence[int]: ...
+
+
+def structure_digest(nodes: Iterable[_DigestNode], request_blocks: set[int]) -> str:
     """The digest shared by the tree and the mirror (see ``RadixTree.digest``)."""
     h = hashlib.blake2b(digest_size=16)
-    rows = sorted(nodes, key=lambda r: r[0])  # type: ignore[call-overload]
-    for nid, parent, start, tokens, blocks, lock, clock in rows:
-        h.update(struct.pack("<qqqqq", nid, parent, start, lock, clock))
-        h.update(tokens)
-        h.update(np.asarray(blocks, dtype="<i8").tobytes())
+    for n in sorted(nodes, key=lambda n: n.id):
+        parent = n.parent.id if n.parent is not None else -1
+        h.update(struct.pack("<qqqqq", n.id, parent, n.start, n.lock, n.clock))
+        h.update(n.tokens)
+        h.update(np.asarray(n.blocks, dtype="<i8").tobytes())
         h.update(b"|")
     h.update(np.asarray(sorted(request_blocks), dtype="<i8").tobytes())
     return h.hexdigest()
