@@ -149,3 +149,23 @@ def test_copy_slots_batch_equals_single_copies() -> None:
         a.copy_slots(s, d, n)
     b.copy_slots_batch([p[0] for p in plan], [p[1] for p in plan], [p[2] for p in plan])
     assert torch.equal(a.kv, b.kv)
+
+
+def test_decref_many_of_a_long_run_goes_the_same_way_as_one_by_one() -> None:
+    """A whole evicted node (>= 48 blocks) is released through numpy: same refcounts, claims,
+    freed order and free-list order as the one-block loop."""
+    vec, loop = BlockAllocator(100, 16), BlockAllocator(100, 16)
+    for a in (vec, loop):
+        blocks = a.alloc(60)
+        for b in blocks[::3]:
+            a.incref(b)  # every third block is shared and survives
+    run = list(range(59, -1, -1))  # released in reverse allocation order
+    freed_vec = vec.decref_many(run)
+    freed_loop = [b for b in run if loop.decref(b)]
+    assert freed_vec == freed_loop == [b for b in run if b % 3]
+    assert [vec.refcount(b) for b in range(100)] == [loop.refcount(b) for b in range(100)]
+    assert [vec.claim(b) for b in range(60)] == [16 if b % 3 == 0 else 0 for b in range(60)]
+    assert vec.free_blocks() == loop.free_blocks()
+    with pytest.raises(BlockStateError, match="decref of free block 1"):
+        vec.decref_many(list(range(60)))  # block 1 is already free: nothing changes
+    assert [vec.refcount(b) for b in range(100)] == [loop.refcount(b) for b in range(100)]
