@@ -10,12 +10,10 @@ from __future__ import annotations
 import time
 
 from inspector.feed import Feed
-from inspector.layout import TokenText
-from inspector.sources import ConnState, SourceStatus
+from inspector.sources import ConnState, DatasetWords, SourceStatus
 from radixcache import commands as cmd
 from radixcache.stream import Endpoints, send_command
 from radixcache.subscriber import State, Subscriber
-from radixcache.workloads import Vocabulary
 
 STALE_S = 3.0  # no batch (heartbeats included) for this long: shown as disconnected
 
@@ -33,7 +31,7 @@ class LiveSource:
         self._since = time.time()
         self._state = ConnState.DISCONNECTED
         self._snapshots = 0
-        self._vocab = Vocabulary()
+        self._vocab = DatasetWords()
 
     def start(self, feed: Feed) -> None:
         """Start the subscriber thread on the feed's mirror and lock."""
@@ -86,6 +84,7 @@ class LiveSource:
         """One round trip on the command socket (``Error`` on timeout, never raises)."""
         return send_command(self.endpoints.commands, command, timeout_s=5.0)
 
-    def vocabulary(self) -> TokenText:
-        """The synthetic workloads' words (trace words render as ids)."""
+    def vocabulary(self) -> DatasetWords:
+        """The synthetic workloads' words, then ShareGPT's once loaded in the background
+        (``DatasetWords``: ids until then, and for words the dataset lacks)."""
         return self._vocab

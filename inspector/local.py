@@ -13,38 +13,22 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
 
 from inspector.feed import Feed
-from inspector.layout import TokenText
 from inspector.replay import Recording
-from inspector.sources import ConnState, SourceStatus
+from inspector.sources import ConnState, DatasetWords, SourceStatus
 from radixcache import commands as cmd
 from radixcache import events as ev
 from radixcache.memory import MemorySource
 from radixcache.pool import KVPool, PoolExhausted
 from radixcache.tree import PromptTooLarge, RadixTree, TreeError
-from radixcache.workloads import Vocabulary, WorkloadError, WorkloadRequest, build_workload
+from radixcache.workloads import WorkloadError, WorkloadRequest, build_workload
 
 Clock = Callable[[], float]
-
-
-class _Text:
-    """Vocabulary words first, then the text of the latest workload that knows more."""
-
-    def __init__(self) -> None:
-        self.vocab = Vocabulary()
-        self.extra: TokenText | None = None
-
-    def text(self, tokens: Sequence[int]) -> str:
-        """Words of ``tokens``; ids the word list lacks come from the workload's text."""
-        out = self.vocab.text(tokens)
-        if self.extra is not None and "#" in out:
-            return self.extra.text(tokens)
-        return out
 
 
 class LocalSource:
@@ -76,7 +60,7 @@ class LocalSource:
         self._feed: Feed | None = None
         self._seq = 0
         self._req = 0
-        self._text = _Text()
+        self._text = DatasetWords()
         self._memory = memory if memory is not None else MemorySource()
         self._note = self._memory.nvml_error or ""
         self._started = clock()
@@ -113,8 +97,8 @@ class LocalSource:
         self._inbox.put((command, done))
         return done.result(timeout=10)
 
-    def vocabulary(self) -> TokenText:
-        """Word list of the synthetic workloads, and the trace's words once chat ran."""
+    def vocabulary(self) -> DatasetWords:
+        """The synthetic workloads' words, then ShareGPT's once loaded (``DatasetWords``)."""
         return self._text
 
     def idle(self) -> bool:
@@ -163,7 +147,7 @@ class LocalSource:
         output = request.forced_output
         if output is None:
             rng = np.random.default_rng(rid)
-            ids = self._text.vocab.ids
+            ids = self._text.synthetic.ids
             output = ids[rng.integers(0, len(ids), request.max_new_tokens)]
         full = np.concatenate([request.prompt, output]).astype(np.uint32)
         tree = self.tree
@@ -187,8 +171,6 @@ class LocalSource:
                 case cmd.StartWorkload(name=name, args=args):
                     w = build_workload(name, args)
                     self._pending.extend(w.requests)
-                    if name == "chat":
-                        self._text.extra = w
                     return cmd.Ok(f"{name}: {len(w.requests)} requests queued ({w.source})")
                 case cmd.Pause():
                     self._paused = True

@@ -11,13 +11,19 @@ the app only polls ``status()`` and calls ``send()``. Sources here:
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol, runtime_checkable
 
 from inspector.feed import Feed
 from inspector.layout import TokenText
+from radixcache import sharegpt
 from radixcache.commands import AnyCommand, AnyReply
+from radixcache.workloads import Vocabulary
+
+DATASET_CONVERSATIONS = 4000  # words of this many ShareGPT conversations (chat's max is 1000)
 
 
 class ConnState(Enum):
@@ -93,3 +99,65 @@ class ReplayControls(Protocol):
 
     def set_speed(self, factor: float) -> None:
         """Multiply the playback speed by ``factor`` (clamped to 1/16 .. 64)."""
+
+
+class DatasetWords:
+    """Preview text for token ids: the synthetic workloads' words, then the ShareGPT words.
+
+    Synthetic words always win (so synthetic previews never depend on the dataset). The
+    first id the synthetic list lacks starts one background thread that reads the words of
+    the first ``conversations`` ShareGPT conversations (a few seconds; ``text`` never waits
+    for it); until it is done, and for ids it does not know, an id renders as ``#id``. Without
+    the sharegpt extra the thread ends at once and only the synthetic words are known.
+    """
+
+    def __init__(self, conversations: int = DATASET_CONVERSATIONS) -> None:
+        self.synthetic = Vocabulary()
+        self.conversations = conversations
+        self.ready = threading.Event()  # set once the dataset's words are in (or unavailable)
+        self.error = ""  # why the dataset's words are missing, once ``ready`` is set
+        self._detok: sharegpt.Detokenizer | None = None
+        self._question = sharegpt.word_id("?")  # the one word that decodes like a miss
+        self._loader: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def text(self, tokens: Sequence[int]) -> str:
+        """Words of ``tokens`` joined by spaces; an id neither list knows renders as ``#id``."""
+        out = self.synthetic.text(tokens)
+        if "#" not in out:
+            return out
+        self.load()
+        detok = self._detok  # set whole by the loader thread, never changed afterwards
+        if detok is None:
+            return out
+        return " ".join(self._word(detok, int(t)) for t in tokens)
+
+    def _word(self, detok: sharegpt.Detokenizer, token: int) -> str:
+        name = self.synthetic.text([token])
+        if not name.startswith("#"):
+            return name
+        word = detok.decode([token])
+        return word if word != "?" or token == self._question else name
+
+    def load(self) -> threading.Event:
+        """Start reading the dataset's words in the background (once); returns ``ready``."""
+        with self._start_lock:
+            if self._loader is None:
+                self._loader = threading.Thread(target=self._load, name="dataset-words",
+                                                daemon=True)
+                self._loader.start()
+        return self.ready
+
+    def _load(self) -> None:
+        detok = sharegpt.Detokenizer()
+        try:
+            with sharegpt.dataset_file() as path:
+                records, _ = sharegpt.decode_records(path.read_bytes())
+            for record in records[: self.conversations]:
+                for _, message in sharegpt.record_messages(record):
+                    detok.add_text(message)
+            self._detok = detok
+        except (sharegpt.DatasetUnavailable, OSError, ValueError) as err:
+            self.error = str(err)
+        finally:
+            self.ready.set()
