@@ -641,7 +641,7 @@ class Engine:
         nbytes = self.pool.kv.numel() * self.pool.kv.element_size()
         s = self._memory.sample(a.used_count, a.num_blocks, nbytes)
         return ev.Watermark(a.used_count, a.num_blocks, self.tree.high, self.tree.low,
-                            s.device_used_bytes, s.device_total_bytes)
+                            s.device_used_bytes, s.device_total_bytes, s.nvml_error)
 
     def _maybe_watermark(self) -> None:
         now, every = time.monotonic(), self.config.watermark_every_s

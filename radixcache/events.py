@@ -109,6 +109,7 @@ class Watermark(Event, tag="wm", frozen=True):
     low: float
     device_used: int | None = None
     device_total: int | None = None
+    note: str | None = None  # why device figures are missing, e.g. "NVML unavailable: <reason>"
 
 
 class RequestStart(Event, tag="rstart", frozen=True):

@@ -229,3 +229,13 @@ def test_reset_ends_a_workload_instead_of_feeding_its_later_turns() -> None:
     assert engine.step().admitted == 0  # nothing dependent was submitted afterwards
     assert (engine.metrics().waiting, engine.metrics().running) == (0, 0)
     _assert_idle_and_consistent(engine)
+
+
+def test_watermark_samples_say_why_device_figures_are_missing() -> None:
+    pytest.importorskip("pynvml")
+    w = _engine(64).watermark()
+    assert (w.used_blocks, w.total_blocks) == (0, 64)
+    if w.device_total is None:  # no NVML driver here: the sample carries the reason
+        assert w.note is not None and w.note.startswith("NVML unavailable: ")
+    else:
+        assert w.note is None

@@ -49,7 +49,7 @@ class MemoryPane(Widget):
 
     def push(self, sample: ev.Watermark, note: str) -> None:
         """Record a sample: device fraction when NVML reports, else pool fraction."""
-        self.sample, self.note = sample, note
+        self.sample, self.note = sample, sample.note or note  # the engine says why, if it can
         if sample.device_used is not None and sample.device_total:
             self.history.append(sample.device_used / sample.device_total)
         elif sample.total_blocks:
