@@ -26,7 +26,7 @@ from textual.widgets import Footer, Input, Static
 
 from inspector.feed import Feed
 from inspector.layout import Row, block_ranges, collapse, expand, flatten
-from inspector.sources import ReplayControls, Source
+from inspector.sources import DatasetWords, ReplayControls, Source
 from inspector.widgets.block_map import BlockMap, legend
 from inspector.widgets.command_line import CommandLine, parse
 from inspector.widgets.event_log import KINDS, EventLog
@@ -172,6 +172,7 @@ class InspectorApp(App[None]):
                             q(StatsPane), q("#header", Static), q("#timeline", Static),
                             q("#message", Static), q(CommandLine))
         self.tree_pane.vocab = self.source.vocabulary()
+        self._words_in = False
         self.tree_pane.border_title = "tree"
         self.blocks.border_title = "block map"
         self.blocks.border_subtitle = Text.assemble(*[(f"{t}  ", s) for t, s in legend()])
@@ -213,6 +214,7 @@ class InspectorApp(App[None]):
             tree.flash(d.flashes, wall, self.flash_s)
         self._layout_due |= d.structure or d.rebuild
         self._lru_due |= d.events > 0
+        self._words_arrived(tree)
         self._relayout(wall)
         self._refresh_blocks(d.blocks, rebuild=d.rebuild, wall=wall)
         if d.events or tree.expire_flashes(wall):
@@ -228,6 +230,14 @@ class InspectorApp(App[None]):
         self._figures(wall)
         if not d.empty or self._pending_rows is not None:
             self.frame_ms.append((time.perf_counter() - t0) * 1000)
+
+    def _words_arrived(self, tree: TreeView) -> None:
+        """Once the dataset's words are in, previews drawn with ids are drawn again."""
+        vocab = tree.vocab
+        if not self._words_in and isinstance(vocab, DatasetWords) and vocab.ready.is_set():
+            self._words_in = True
+            tree.forget_previews()
+            tree.refresh()
 
     def _relayout(self, wall: float) -> None:
         """New tree rows and LRU order: right now for small trees, else in the background."""

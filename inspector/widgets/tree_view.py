@@ -91,6 +91,10 @@ class TreeView(ScrollView, can_focus=True):
         self.virtual_size = Size(self.size.width, len(rows))
         self.refresh()
 
+    def forget_previews(self) -> None:
+        """Drop every cached preview (the vocabulary learned new words)."""
+        self._preview.clear()
+
     def flash(self, flashes: dict[int, Flash], now: float, seconds: float = FLASH_S) -> None:
         """Highlight these nodes for ``seconds``; drop cached previews of them."""
         until = now + seconds
