@@ -261,16 +261,26 @@ class RadixTree:
         return sum(n.num_tokens for n in self._nodes.values())
 
     # -- match -----------------------------------------------------------------------------
-    def _descend(self, seq: bytes, node: RadixNode, pos: int) -> tuple[RadixNode, int]:
+    def _descend(
+        self, seq: bytes, node: RadixNode, pos: int, table: list[int] | None = None
+    ) -> tuple[RadixNode, int]:
         """Follow ``seq`` down from ``node`` (whose path covers ``seq[:pos]``): the deepest node
-        touched (the match may end inside it) and the matched length. No state change."""
+        touched (the match may end inside it) and the matched length. No state change.
+
+        With ``table``, also appends the block table of the nodes passed (from the root, the
+        deepest node covering a logical block wins; the caller trims it to the length)."""
         ids = memoryview(seq).cast("I")  # native uint32: x86 and arm64 are little-endian
-        n = len(ids)
+        n, B = len(ids), self.B
         while pos < n:
             child = node.children.get(ids[pos])
             if child is None:
                 break
             node = child
+            if table is not None:
+                if child.start % B:
+                    table[-1:] = child.blocks
+                else:
+                    table.extend(child.blocks)
             if seq.startswith(child.tokens, pos * 4):
                 pos += len(child.tokens) // 4
             else:
@@ -280,20 +290,9 @@ class RadixTree:
 
     def _walk(self, seq: bytes) -> tuple[RadixNode, int, list[int]]:
         """Deepest match of ``seq``: (node, matched length, block table). No state change."""
-        node, pos = self._descend(seq, self.root, 0)
-        path = []
-        n: RadixNode | None = node
-        while n is not None and n is not self.root:
-            path.append(n)
-            n = n.parent
-        B = self.B
         table: list[int] = []
-        for n in reversed(path):  # the deepest node covering a logical block wins
-            if n.start % B:
-                table[-1:] = n.blocks
-            else:
-                table.extend(n.blocks)
-        del table[(pos + B - 1) // B :]
+        node, pos = self._descend(seq, self.root, 0, table)
+        del table[(pos + self.B - 1) // self.B :]
         return node, pos, table
 
     def _touch(self, node: RadixNode) -> None:
