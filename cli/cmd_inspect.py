@@ -48,6 +48,9 @@ def inspect(
                                                     "(tcp://HOST:PORT) instead."),
     replay: str | None = typer.Option(None, help="With --kv-events: its replay ROUTER."),
     blocks: int = typer.Option(4096, help="Without ENDPOINT: blocks of the embedded tree."),
+    curve_keys: Path | None = typer.Option(None, help="With ENDPOINT: a key directory from "
+                                           "`radixcache keys DIR` (the engine runs with "
+                                           "`serve --curve-keys`)."),
 ) -> None:
     """Open the inspector on a running engine, on a vLLM-format KV-event publisher, or (with
     no ENDPOINT) on an embedded in-process tree.
@@ -62,9 +65,25 @@ def inspect(
     elif replay is not None:
         raise typer.BadParameter("--replay goes with --kv-events", param_hint="--replay")
     elif endpoint is not None:
+        if curve_keys is not None:
+            _use_curve_keys(curve_keys)
         run_live([endpoint])
     else:
         run_local(blocks)
+
+
+def _use_curve_keys(directory: Path) -> None:
+    """Check the keys, then hand them to the inspector's subscriber and command sockets via
+    ``$RADIXCACHE_CURVE_KEYS`` (their default when built without explicit keys)."""
+    import os
+
+    from radixcache.security import KEYS_ENV, ClientCurve, CurveError
+
+    try:
+        ClientCurve.load(directory)
+    except CurveError as exc:
+        raise CliError(str(exc)) from None
+    os.environ[KEYS_ENV] = str(directory)
 
 
 @app.command("replay")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 import multiprocessing as mp
 import shlex
@@ -10,6 +11,7 @@ import signal
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -24,7 +26,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.tree import Tree
 
-from cli.app import app, bench_app
+from cli.app import RUN, app, bench_app
 from radixcache import commands as cmd
 from radixcache import events as ev
 from radixcache.engine import Engine, EngineConfig
@@ -34,6 +36,7 @@ from radixcache.mirror import Mirror, MirrorNode
 from radixcache.model import ModelConfig
 from radixcache.pool import KVPool
 from radixcache.recording import RecordingError, RecordingReader, RecordingWriter, mirror_snapshot
+from radixcache.security import ClientCurve, CurveError, create_keys
 from radixcache.server import (
     DEFAULT_LOOP,
     Answers,
@@ -51,11 +54,45 @@ from radixcache.stream import (
     TreeSource,
     serve_request,
 )
-from radixcache.subscriber import Subscriber
+from radixcache.subscriber import HashDrop, Subscriber
 from radixcache.tree import RadixTree
 from radixcache.workloads import WORKLOADS, Workload, WorkloadError, build_workload
 
 console = Console()
+
+
+CURVE_HELP = ("A key directory from `radixcache keys DIR`: CURVE-encrypt and authenticate "
+              "(for non-loopback use).")
+
+
+def _client_curve(directory: Path | None) -> ClientCurve | None:
+    """The client keys of ``directory`` (None: plain); a clear error and exit 2 if unusable."""
+    if directory is None:
+        return None
+    try:
+        return ClientCurve.load(directory)
+    except CurveError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+
+
+@app.command(rich_help_panel=RUN)  # next to serve (cli/app.py PANELS does not list it)
+def keys(
+    directory: Path = typer.Argument(..., help="Directory to create the keys in."),
+) -> None:
+    """Write a CURVE server keypair and a client keypair (server.key, server.key_secret,
+    client.key, client.key_secret; secrets mode 0600) for `serve --curve-keys DIR`. Copy
+    server.key, client.key and client.key_secret to the machines that connect.
+
+    Example: radixcache keys ~/.radixcache/keys
+    """
+    try:
+        files = create_keys(directory)
+    except CurveError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    for path in files:
+        console.print(f"wrote {path}", highlight=False)
 
 
 def _endpoints(port: int, host: str, ipc: str | None) -> Endpoints:
@@ -98,6 +135,8 @@ def serve(
     device: str | None = typer.Option(None, help="torch device (default: cuda when present)."),
     threads: int = typer.Option(1, help="torch CPU threads (1 is fastest for the tiny model)."),
     digest_every: int = typer.Option(64, help="A Digest event every N batches (0: none)."),
+    curve_keys: Path | None = typer.Option(None, help=CURVE_HELP + " Every socket bound is a "
+                                           "CURVE server accepting only client keys in DIR."),
 ) -> None:
     """Run the engine (model, radix cache, scheduler) in this process; serve its event stream,
     snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C."""
@@ -113,7 +152,10 @@ def serve(
         warnings.simplefilter("always")
         try:
             server = EngineServer(_endpoints(port, endpoint_host, ipc), config, policy=policy,
-                                  kv_endpoints=kv)
+                                  kv_endpoints=kv, curve_keys=curve_keys)
+        except CurveError as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from None
         except ValueError as exc:
             console.print(f"[red]{exc}[/] (pass --allow-remote to bind it anyway)")
             raise typer.Exit(2) from None
@@ -186,11 +228,12 @@ def record(
                                                  "present)."),
     threads: int = typer.Option(1, help="torch CPU threads."),
     keyframe_every: int = typer.Option(50_000, help="Events between snapshot keyframes."),
+    curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),
 ) -> None:
     """Record a live engine (--from), or run a workload headless on the engine with the tiny
     model and record every step's events: 2000 chat requests take about 80 s on 2 CPU cores."""
     if from_ is not None:
-        n = _record_live(from_, out, seconds, keyframe_every)
+        n = _record_live(from_, out, seconds, keyframe_every, _client_curve(curve_keys))
         console.print(f"wrote {out}: {n:,} events")
         return
     try:
@@ -214,7 +257,8 @@ def record(
                   f"{time.perf_counter() - t0:.1f} s", highlight=False)
 
 
-def _record_live(endpoint: str, out: Path, seconds: float, every: int) -> int:
+def _record_live(endpoint: str, out: Path, seconds: float, every: int,
+                 curve: ClientCurve | None) -> int:
     mirror = Mirror()
     writer: RecordingWriter | None = None
 
@@ -230,7 +274,7 @@ def _record_live(endpoint: str, out: Path, seconds: float, every: int) -> int:
             writer.write_keyframe(batch.seq, batch.epoch, mirror_snapshot(mirror))
 
     snapshots = [0]
-    sub = Subscriber(Endpoints.from_events(endpoint), mirror, on_batch=on_batch)
+    sub = Subscriber(Endpoints.from_events(endpoint), mirror, on_batch=on_batch, curve=curve)
     sub.start()
     time.sleep(seconds)
     sub.stop()
@@ -291,6 +335,7 @@ def tree(
     replay: str | None = typer.Option(None, help="Its replay ROUTER (replays from seq 0)."),
     seconds: float = typer.Option(2.0, help="With --kv-events: how long to follow."),
     limit: int = typer.Option(200, help="Print at most this many nodes."),
+    curve_keys: Path | None = typer.Option(None, help="With ENDPOINT: " + CURVE_HELP),
 ) -> None:
     """Print the cache tree of a recording or a live engine, or a KV-event block-hash tree."""
     if kv_events is not None:
@@ -299,11 +344,12 @@ def tree(
     if source is None:
         raise typer.BadParameter("give FILE, ENDPOINT or --kv-events")
     if "://" in source:
-        sub = Subscriber(Endpoints.from_events(source)).start()
+        sub = Subscriber(Endpoints.from_events(source), curve=_client_curve(curve_keys)).start()
         ok = sub.wait_synced(10)
         sub.stop()
         if not ok:
-            console.print(f"[red]no snapshot from {source}[/]")
+            console.print(f"[red]no snapshot from {source}[/] (down, or it needs / refused "
+                          "these --curve-keys)")
             raise typer.Exit(1)
         mirror = sub.mirror
     else:
@@ -336,11 +382,29 @@ def bench_events(
     per_step: int = typer.Option(16, help="Requests per engine step (batch)."),
     late_join_nodes: int = typer.Option(100_000, help="Tree size for the late-join test."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    drop: float = typer.Option(0.0, help="With --verify-every-batch: the fraction of batches "
+                                         "the subscriber drops (deterministic hash of the seq)."),
+    verify_every_batch: bool = typer.Option(False, help="Instead of the figures above: publish "
+                                            "until --min-events, drop --drop of the batches at "
+                                            "the subscriber, and compare the mirror digest with "
+                                            "the tree's after every applied batch."),
+    min_events: int = typer.Option(1_000_000, help="With --verify-every-batch: events to run."),
 ) -> None:
     """Events/s from a tree driver to a mirror in another process, and what publishing costs.
 
     Measures the stream, not the model: the driver runs chat requests (prompt + forced
-    answer) through the radix tree with no model (``TreeSource``), as fast as the tree goes."""
+    answer) through the radix tree with no model (``TreeSource``), as fast as the tree goes.
+
+    Example: radixcache bench events --drop 0.01 --verify-every-batch --json"""
+    if verify_every_batch:
+        checked = verify_drops(min_events, drop, per_step)
+        if as_json:
+            typer.echo(json.dumps(checked._asdict()))
+        else:
+            console.print(checked)
+        if checked.batches_digest_equal != checked.batches_checked:
+            raise typer.Exit(1)
+        return
     result = _bench(requests, per_step, late_join_nodes, quiet=as_json)
     if as_json:
         typer.echo(json.dumps(result._asdict()))
@@ -522,3 +586,99 @@ def _bench_table(r: BenchResult) -> Table:
     for k, v in rows:
         t.add_row(k, v)
     return t
+
+
+# -- bench events --verify-every-batch ----------------------------------------------------------
+class DropCheck(NamedTuple):
+    """What ``verify_drops`` saw: every batch the subscriber applied was checked against the
+    tree's digest recorded by the driver for that seq."""
+
+    events: int
+    batches: int
+    batches_checked: int
+    batches_digest_equal: int
+    dropped: int
+    recovered: int
+    replayed_batches: int
+    gaps: int
+    snapshots: int
+    seconds: float
+    events_per_s: float
+
+
+class _Counts:
+    def __init__(self) -> None:
+        self.checked = self.equal = self.recovered = 0
+
+
+def _chat_prompts() -> Iterator[np.ndarray]:
+    """Endless model-free chat prompts (prompt + forced answer), 1000 conversations a seed
+    (building a workload reads the trace: one big one per seed, not one per request)."""
+    for seed in itertools.count():
+        for r in build_workload("chat", {"conversations": 1000, "seed": seed}).requests:
+            out = r.forced_output if r.forced_output is not None else np.zeros(0, np.uint32)
+            yield np.concatenate([r.prompt, out]).astype(np.uint32)
+
+
+def _catch_up(sub: Subscriber, source: TreeSource, digests: dict[int, str]) -> None:
+    """Wait (<= 60 s) until ``sub`` applied the last seq. A dropped last batch is revealed
+    only by a later one (heartbeats are off): publish an empty batch whenever 0.2 s pass
+    without progress."""
+    pub = source.publisher
+    assert pub is not None
+    end = time.monotonic() + 60
+    last, since = sub.seq, time.monotonic()
+    while sub.seq < pub.seq and time.monotonic() < end:
+        time.sleep(0.01)
+        if sub.seq != last:
+            last, since = sub.seq, time.monotonic()
+        elif time.monotonic() - since > 0.2:
+            with source.step_lock:
+                digests[pub.seq + 1] = source.tree.digest()
+                pub.publish([])
+            since = time.monotonic()
+
+
+def verify_drops(min_events: int, drop: float, per_step: int = 16,
+                 ring: int = 1 << 15) -> DropCheck:
+    """Drive chat requests through a tree (no model) until ``min_events`` events were published,
+    recording the tree's digest for each batch's seq; a subscriber on 127.0.0.1 drops the
+    batches ``HashDrop(drop)`` picks, recovers them (replay, or a snapshot when too old), and
+    after every batch it applies compares its mirror's digest with the recorded one."""
+    source = TreeSource(RadixTree(KVPool(4096, 16)), digest_every=0)
+    pub = Publisher(Endpoints.tcp("127.0.0.1", 0), source.snapshot_at, ring=ring,
+                    heartbeat_s=1e9, hwm=1 << 17)  # no heartbeats: every seq has a digest
+    source.publisher = pub
+    digests: dict[int, str] = {}
+    hook, counts = HashDrop(drop), _Counts()
+
+    def on_batch(batch: ev.Batch) -> None:  # the subscriber's thread, right after applying
+        counts.checked += 1
+        counts.equal += sub.mirror.digest() == digests.get(batch.seq)
+        counts.recovered += batch.seq in hook.dropped
+
+    sub = Subscriber(pub.endpoints, Mirror(16, 4096), drop=hook, on_batch=on_batch)
+    t0 = time.perf_counter()
+    events = 0
+    with pub:
+        sub.start()
+        if not sub.wait_synced(10):
+            raise RuntimeError("the subscriber did not sync")
+        prompts = _chat_prompts()
+        while events < min_events:
+            while pub.seq - sub.seq > ring // 2:  # keep the gaps replayable from the ring
+                time.sleep(0.001)
+            with source.step_lock:
+                for tokens in itertools.islice(prompts, per_step):
+                    serve_request(source.tree, tokens)
+                batch = source.tree.take_events()
+                digests[pub.seq + 1] = source.tree.digest()
+                pub.publish(batch)
+            events += len(batch)
+        _catch_up(sub, source, digests)
+        sub.stop()
+    seconds = time.perf_counter() - t0
+    st = sub.stats
+    return DropCheck(events, pub.seq, counts.checked, counts.equal, st.dropped_by_hook,
+                     counts.recovered, st.replayed_batches, st.gaps, st.snapshots,
+                     round(seconds, 2), round(events / seconds))

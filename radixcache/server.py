@@ -24,7 +24,8 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -36,6 +37,7 @@ from radixcache.kvevents import KVEventPublisher, KVTranslator
 from radixcache.model import ModelConfig
 from radixcache.pool import KVPool
 from radixcache.recording import RecordingWriter
+from radixcache.security import CurveServer
 from radixcache.stream import (
     BindPolicy,
     Endpoints,
@@ -57,6 +59,23 @@ def reply_text(handle: Callable[[cmd.AnyCommand], cmd.AnyReply], line: str) -> s
     return reply.message if isinstance(reply, cmd.Ok) else f"error: {reply.message}"
 
 
+@contextlib.contextmanager
+def secured(policy: BindPolicy, curve_keys: Path | None) -> Iterator[
+        tuple[BindPolicy, CurveServer | None]]:
+    """``policy`` made CURVE (with its authenticator running) when ``curve_keys`` is a key
+    directory, else ``policy`` unchanged. The authenticator is stopped if the body raises
+    (a refused bind); otherwise the caller owns it and must ``close()`` it."""
+    if curve_keys is None:
+        yield policy, None
+        return
+    curve = CurveServer(curve_keys)
+    try:
+        yield policy.with_curve(curve.keys), curve
+    except BaseException:
+        curve.close()
+        raise
+
+
 class ServerConfig(NamedTuple):
     """What a server runs with."""
 
@@ -73,19 +92,21 @@ class TreeServer:
     def __init__(
         self, endpoints: Endpoints, config: ServerConfig | None = None, *,
         policy: BindPolicy = BindPolicy.LOCAL_ONLY, kv_endpoints: tuple[str, str] | None = None,
+        curve_keys: Path | None = None,
     ) -> None:
         config = config if config is not None else ServerConfig()
         self.config = config
         self.tree = RadixTree(KVPool(config.num_blocks, config.block_size))
         self.source = TreeSource(self.tree, digest_every=config.digest_every)
-        self.publisher = Publisher(endpoints, self.source.snapshot_at, commands=self.handle,
-                                   ring=config.ring, policy=policy)
-        self.source.publisher = self.publisher
         self.kv: KVEventPublisher | None = None
         self._translator = KVTranslator(config.block_size, config.num_blocks)
-        if kv_endpoints is not None:
-            self.kv = KVEventPublisher(*kv_endpoints, policy=policy)
-            self.publisher.tap = self._kv_tap
+        with secured(policy, curve_keys) as (policy, self.curve):
+            self.publisher = Publisher(endpoints, self.source.snapshot_at, commands=self.handle,
+                                       ring=config.ring, policy=policy)
+            if kv_endpoints is not None:
+                self.kv = KVEventPublisher(*kv_endpoints, policy=policy)
+                self.publisher.tap = self._kv_tap
+        self.source.publisher = self.publisher
         self._todo: deque[np.ndarray] = deque()
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._paused = threading.Event()
@@ -111,6 +132,8 @@ class TreeServer:
         self.publisher.close()
         if self.kv is not None:
             self.kv.close()
+        if self.curve is not None:
+            self.curve.close()
 
     def submit_workload(self, name: str, args: list[str]) -> int:
         """Queue a workload's requests; returns how many. Raises ``WorkloadError``."""
@@ -259,19 +282,21 @@ class EngineServer:
     def __init__(
         self, endpoints: Endpoints, config: EngineServerConfig | None = None, *,
         policy: BindPolicy = BindPolicy.LOCAL_ONLY, kv_endpoints: tuple[str, str] | None = None,
+        curve_keys: Path | None = None,
     ) -> None:
         self.config = config if config is not None else EngineServerConfig()
         self._lock = threading.Lock()  # steps, commands and snapshots, with their publishing
         self.engine = Engine(self.config.engine, on_step=self._on_step)
         self.digests = DigestEvery(self.engine.tree, self.config.digest_every)
-        self.publisher = Publisher(endpoints, self.snapshot_at, commands=self.handle,
-                                   ring=self.config.ring, policy=policy)
         self.kv: KVEventPublisher | None = None
-        if kv_endpoints is not None:
-            ecfg = self.config.engine
-            translator = KVTranslator(ecfg.block_size, ecfg.num_blocks)
-            kv = self.kv = KVEventPublisher(*kv_endpoints, policy=policy)
-            self.publisher.tap = lambda events: kv.publish(translator.translate(events))
+        with secured(policy, curve_keys) as (policy, self.curve):
+            self.publisher = Publisher(endpoints, self.snapshot_at, commands=self.handle,
+                                       ring=self.config.ring, policy=policy)
+            if kv_endpoints is not None:
+                ecfg = self.config.engine
+                translator = KVTranslator(ecfg.block_size, ecfg.num_blocks)
+                kv = self.kv = KVEventPublisher(*kv_endpoints, policy=policy)
+                self.publisher.tap = lambda events: kv.publish(translator.translate(events))
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._loop_count = 0

@@ -29,7 +29,8 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
 from urllib.parse import urlsplit
 
 import msgspec
@@ -38,6 +39,7 @@ import zmq
 
 from radixcache import commands as cmd
 from radixcache import events as ev
+from radixcache.security import ClientCurve, ServerKeys, client_curve
 from radixcache.tree import RadixTree
 
 MAX_CONTROL_BYTES = 64 * 1024
@@ -77,11 +79,36 @@ def new_epoch() -> int:
     return ((int(time.time() * 1000) << 20) | random.getrandbits(20)) & (2**63 - 1) or 1
 
 
-class BindPolicy(enum.Enum):
+class Reach(enum.Enum):
     """Which addresses an endpoint may bind: loopback/ipc only (the default), or any."""
 
     LOCAL_ONLY = "local"
     ANY = "any"
+
+
+@dataclass(frozen=True, slots=True)
+class BindPolicy:
+    """Where sockets may bind and whether they are CURVE servers.
+
+    ``BindPolicy.LOCAL_ONLY`` (the default: 127.0.0.1 / ipc only, no CURVE) and
+    ``BindPolicy.ANY`` (any address, unauthenticated, with a warning) are the two plain
+    policies; ``policy.with_curve(keys)`` makes every socket bound under it a CURVE server
+    and allows any address (the keys are the explicit opt-in; a warning still says so).
+    """
+
+    reach: Reach
+    curve: ServerKeys | None = None
+
+    LOCAL_ONLY: ClassVar[BindPolicy]
+    ANY: ClassVar[BindPolicy]
+
+    def with_curve(self, keys: ServerKeys) -> BindPolicy:
+        """This policy with CURVE on every bound socket and any address allowed."""
+        return BindPolicy(Reach.ANY, keys)
+
+
+BindPolicy.LOCAL_ONLY = BindPolicy(Reach.LOCAL_ONLY)
+BindPolicy.ANY = BindPolicy(Reach.ANY)
 
 
 class Endpoints(NamedTuple):
@@ -123,17 +150,24 @@ def check_bind(endpoint: str, policy: BindPolicy) -> None:
     host = parts.netloc.rsplit(":", 1)[0]
     if host in LOOPBACK_HOSTS:
         return
-    if policy is BindPolicy.LOCAL_ONLY:
+    if policy.reach is Reach.LOCAL_ONLY:
         raise ValueError(
             f"refusing to bind {endpoint}: only 127.0.0.1 or ipc:// unless explicitly allowed"
         )
+    if policy.curve is not None:
+        warnings.warn(f"binding {endpoint}: reachable from other machines; CURVE-encrypted and "
+                      "authenticated (only the client keys in the key directory)", stacklevel=2)
+        return
     warnings.warn(f"binding {endpoint}: the event stream and commands are reachable from "
                   "other machines and are not authenticated", stacklevel=2)
 
 
 def bind(sock: zmq.Socket[bytes], endpoint: str, policy: BindPolicy) -> str:
-    """Bind after ``check_bind``; returns the address actually bound (resolves port ``*``)."""
+    """Bind after ``check_bind`` (a CURVE server when ``policy.curve`` is set); returns the
+    address actually bound (resolves port ``*``)."""
     check_bind(endpoint, policy)
+    if policy.curve is not None:
+        policy.curve.apply(sock)
     sock.bind(endpoint)
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
@@ -371,19 +405,30 @@ class Publisher:
 
 
 def send_command(
-    endpoint: str, command: cmd.AnyCommand, timeout_s: float = 5.0
+    endpoint: str, command: cmd.AnyCommand, timeout_s: float = 5.0,
+    curve: ClientCurve | None = None,
 ) -> cmd.AnyReply:
     """Send one command to an engine's command endpoint and wait for its reply.
 
-    Returns ``Error`` (never raises) when no reply came within ``timeout_s``."""
+    ``curve``: the client keys (default: those of ``$RADIXCACHE_CURVE_KEYS``, else none).
+    Returns ``Error`` (never raises) when no reply came within ``timeout_s`` -- which is also
+    what a client without keys the server accepts gets (the handshake never completes)."""
+    keys = client_curve(curve)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     with ctx.socket(zmq.DEALER) as sock:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_BYTES)
+        if keys is not None:
+            keys.apply(sock)
         sock.connect(endpoint)
-        sock.send(cmd.encode_command(command))
+        try:
+            sock.send(cmd.encode_command(command), zmq.NOBLOCK)  # a fresh connect has its pipe
+        except zmq.Again:
+            return cmd.Error(f"cannot send to {endpoint}: no connection")
         if not sock.poll(int(timeout_s * 1000)):
-            return cmd.Error(f"no reply from {endpoint} within {timeout_s:g} s")
+            how = "with CURVE keys" if keys is not None else "without CURVE keys"
+            return cmd.Error(f"no reply from {endpoint} within {timeout_s:g} s (engine down, or "
+                             f"it refused this client, which connected {how})")
         try:
             return cmd.decode_reply(sock.recv_multipart()[-1])
         except cmd.CommandError as exc:

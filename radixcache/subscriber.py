@@ -18,6 +18,7 @@ one thread (``run``), which owns the sockets and the mirror; readers of the mirr
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import threading
@@ -30,6 +31,7 @@ import zmq
 
 from radixcache import events as ev
 from radixcache.mirror import Mirror, MirrorError
+from radixcache.security import ClientCurve, client_curve
 from radixcache.stream import MAX_BATCH_BYTES, Endpoints, from_u64, gc_paused, u64
 
 MAX_BUFFERED = 100_000
@@ -70,6 +72,22 @@ def drop_one_percent(seq: int) -> bool:
     return (seq * 2654435761) % 2**32 % 100 == 0
 
 
+class HashDrop:
+    """A deterministic pseudo-random ``fraction`` of seqs (a test hook): multiplicative hashing
+    of the seq into [0, 2**32), dropped below ``fraction * 2**32``. Records what it dropped."""
+
+    def __init__(self, fraction: float) -> None:
+        self.threshold = int(fraction * 2**32)
+        self.dropped: set[int] = set()
+
+    def __call__(self, seq: int) -> bool:
+        """True when ``seq`` is to be dropped (and remembered in ``dropped``)."""
+        if (seq * 2654435761) % 2**32 < self.threshold:
+            self.dropped.add(seq)
+            return True
+        return False
+
+
 class Subscriber:
     """Mirror of one engine. Construct, then ``run()`` in a thread (or ``start()``/``stop()``)."""
 
@@ -81,8 +99,12 @@ class Subscriber:
         drop: DropHook | None = None,
         request_timeout_s: float = 2.0,
         on_batch: Callable[[ev.Batch], None] | None = None,
+        curve: ClientCurve | None = None,
     ) -> None:
         self.endpoints = endpoints
+        # CURVE client keys (default: $RADIXCACHE_CURVE_KEYS); without keys a CURVE server
+        # completes no handshake, so nothing arrives and ``synced`` never gets set
+        self.curve = client_curve(curve)
         self.mirror = mirror if mirror is not None else Mirror()
         self.lock = threading.Lock()
         self.stats = SubscriberStats()
@@ -127,9 +149,12 @@ class Subscriber:
         self._sub.setsockopt(zmq.RCVHWM, 100_000)
         self._sub.setsockopt(zmq.MAXMSGSIZE, MAX_BATCH_BYTES)
         self._sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self._sub.connect(self.endpoints.events)
         self._dealer = self._ctx.socket(zmq.DEALER)
         self._dealer.setsockopt(zmq.MAXMSGSIZE, MAX_BATCH_BYTES)
+        if self.curve is not None:
+            self.curve.apply(self._sub)
+            self.curve.apply(self._dealer)
+        self._sub.connect(self.endpoints.events)
         self._dealer.connect(self.endpoints.control)
         poller = zmq.Poller()
         poller.register(self._sub, zmq.POLLIN)
@@ -153,16 +178,21 @@ class Subscriber:
         self._req_sent = time.monotonic()
         return self._req
 
-    def _ask_snapshot(self) -> None:
+    def _request(self, frames: list[bytes]) -> None:
+        """Send without blocking: a DEALER with no peer (e.g. its CURVE handshake was refused)
+        would block ``send`` forever; an unsent request is sent again by ``_retry_if_late``."""
         assert self._dealer is not None
+        with contextlib.suppress(zmq.Again):
+            self._dealer.send_multipart(frames, zmq.NOBLOCK)
+
+    def _ask_snapshot(self) -> None:
         self.state = State.WAIT_SNAPSHOT
-        self._dealer.send_multipart([b"snapshot", self._new_req()])
+        self._request([b"snapshot", self._new_req()])
 
     def _ask_replay(self, start: int) -> None:
-        assert self._dealer is not None
         self.state = State.WAIT_REPLAY
         self._replay_from = start
-        self._dealer.send_multipart([b"replay", self._new_req(), u64(start)])
+        self._request([b"replay", self._new_req(), u64(start)])
 
     def _retry_if_late(self) -> None:
         if self.state is State.LIVE or time.monotonic() - self._req_sent < self._timeout:
