@@ -108,7 +108,7 @@ class BlockAllocator:
             raise PoolExhausted(f"need {n} blocks, {len(self._free) - head} free")
         out = self._free[head : head + n]
         head += n
-        if head > 1024 and 2 * head > len(self._free):  # drop the consumed front now and then
+        if head > 256:  # drop the consumed front (memmove of the few free ids behind it)
             del self._free[:head]
             head = 0
         self._head = head
