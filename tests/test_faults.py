@@ -199,3 +199,47 @@ def test_engine_waits_while_the_pool_is_locked_then_serves():
         assert sum(n.lock for n in tree.snapshot().nodes) == 0
     finally:
         engine.close()
+
+
+_WATCHER = """
+import sys, time
+from radixcache.stream import Endpoints
+from radixcache.subscriber import Subscriber
+sub = Subscriber(Endpoints.tcp("127.0.0.1", int(sys.argv[1]))).start()
+assert sub.wait_synced(10)
+print("synced", flush=True)
+time.sleep(60)
+"""
+
+
+def test_inspector_process_killed_the_engine_serves_on_and_a_new_one_syncs():
+    """A subscriber process (what the inspector runs) is SIGKILLed mid-stream: the engine keeps
+    serving commands and batches, and a subscriber that comes back converges (digest equal)."""
+    port = _free_port_triple()
+    endpoints = Endpoints.tcp("127.0.0.1", port)
+    engine, _ = _serve(port, "flood 2000")
+    watcher = subprocess.Popen([sys.executable, "-c", _WATCHER, str(port)],
+                               stdout=subprocess.PIPE, text=True)
+    sub = None
+    try:
+        assert watcher.stdout is not None and watcher.stdout.readline() == "synced\n"
+        watcher.send_signal(signal.SIGKILL)
+        assert watcher.wait(5) == -signal.SIGKILL
+        before = send_command(endpoints.commands, cmd.Stats())
+        assert isinstance(before, cmd.Ok)
+        sub = Subscriber(endpoints, request_timeout_s=0.3).start()
+        assert sub.wait_synced(10)
+        assert wait_for(lambda: sub.stats.batches >= 5)  # the engine kept publishing
+        assert send_command(endpoints.commands, cmd.Pause()) == cmd.Ok("paused")
+        seq, digest = _engine_snapshot(endpoints)
+        assert wait_for(lambda: sub.seq >= seq, timeout=2.0)
+        with sub.lock:
+            assert sub.mirror.digest() == digest
+        assert engine.poll() is None
+    finally:
+        if sub is not None:
+            sub.stop()
+        if watcher.poll() is None:
+            watcher.kill()
+        engine.send_signal(signal.SIGTERM)
+        engine.wait(10)
