@@ -163,7 +163,9 @@ def replay_tree(
         None,
     )
     if cfg.measure_memory:
-        # what the tree retains: the traced memory that goes away with it
+        # what the tree retains: the traced memory that goes away with it (collect first, so
+        # other garbage made meanwhile -- progress-bar renders, say -- is not counted)
+        gc.collect()
         held = tracemalloc.get_traced_memory()[0]
         del tree, pool
         gc.collect()
