@@ -169,3 +169,21 @@ def test_decref_many_of_a_long_run_goes_the_same_way_as_one_by_one() -> None:
     with pytest.raises(BlockStateError, match="decref of free block 1"):
         vec.decref_many(list(range(60)))  # block 1 is already free: nothing changes
     assert [vec.refcount(b) for b in range(100)] == [loop.refcount(b) for b in range(100)]
+
+
+def test_copy_slots_torch_path_equals_the_numpy_path() -> None:
+    """On the CPU a float32 pool copies through a numpy view; bfloat16 (no numpy dtype) and
+    GPUs go through torch. Both paths write the same slots."""
+    shape32 = KVShape(2, 2, 3, torch.float32)
+    shape16 = KVShape(2, 2, 3, torch.bfloat16)
+    fast, slow = KVPool(6, 4, shape32, device="cpu"), KVPool(6, 4, shape16, device="cpu")
+    assert fast._host is not None and slow._host is None
+    values = torch.arange(fast.kv.numel(), dtype=torch.float32).view_as(fast.kv) % 97
+    fast.kv.copy_(values)
+    slow.kv.copy_(values.to(torch.bfloat16))
+    for src, dst, n in ((1, 4, 3), (2, 0, 4), (5, 5, 1)):
+        fast.copy_slots(src, dst, n)
+        slow.copy_slots(src, dst, n)
+    assert torch.equal(fast.kv.to(torch.bfloat16), slow.kv)
+    assert torch.equal(fast.kv[:, :, 4, :3], values[:, :, 1, :3])
+    assert torch.equal(fast.kv[:, :, 4, 3], values[:, :, 4, 3])
