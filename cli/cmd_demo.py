@@ -41,7 +41,7 @@ from radixcache.workloads import WorkloadError, build_workload
 
 DEFAULT_MIX = ("chat 8", "system 30 256", "tot 3 3", "fork 8")
 """One round of the demo's workload; each round uses the next seed, so the tree keeps changing."""
-MAX_QUEUED = 200  # the loop waits while this many requests are queued (e.g. engine paused)
+MAX_QUEUED = 24  # the loop waits while this many requests wait (engine busy or paused)
 PR_SET_PDEATHSIG = 1
 
 console = Console(stderr=True)
@@ -243,10 +243,10 @@ def headless(engine: EngineProcess, loop: MixLoop, seconds: float) -> DemoStats:
 
 
 def _paused_stats(engine: EngineProcess) -> dict[str, float | int | str]:
-    """Pause, then read the counters until two reads agree (the running step has finished)."""
+    """Pause, then read the counters until two reads agree (the running requests finished)."""
     engine.send(cmd.Pause())
     before = engine.stats()
-    for _ in range(50):
+    for _ in range(600):  # up to 30 s: requests already admitted run to their end
         time.sleep(0.05)
         now = engine.stats()
         if now == before:
@@ -331,7 +331,7 @@ def demo(
     no_inspect: bool = typer.Option(False, "--no-inspect", help="Run headless: follow the stream "
                                     "for --seconds, then print what happened."),
     seconds: float = typer.Option(10.0, min=0.5, help="With --no-inspect: how long to run."),
-    blocks: int = typer.Option(1024, min=16, help="KV pool blocks (of 16 tokens); small, so "
+    blocks: int = typer.Option(2048, min=16, help="KV pool blocks (of 16 tokens); small, so "
                                "the mix evicts."),
     mix: str = typer.Option(",".join(DEFAULT_MIX), help="Workloads sent in turn, comma-separated, "
                             "as typed in the inspector's command line."),
