@@ -31,12 +31,15 @@ import time
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, NewType, Protocol
+from typing import TYPE_CHECKING, NamedTuple, NewType, Protocol
 
 import numpy as np
 
 from radixcache import events as ev
-from radixcache.pool import KVPool, PoolExhausted
+from radixcache.blocks import PoolExhausted
+
+if TYPE_CHECKING:
+    from radixcache.pool import KVPool
 
 NodeId = NewType("NodeId", int)
 TokenSeq = bytes | np.ndarray | Sequence[int]
