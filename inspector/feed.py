@@ -99,12 +99,17 @@ class Feed:
         finally:
             time.sleep(0)
 
+    def _begin(self, batch: ev.Batch) -> Delta:
+        """Count ``batch`` into the frame's delta and take its position (lock held)."""
+        d = self._delta
+        d.batches += 1
+        self.seq, self.epoch, self.engine = batch.seq, batch.epoch, batch.engine
+        self.last_ts = batch.ts
+        return d
+
     def _apply(self, batch: ev.Batch) -> bool:
         with self.lock:
-            d = self._delta
-            d.batches += 1
-            self.seq, self.epoch, self.engine = batch.seq, batch.epoch, batch.engine
-            self.last_ts = batch.ts
+            d = self._begin(batch)
             for e in batch.events:
                 try:
                     self.mirror.apply(e)
@@ -120,10 +125,7 @@ class Feed:
         """Record the deltas of a batch someone else already applied to ``mirror`` (a
         subscriber that shares ``lock``); call with the lock NOT held."""
         with self.lock:
-            d = self._delta
-            d.batches += 1
-            self.seq, self.epoch, self.engine = batch.seq, batch.epoch, batch.engine
-            self.last_ts = batch.ts
+            d = self._begin(batch)
             for e in batch.events:
                 self._note(d, batch, e)
 

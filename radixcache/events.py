@@ -194,7 +194,6 @@ class Batch(msgspec.Struct, frozen=True):
 
 _ENCODER = msgspec.msgpack.Encoder()
 _BATCH_DECODER = msgspec.msgpack.Decoder(Batch)
-_EVENTS_DECODER = msgspec.msgpack.Decoder(list[AnyEvent])
 
 
 def encode_batch(batch: Batch) -> bytes:
@@ -205,13 +204,3 @@ def encode_batch(batch: Batch) -> bytes:
 def decode_batch(data: bytes) -> Batch:
     """Decode one batch; raises ``msgspec.DecodeError`` (a ``ValueError``) on malformed input."""
     return _BATCH_DECODER.decode(data)
-
-
-def encode_events(events: list[AnyEvent]) -> bytes:
-    """msgpack bytes of a bare event list."""
-    return _ENCODER.encode(events)
-
-
-def decode_events(data: bytes) -> list[AnyEvent]:
-    """Decode a bare event list; raises ``msgspec.DecodeError`` on malformed input."""
-    return _EVENTS_DECODER.decode(data)
