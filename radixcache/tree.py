@@ -305,10 +305,15 @@ class RadixTree:
         while n is not None:
             n.clock = c
             n = n.parent
-        if not node.children and node.lock == 0 and node is not self.root:
-            heapq.heappush(self._heap, (c, node.id, node))
+        self._offer(node)
         if self._emit is not None:
             self._emit(ev.Access(node.id, c))
+
+    def _offer(self, node: RadixNode) -> None:
+        """Enter ``node`` into the LRU heap at its access time if it is an evictable leaf
+        (unlocked, childless, not the root); older entries for it go stale and are skipped."""
+        if not node.children and node.lock == 0 and node is not self.root:
+            heapq.heappush(self._heap, (node.clock, node.id, node))
 
     def match(self, tokens: TokenSeq) -> MatchResult:
         """Longest cached prefix of ``tokens`` at token granularity; marks the path used (LRU).
@@ -326,8 +331,8 @@ class RadixTree:
         seq = as_token_bytes(tokens, self.vocab_limit)
         with self.lock_:
             node, length, table = self._walk(seq)
+            self._lock(node)  # first, so the touch does not offer a leaf about to be locked
             self._touch(node)
-            self._lock(node)
             return MatchResult(length, node, table)
 
     # -- lock ------------------------------------------------------------------------------
@@ -365,8 +370,7 @@ class RadixTree:
                 n = n.parent
             if self._emit is not None:
                 self._emit(ev.Lock(node.id, -1))
-            if node is not self.root and node.lock == 0 and not node.children:
-                heapq.heappush(self._heap, (node.clock, node.id, node))
+            self._offer(node)
             self._maybe_merge(node)
 
     # -- allocate --------------------------------------------------------------------------
@@ -521,8 +525,7 @@ class RadixTree:
                 self._evict_blocks(1)
             finally:
                 self._hold(keep, -1)
-            if keep is not self.root and not keep.children and keep.lock == 0:
-                heapq.heappush(self._heap, (keep.clock, keep.id, keep))  # a rebuild skipped it
+            self._offer(keep)  # a heap rebuild during the hold skipped it
             if self.alloc.free_count == 0:
                 return -1
         dst = self.alloc.alloc(1)[0]
@@ -622,8 +625,7 @@ class RadixTree:
         child.tokens = parent.tokens + child.tokens
         if parent.clock > child.clock:
             child.clock = parent.clock
-            if not child.children and child.lock == 0:
-                heapq.heappush(self._heap, (child.clock, child.id, child))
+            self._offer(child)
         parent.alive = False
         parent.tokens, parent.blocks = b"", array("i")
         del self._nodes[parent.id]
@@ -670,10 +672,9 @@ class RadixTree:
             self._emit(ev.Evict(leaf.id, leaf.num_tokens, freed))
         leaf.tokens, leaf.blocks = b"", array("i")  # stale heap entries may still point here
         if parent is not self.root:
-            if not parent.children and parent.lock == 0:
-                heapq.heappush(self._heap, (parent.clock, parent.id, parent))
-            else:
+            if parent.children:
                 return len(freed) + self._maybe_merge(parent)
+            self._offer(parent)
         return len(freed)
 
     def _rebuild_heap(self) -> None:
