@@ -1,7 +1,7 @@
 """Every invariant of the tree and its pool, checked from scratch (tests call it after each step).
 
 - each block's refcount equals its references (nodes holding it + the request holding it);
-- the free list holds exactly the blocks with refcount 0, once each;
+- the free list holds each block at most once, and no free block is shared or claimed;
 - no slot of a block is owned by two nodes, and each block's claim ends where its deepest
   holder ends (or further, while a running request has reserved it in place);
 - children are keyed by their distinct first tokens, each child starts where its parent ends;
@@ -66,15 +66,11 @@ def _check_blocks(tree: RadixTree, out: list[str]) -> None:
     refs: Counter[int] = Counter()
     for n in tree._nodes.values():
         refs.update(n.blocks)
-    refs.update(tree._request_blocks)
-    for b in range(a.num_blocks):
-        if a.refcount(b) != refs[b]:
-            out.append(f"block {b}: refcount {a.refcount(b)} but {refs[b]} references")
-    free = a.free_blocks()
-    if len(set(free)) != len(free):
-        out.append("free list holds a block twice")
-    if set(free) != {b for b in range(a.num_blocks) if refs[b] == 0}:
-        out.append("free list differs from the blocks with no reference")
+    refs.update(tree.request_blocks())
+    out.extend(a.check())
+    for b, have in enumerate(a.refcounts()):
+        if have != refs[b]:
+            out.append(f"block {b}: refcount {have} but {refs[b]} references")
     for b, spans in _slot_owners(tree).items():
         spans.sort()
         for (_, hi, x), (lo, _, y) in itertools.pairwise(spans):

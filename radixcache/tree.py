@@ -103,7 +103,7 @@ class MatchResult(NamedTuple):
     block_table: list[int]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Lease:
     """Blocks reserved for one running request, from ``allocate`` until ``insert``/``release``.
 
@@ -233,7 +233,7 @@ class RadixTree:
         self._next_id = 1
         self._clock = 0
         self._heap: list[tuple[int, int, RadixNode]] = []
-        self._request_blocks: set[int] = set()
+        self._leases: set[Lease] = set()  # outstanding: allocated, not yet inserted/released
         self._inplace: set[int] = set()
 
     # -- events ----------------------------------------------------------------------------
@@ -262,6 +262,10 @@ class RadixTree:
     def cached_tokens(self) -> int:
         """Tokens held by all nodes."""
         return sum(n.num_tokens for n in self._nodes.values())
+
+    def request_blocks(self) -> set[int]:
+        """Blocks held privately by outstanding leases (allocated, not yet inserted)."""
+        return {b for lease in self._leases for b in lease.table[lease.private_from :]}
 
     # -- match -----------------------------------------------------------------------------
     def _descend(
@@ -400,7 +404,9 @@ class RadixTree:
             raise NotLocked(f"allocate needs a lock on node {match.node.id} (match_and_lock)")
         table = list(match.block_table)
         if total == m:  # nothing to write: the lease holds no block of its own
-            return Lease(match.node, m, total, table, len(table))
+            lease = Lease(match.node, m, total, table, len(table))
+            self._leases.add(lease)
+            return lease
         j0, partial = divmod(m, B)
         new = (total + B - 1) // B - len(table)
         if partial and self.alloc.claim(table[j0]) != partial:
@@ -428,7 +434,7 @@ class RadixTree:
             table.extend(blocks)
         if len(table) > lease.private_from:  # the last block is claimed up to ``total``
             self.alloc.set_claim(table[-1], total - (len(table) - 1) * B)
-        self._request_blocks.update(blocks)
+        self._leases.add(lease)
         if self._emit is not None and blocks:
             self._emit(ev.BlockAlloc(blocks))
         return lease
@@ -530,8 +536,7 @@ class RadixTree:
                 return -1
         dst = self.alloc.alloc(1)[0]
         self.pool.copy_slots(src, dst, slots)
-        self.alloc.set_claim(dst, slots)
-        self._request_blocks.add(dst)
+        self.alloc.set_claim(dst, slots)  # the leaf being attached takes it at once
         self.stats.cow_copies += 1
         self.stats.slots_copied += slots
         if self._emit is not None:
@@ -551,9 +556,7 @@ class RadixTree:
             if leaf is None or leaf.blocks[0] != lease.inplace:
                 self.alloc.set_claim(lease.inplace, lease.prev_claim)
         freed = len(self.alloc.decref_many(dup))
-        self._request_blocks.difference_update(table[first:])
-        if leaf is not None:
-            self._request_blocks.difference_update(leaf.blocks[:1])  # a copy made at insert
+        self._leases.discard(lease)
         if self._emit is not None and dup:
             self._emit(ev.BlockFree(dup))
         lease.done = True
@@ -719,7 +722,7 @@ class RadixTree:
         """Drop every node and free every block. Raises ``TreeError`` while anything is locked
         or a lease is outstanding."""
         with self.lock_:
-            if self.root.lock or self._request_blocks:
+            if self.root.lock or self._leases:
                 raise TreeError("cannot reset while requests hold locks or blocks")
             self.alloc.reset()
             self._reset_state()
@@ -759,7 +762,7 @@ class RadixTree:
                 nodes,
                 self._clock,
                 self._next_id,
-                sorted(self._request_blocks),
+                sorted(self.request_blocks()),
                 self.high,
                 self.low,
             )
@@ -768,7 +771,7 @@ class RadixTree:
         """A stable hash of the structure: every node's id, parent, span, tokens, blocks, lock
         and access clock, and the request-held blocks. Equal for a mirror built from events."""
         with self.lock_:
-            return structure_digest(self._nodes.values(), self._request_blocks)
+            return structure_digest(self._nodes.values(), self.request_blocks())
 
 
 class _DigestNode(Protocol):

@@ -42,16 +42,36 @@ def test_refcounts_and_errors() -> None:
     assert a.refcount(b) == 1
     a.incref(b)
     a.incref(b)
-    assert a.refcount(b) == 3
-    with pytest.raises(BlockStateError):
-        a.incref(3)  # free block
-    with pytest.raises(BlockStateError):
-        a.decref(3)
+    assert a.refcount(b) == 3 and a.shared() == {b: 2}
     assert a.refcount(3) == 0 and a.free_blocks() == [1, 2, 3]
     assert [a.decref(b) for _ in range(3)] == [False, False, True]
-    with pytest.raises(BlockStateError):
-        a.decref(b)  # double free
-    assert a.free_blocks() == [1, 2, 3, 0] and a.refcount(b) == 0
+    assert a.free_blocks() == [1, 2, 3, 0] and a.refcount(b) == 0 and a.shared() == {}
+    assert a.refcounts() == [0, 0, 0, 0] and a.check() == []
+    for bad in (-1, 4):
+        with pytest.raises(BlockStateError, match=r"outside 0\.\.3"):
+            a.incref(bad)
+        with pytest.raises(BlockStateError, match=r"outside 0\.\.3"):
+            a.decref(bad)
+    assert a.free_blocks() == [1, 2, 3, 0]
+
+
+def test_a_double_free_is_reported_by_check() -> None:
+    """The allocator keeps no per-block state, so a block freed twice is found by ``check()``
+    (the tree runs it after every test step) and shows in ``refcounts()`` as -1."""
+    a = BlockAllocator(4, 16)
+    a.alloc(2)
+    assert a.decref(1) is True
+    assert a.decref(1) is True  # the bug: freed again
+    assert a.refcounts() == [1, -1, 0, 0]
+    assert a.check() == ["free list holds a block twice"]
+
+
+def test_a_free_block_left_shared_or_claimed_is_reported_by_check() -> None:
+    a = BlockAllocator(4, 16)
+    a.incref(2)  # the bug: a reference on a free block
+    a.set_claim(3, 4)
+    assert a.check() == ["free blocks [2, 3] still shared or claimed"]
+    assert a.refcounts() == [0, 0, 1, 0]
 
 
 def test_claims() -> None:
@@ -63,27 +83,31 @@ def test_claims() -> None:
     a.set_claim(b, 5)
     assert a.claim(b) == 5
     for bad in (-1, 17):
-        with pytest.raises(BlockStateError):
+        with pytest.raises(BlockStateError, match=r"outside 0\.\.16"):
             a.set_claim(b, bad)
-    assert a.claim(b) == 5
-    with pytest.raises(BlockStateError):
-        a.set_claim(2, 1)  # free block
-    assert a.claim(2) == 0
+    with pytest.raises(BlockStateError, match="block 4 outside"):
+        a.set_claim(4, 1)
+    assert a.claim(b) == 5 and a.claims() == [5, 0, 0, 0]
     a.decref(b)
-    assert a.claim(b) == 0  # freeing clears the claim
+    assert a.claims() == [0, 0, 0, 0] and a.check() == []  # freeing clears the claim
     (again,) = a.alloc(4)[-1:]
-    assert again == b and a.claim(b) == 16
+    assert again == b and a.claim(b) == 16 and a.claims() == [16] * 4
 
 
 def test_decref_many_frees_in_order() -> None:
     a = BlockAllocator(6, 16)
     a.alloc(6)
     a.incref(2)
-    assert a.decref_many([4, 2, 1]) == [4, 1]
-    assert a.free_blocks() == [4, 1] and a.refcount(2) == 1
-    with pytest.raises(BlockStateError):
-        a.decref_many([4])  # free already
-    assert a.free_blocks() == [4, 1]
+    a.incref(1)
+    a.incref(1)
+    a.set_claim(4, 3)
+    a.set_claim(2, 7)
+    assert a.decref_many([4, 2, 1, 5]) == [4, 5]
+    assert a.free_blocks() == [4, 5] and a.refcounts() == [1, 2, 1, 1, 0, 0]
+    assert a.shared() == {1: 1} and a.claims() == [16, 16, 7, 16, 0, 0]
+    assert a.decref_many([]) == [] and a.decref_many([2, 1]) == [2]
+    assert a.refcounts() == [1, 1, 0, 1, 0, 0] and a.claims() == [16, 16, 0, 16, 0, 0]
+    assert a.check() == []
 
 
 def test_reset_and_bad_sizes() -> None:
@@ -92,7 +116,7 @@ def test_reset_and_bad_sizes() -> None:
     a.set_claim(2, 3)
     a.reset()
     assert a.free_blocks() == [0, 1, 2, 3, 4]
-    assert [a.refcount(b) for b in range(5)] == [0] * 5 and a.claim(2) == 0
+    assert a.refcounts() == [0] * 5 and a.claims() == [0] * 5 and a.shared() == {}
     for n, bs in ((0, 16), (4, 0), (-1, 16)):
         with pytest.raises(ValueError):
             BlockAllocator(n, bs)
@@ -152,23 +176,24 @@ def test_copy_slots_batch_equals_single_copies() -> None:
 
 
 def test_decref_many_of_a_long_run_goes_the_same_way_as_one_by_one() -> None:
-    """A whole evicted node (>= 48 blocks) is released through numpy: same refcounts, claims,
-    freed order and free-list order as the one-block loop."""
-    vec, loop = BlockAllocator(100, 16), BlockAllocator(100, 16)
-    for a in (vec, loop):
+    """A whole evicted node released at once: same refcounts, claims, freed order and
+    free-list order as releasing its blocks one at a time."""
+    many, loop = BlockAllocator(100, 16), BlockAllocator(100, 16)
+    for a in (many, loop):
         blocks = a.alloc(60)
         for b in blocks[::3]:
             a.incref(b)  # every third block is shared and survives
+        a.set_claim(59, 9)
+        a.set_claim(30, 2)
     run = list(range(59, -1, -1))  # released in reverse allocation order
-    freed_vec = vec.decref_many(run)
+    freed_many = many.decref_many(run)
     freed_loop = [b for b in run if loop.decref(b)]
-    assert freed_vec == freed_loop == [b for b in run if b % 3]
-    assert [vec.refcount(b) for b in range(100)] == [loop.refcount(b) for b in range(100)]
-    assert [vec.claim(b) for b in range(60)] == [16 if b % 3 == 0 else 0 for b in range(60)]
-    assert vec.free_blocks() == loop.free_blocks()
-    with pytest.raises(BlockStateError, match="decref of free block 1"):
-        vec.decref_many(list(range(60)))  # block 1 is already free: nothing changes
-    assert [vec.refcount(b) for b in range(100)] == [loop.refcount(b) for b in range(100)]
+    assert freed_many == freed_loop == [b for b in run if b % 3]
+    assert many.refcounts() == loop.refcounts()
+    kept = {b: 16 for b in range(0, 60, 3)} | {30: 2}  # 59 was freed with its claim
+    assert many.claims() == loop.claims() == [kept.get(b, 0) for b in range(100)]
+    assert many.free_blocks() == loop.free_blocks()
+    assert many.check() == loop.check() == []
 
 
 def test_copy_slots_torch_path_equals_the_numpy_path() -> None:

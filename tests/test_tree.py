@@ -646,7 +646,7 @@ def test_evicting_an_inplace_leaf_gives_the_slots_back() -> None:
     assert kinds(events, ev.Evict) == [ev.Evict(ny.id, 10, [])]
     assert kinds(events, ev.Merge) == [ev.Merge(x_id, nz.id, 1)]
     assert span(nz) == (0, 25, [0, 2])
-    assert tree.alloc.refcount(1) == 0 and tree.alloc.claim(1) == 0
+    assert tree.alloc.refcount(1) == 0 and tree.alloc.claims()[1] == 0
     assert cached_kv(tree, z) == z
 
 
