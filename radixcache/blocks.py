@@ -8,23 +8,27 @@ copy of the leading slots (copy-on-write). Nothing outside ``BlockAllocator`` wr
 or a claim.
 
 Representation, chosen so that no operation does Python work per block (a request takes and
-returns ~25 blocks; a Python loop over them cost ~30% of all tree time on the ShareGPT trace):
+returns ~25 blocks; Python loops over them cost ~30% of all tree time on the ShareGPT trace):
 
+- block ids travel as ``array('i')`` (the free list, ``alloc``'s result, a node's blocks): a
+  slice or an ``extend`` is one memcpy, with no Python int made per block;
 - a block is in use exactly when it is not on the free list, and then holds one reference
   plus ``_extra[block]`` (only shared blocks -- a boundary block held by a parent and a
   child -- have an entry);
 - a block in use is fully claimed unless ``_partial`` says otherwise (only the last block of
   a node or of a request has an entry).
 
-``alloc`` is a slice of the free list and ``decref_many`` of unshared blocks is one C-level
-disjointness test and one ``extend``. The price: the allocator does not notice a block freed
-twice at the call (it would need per-block state); ``refcounts()`` and the tree's ``check()``
-report it (a duplicate on the free list), and ``check()`` runs after every step of the tests.
+``release_run`` returns a node's or a request's blocks in O(1) Python steps: only the first and
+the last block of such a run can be shared or partly claimed (the tree's ``check()`` verifies
+that). The price: the allocator does not notice a block freed twice at the call (that needs
+per-block state); ``refcounts()`` and the tree's ``check()`` report it (a duplicate on the free
+list), and ``check()`` runs after every step of the tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable
 
 _COMPACT = 1024  # drop the consumed front of the free list after this many allocations
 
@@ -56,7 +60,7 @@ class BlockAllocator:
         self.num_blocks = num_blocks
         self.block_size = block_size
         # FIFO free list: a list read from ``_head`` (slices run in C, unlike deque pops)
-        self._free: list[int] = []
+        self._free = array("i")
         self._head = 0
         self._extra: dict[int, int] = {}  # shared block -> references beyond the first
         self._partial: dict[int, int] = {}  # in-use block -> claim, when below block_size
@@ -80,7 +84,7 @@ class BlockAllocator:
 
     def free_blocks(self) -> list[int]:
         """The free list in allocation order (a copy)."""
-        return self._free[self._head :]
+        return self._free[self._head :].tolist()
 
     def refcounts(self) -> list[int]:
         """Every block's refcount, from the free list and the shared-block table (O(blocks)).
@@ -123,7 +127,7 @@ class BlockAllocator:
         return dict(self._extra)
 
     # -- mutation --------------------------------------------------------------------------
-    def alloc(self, n: int) -> list[int]:
+    def alloc(self, n: int) -> array[int]:
         """Take ``n`` blocks off the free list, each with refcount 1 and fully claimed.
 
         Raises ``PoolExhausted`` (and takes nothing) when fewer than ``n`` are free.
@@ -148,38 +152,46 @@ class BlockAllocator:
     def decref(self, block: int) -> bool:
         """Drop one reference; returns True when that freed the block (back on the free list)."""
         self._check_id(block)
-        extra = self._extra.get(block)
-        if extra:
-            if extra == 1:
-                del self._extra[block]
-            else:
-                self._extra[block] = extra - 1
+        if self._drop_extra(block):
             return False
         self._partial.pop(block, None)
         self._free.append(block)
         return True
 
-    def decref_many(self, blocks: Sequence[int]) -> list[int]:
-        """``decref`` each of ``blocks`` (distinct ids); returns those that went back to the
-        free list, in order. Unshared blocks go back without a Python loop."""
-        if not blocks:
-            return []
+    def decref_many(self, blocks: Iterable[int]) -> list[int]:
+        """``decref`` each of ``blocks`` in order; returns those that went back to the free list."""
+        return [b for b in blocks if self.decref(b)]
+
+    def release_run(self, run: array[int]) -> array[int]:
+        """Drop one reference on each block of ``run``, the blocks of one node or one request in
+        order, of which only the first and the last can be shared or partly claimed. Returns
+        the blocks that went back to the free list (all but a shared end), in order."""
+        lo, hi = 0, len(run)
+        if not hi:
+            return run
         extra = self._extra
-        freed = list(blocks)
-        if extra and not extra.keys().isdisjoint(freed):
-            for b in extra.keys() & freed:  # shared: drop the extra reference, keep the block
-                left = extra[b] - 1
-                if left:
-                    extra[b] = left
-                else:
-                    del extra[b]
-                freed.remove(b)
-        partial = self._partial
-        if partial and not partial.keys().isdisjoint(freed):
-            for b in partial.keys() & freed:
-                del partial[b]
+        if extra:
+            if self._drop_extra(run[0]):
+                lo = 1
+            if hi > lo and self._drop_extra(run[-1]):
+                hi -= 1
+        freed = run[lo:hi] if lo or hi < len(run) else run
+        if freed and self._partial:
+            self._partial.pop(freed[0], None)
+            self._partial.pop(freed[-1], None)
         self._free.extend(freed)
         return freed
+
+    def _drop_extra(self, block: int) -> bool:
+        """Drop one extra reference of ``block`` if it has one; True when it had."""
+        extra = self._extra.get(block)
+        if not extra:
+            return False
+        if extra == 1:
+            del self._extra[block]
+        else:
+            self._extra[block] = extra - 1
+        return True
 
     def set_claim(self, block: int, slots: int) -> None:
         """Set how many leading slots of an in-use block are spoken for."""
@@ -197,7 +209,7 @@ class BlockAllocator:
 
     def reset(self) -> None:
         """Return every block to the free list (for an engine reset)."""
-        self._free = list(range(self.num_blocks))
+        self._free = array("i", range(self.num_blocks))
         self._head = 0
         self._extra = {}
         self._partial = {}
@@ -205,7 +217,7 @@ class BlockAllocator:
     def check(self) -> list[str]:
         """What is wrong with the allocator's own state (empty when all is well)."""
         out = []
-        free = self._free[self._head :]
+        free = self.free_blocks()
         if len(set(free)) != len(free):
             out.append("free list holds a block twice")
         bad = sorted(set(free) & (self._extra.keys() | self._partial.keys()))

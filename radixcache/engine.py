@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -455,7 +456,7 @@ class Engine:
 
     def _lock_root(self) -> MatchResult:
         self.tree.lock(self.tree.root)
-        return MatchResult(0, self.tree.root, [])
+        return MatchResult(0, self.tree.root, array("i"))
 
     def _try_admit(self, req: _Request) -> _Admit:
         m = self._lock_prefix(req)

@@ -1,6 +1,7 @@
 """Every invariant of the tree and its pool, checked from scratch (tests call it after each step).
 
 - each block's refcount equals its references (nodes holding it + the request holding it);
+- only the first and last block of a node can be shared, a request's own blocks never are;
 - the free list holds each block at most once, and no free block is shared or claimed;
 - no slot of a block is owned by two nodes, and each block's claim ends where its deepest
   holder ends (or further, while a running request has reserved it in place);
@@ -66,8 +67,17 @@ def _check_blocks(tree: RadixTree, out: list[str]) -> None:
     refs: Counter[int] = Counter()
     for n in tree._nodes.values():
         refs.update(n.blocks)
-    refs.update(tree.request_blocks())
+    private = tree.request_blocks()
+    refs.update(private)
     out.extend(a.check())
+    # release_run relies on it: only a node's first and last block can be shared
+    for n in tree._nodes.values():
+        inner = [b for b in n.blocks[1:-1] if refs[b] != 1]
+        if inner:
+            out.append(f"node {n.id}: interior blocks {inner[:5]} shared")
+    shared = sorted(b for b in private if refs[b] != 1)
+    if shared:
+        out.append(f"request blocks {shared[:5]} also held elsewhere")
     for b, have in enumerate(a.refcounts()):
         if have != refs[b]:
             out.append(f"block {b}: refcount {have} but {refs[b]} references")

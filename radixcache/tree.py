@@ -100,7 +100,7 @@ class MatchResult(NamedTuple):
 
     length: int
     node: RadixNode
-    block_table: list[int]
+    block_table: array[int]
 
 
 @dataclass(slots=True, eq=False)
@@ -116,7 +116,7 @@ class Lease:
     node: RadixNode
     matched: int
     total: int
-    table: list[int]
+    table: array[int]
     private_from: int
     inplace: int = -1
     prev_claim: int = 0
@@ -269,17 +269,16 @@ class RadixTree:
 
     # -- match -----------------------------------------------------------------------------
     def _descend(
-        self, seq: bytes, node: RadixNode, pos: int, table: list[int] | None = None
+        self, seq: bytes, node: RadixNode, pos: int, table: array[int] | None = None
     ) -> tuple[RadixNode, int]:
         """Follow ``seq`` down from ``node`` (whose path covers ``seq[:pos]``): the deepest node
         touched (the match may end inside it) and the matched length. No state change.
 
         With ``table``, also appends the block table of the nodes passed (from the root, the
         deepest node covering a logical block wins; the caller trims it to the length)."""
-        ids = memoryview(seq).cast("I")  # native uint32: x86 and arm64 are little-endian
-        n, B = len(ids), self.B
+        n, B = len(seq) // 4, self.B
         while pos < n:
-            child = node.children.get(ids[pos])
+            child = node.children.get(_first(seq, pos * 4)[0])
             if child is None:
                 break
             node = child
@@ -295,9 +294,9 @@ class RadixTree:
                 break
         return node, pos
 
-    def _walk(self, seq: bytes) -> tuple[RadixNode, int, list[int]]:
+    def _walk(self, seq: bytes) -> tuple[RadixNode, int, array[int]]:
         """Deepest match of ``seq``: (node, matched length, block table). No state change."""
-        table: list[int] = []
+        table = array("i")
         node, pos = self._descend(seq, self.root, 0, table)
         del table[(pos + self.B - 1) // self.B :]
         return node, pos, table
@@ -402,7 +401,7 @@ class RadixTree:
             )
         if self._alive(match.node).lock <= 0:
             raise NotLocked(f"allocate needs a lock on node {match.node.id} (match_and_lock)")
-        table = list(match.block_table)
+        table = array("i", match.block_table)
         if total == m:  # nothing to write: the lease holds no block of its own
             lease = Lease(match.node, m, total, table, len(table))
             self._leases.add(lease)
@@ -436,7 +435,7 @@ class RadixTree:
             self.alloc.set_claim(table[-1], total - (len(table) - 1) * B)
         self._leases.add(lease)
         if self._emit is not None and blocks:
-            self._emit(ev.BlockAlloc(blocks))
+            self._emit(ev.BlockAlloc(blocks.tolist()))
         return lease
 
     def _make_room(self, need: int) -> None:
@@ -509,7 +508,7 @@ class RadixTree:
                 blocks[0] = copy
         if pos < node.end:
             node = self._split(node, pos - node.start)
-        leaf = RadixNode(NodeId(self._next_id), node, pos, seq[pos * 4 : n * 4], array("i", blocks))
+        leaf = RadixNode(NodeId(self._next_id), node, pos, seq[pos * 4 : n * 4], blocks)
         self._next_id += 1
         self._nodes[leaf.id] = leaf
         node.children[_first(seq, pos * 4)[0]] = leaf
@@ -517,7 +516,7 @@ class RadixTree:
             self.alloc.incref(blocks[0])
         self.alloc.set_claim(blocks[-1], n - j_last * B)  # the request may have reserved more
         if self._emit is not None:
-            self._emit(ev.NodeCreated(leaf.id, node.id, pos, leaf.tokens, blocks, shared))
+            self._emit(ev.NodeCreated(leaf.id, node.id, pos, leaf.tokens, blocks.tolist(), shared))
         return leaf
 
     def _copy_out(self, src: int, slots: int, keep: RadixNode) -> int:
@@ -555,10 +554,10 @@ class RadixTree:
             self._inplace.discard(lease.inplace)
             if leaf is None or leaf.blocks[0] != lease.inplace:
                 self.alloc.set_claim(lease.inplace, lease.prev_claim)
-        freed = len(self.alloc.decref_many(dup))
+        freed = len(self.alloc.release_run(dup))  # private blocks: none is shared
         self._leases.discard(lease)
         if self._emit is not None and dup:
-            self._emit(ev.BlockFree(dup))
+            self._emit(ev.BlockFree(dup.tolist()))
         lease.done = True
         return freed
 
@@ -656,14 +655,14 @@ class RadixTree:
             tokens += victim.num_tokens
             freed += self._evict_leaf(victim)
             nodes += 1
-        if len(self._heap) > len(self._nodes) + 32:  # stale entries: keep memory near 1x
+        if len(self._heap) > 2 * len(self._nodes) + 32:  # stale entries: keep memory near 1x
             self._rebuild_heap()
         return EvictResult(nodes, tokens, freed)
 
     def _evict_leaf(self, leaf: RadixNode) -> int:
         parent = leaf.parent
         assert parent is not None
-        freed = self.alloc.decref_many(leaf.blocks)
+        freed = self.alloc.release_run(leaf.blocks)
         if leaf.start % self.B and parent is not self.root and leaf.blocks[0] == parent.blocks[-1]:
             self.alloc.set_claim(leaf.blocks[0], leaf.start % self.B)
         del parent.children[_first(leaf.tokens, 0)[0]]
@@ -672,7 +671,7 @@ class RadixTree:
         self.stats.evicted_nodes += 1
         self.stats.evicted_tokens += leaf.num_tokens
         if self._emit is not None:
-            self._emit(ev.Evict(leaf.id, leaf.num_tokens, freed))
+            self._emit(ev.Evict(leaf.id, leaf.num_tokens, freed.tolist()))
         leaf.tokens, leaf.blocks = b"", array("i")  # stale heap entries may still point here
         if parent is not self.root:
             if parent.children:

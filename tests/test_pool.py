@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 import torch
 
@@ -10,12 +12,12 @@ from radixcache.pool import BlockAllocator, BlockStateError, KVPool, KVShape, Po
 
 def test_free_list_order_is_exact() -> None:
     a = BlockAllocator(10, 16)
-    assert a.alloc(3) == [0, 1, 2]
+    assert a.alloc(3) == array("i", [0, 1, 2])  # int32 ids: no Python int per block
     assert a.free_blocks() == [3, 4, 5, 6, 7, 8, 9]
     assert a.decref(1) is True
     assert a.decref(0) is True
     assert a.free_blocks() == [3, 4, 5, 6, 7, 8, 9, 1, 0]  # freed go to the back
-    assert a.alloc(8) == [3, 4, 5, 6, 7, 8, 9, 1]
+    assert a.alloc(8).tolist() == [3, 4, 5, 6, 7, 8, 9, 1]
     a.incref(2)
     assert a.decref(2) is False  # still referenced: not freed
     assert a.free_blocks() == [0]
@@ -30,8 +32,8 @@ def test_alloc_takes_nothing_when_short() -> None:
     with pytest.raises(PoolExhausted):
         a.alloc(2)
     assert a.free_blocks() == [3]
-    assert a.alloc(0) == []
-    assert a.alloc(1) == [3]
+    assert a.alloc(0).tolist() == []
+    assert a.alloc(1).tolist() == [3]
     with pytest.raises(PoolExhausted):
         a.alloc(1)
 
@@ -175,25 +177,40 @@ def test_copy_slots_batch_equals_single_copies() -> None:
     assert torch.equal(a.kv, b.kv)
 
 
-def test_decref_many_of_a_long_run_goes_the_same_way_as_one_by_one() -> None:
-    """A whole evicted node released at once: same refcounts, claims, freed order and
-    free-list order as releasing its blocks one at a time."""
-    many, loop = BlockAllocator(100, 16), BlockAllocator(100, 16)
-    for a in (many, loop):
-        blocks = a.alloc(60)
-        for b in blocks[::3]:
-            a.incref(b)  # every third block is shared and survives
-        a.set_claim(59, 9)
-        a.set_claim(30, 2)
-    run = list(range(59, -1, -1))  # released in reverse allocation order
-    freed_many = many.decref_many(run)
-    freed_loop = [b for b in run if loop.decref(b)]
-    assert freed_many == freed_loop == [b for b in run if b % 3]
-    assert many.refcounts() == loop.refcounts()
-    kept = {b: 16 for b in range(0, 60, 3)} | {30: 2}  # 59 was freed with its claim
-    assert many.claims() == loop.claims() == [kept.get(b, 0) for b in range(100)]
-    assert many.free_blocks() == loop.free_blocks()
-    assert many.check() == loop.check() == []
+def test_release_run_equals_releasing_one_block_at_a_time() -> None:
+    """A node's blocks go back at once (only the ends may be shared or partly claimed): same
+    freed blocks, refcounts, claims and free-list order as decref of each block."""
+    for first_shared, last_shared in ((False, False), (True, False), (False, True), (True, True)):
+        run_a, one = BlockAllocator(100, 16), BlockAllocator(100, 16)
+        for a in (run_a, one):
+            a.alloc(70)
+            for b, shared in ((10, first_shared), (59, last_shared)):
+                if shared:
+                    a.incref(b)
+            a.set_claim(10, 7)
+            a.set_claim(59, 9)
+        run = array("i", range(10, 60))
+        freed = run_a.release_run(run)
+        freed_one = one.decref_many(run)
+        kept_ends = {(10, first_shared), (59, last_shared)}
+        want = [b for b in range(10, 60) if (b, True) not in kept_ends]
+        assert freed.tolist() == freed_one == want
+        assert run_a.refcounts() == one.refcounts()
+        assert run_a.claims() == one.claims()
+        kept = {10: 7} if first_shared else {}
+        kept |= {59: 9} if last_shared else {}
+        assert {b: c for b, c in enumerate(run_a.claims()) if b in range(10, 60) and c} == kept
+        assert run_a.free_blocks() == one.free_blocks() == [*range(70, 100), *want]
+        assert run_a.check() == one.check() == []
+
+
+def test_release_run_of_one_block_and_of_none() -> None:
+    a = BlockAllocator(4, 16)
+    a.alloc(2)
+    a.incref(1)
+    assert a.release_run(array("i", [1])).tolist() == [] and a.refcounts() == [1, 1, 0, 0]
+    assert a.release_run(array("i", [1])).tolist() == [1] and a.refcounts() == [1, 0, 0, 0]
+    assert a.release_run(array("i")).tolist() == [] and a.free_blocks() == [2, 3, 1]
 
 
 def test_copy_slots_torch_path_equals_the_numpy_path() -> None:

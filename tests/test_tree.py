@@ -88,15 +88,15 @@ def test_worked_example_split_and_cow() -> None:
     pool, tree, mirror = make(32)
     serve(tree, UNRELATED)
     s = serve(tree, A)
-    assert s.lease.table == [1, 2, 3, 4, 5, 6, 7]
+    assert s.lease.table.tolist() == [1, 2, 3, 4, 5, 6, 7]
     assert [tree.alloc.claim(b) for b in range(1, 8)] == [16] * 6 + [4]
     sync(tree, mirror)
     a_id = s.result.node.id
 
     m = tree.match_and_lock(toks(FORK))
-    assert (m.length, m.node.id, m.block_table) == (40, a_id, [1, 2, 3])
+    assert (m.length, m.node.id, m.block_table.tolist()) == (40, a_id, [1, 2, 3])
     lease = tree.allocate(m, len(FORK))
-    assert lease.table == [1, 2, 8, 9, 10]
+    assert lease.table.tolist() == [1, 2, 8, 9, 10]
     assert (lease.private_from, lease.inplace, lease.matched, lease.total) == (2, -1, 40, 70)
     # the copy holds block 3's first 8 slots (positions 32..39 = tokens 33..40)
     assert read_kv(pool, [8], 8)[0] == A[32:40]
@@ -141,9 +141,10 @@ def test_inplace_continuation_then_unlock_merges() -> None:
 
     seq = list(range(1, 31))
     m = tree.match_and_lock(toks(seq))
-    assert (m.length, m.node, m.block_table) == (20, n0, [0, 1])
+    assert (m.length, m.node, m.block_table.tolist()) == (20, n0, [0, 1])
     lease = tree.allocate(m, 30)
-    assert (lease.table, lease.inplace, lease.prev_claim, lease.private_from) == ([0, 1], 1, 4, 2)
+    assert lease.table.tolist() == [0, 1]
+    assert (lease.inplace, lease.prev_claim, lease.private_from) == (1, 4, 2)
     assert tree.alloc.claim(1) == 14 and tree.alloc.refcount(1) == 1
     write_kv(pool, lease.table, 20, seq)
     r = tree.insert(toks(seq), lease)
@@ -173,8 +174,8 @@ def test_second_continuation_of_same_node_copies() -> None:
     x, y = [*range(1, 21), 50, 51, 52], [*range(1, 21), 60, 61]
     mx, my = tree.match_and_lock(toks(x)), tree.match_and_lock(toks(y))
     lx, ly = tree.allocate(mx, 23), tree.allocate(my, 22)
-    assert (lx.table, lx.inplace) == ([0, 1], 1)
-    assert (ly.table, ly.inplace) == ([0, 2], -1)
+    assert (lx.table.tolist(), lx.inplace) == ([0, 1], 1)
+    assert (ly.table.tolist(), ly.inplace) == ([0, 2], -1)
     assert tree.stats.cow_copies == 1 and tree.stats.slots_copied == 4
     assert read_kv(pool, [2], 4)[0] == list(range(17, 21))
     write_kv(pool, lx.table, 20, x)
@@ -197,7 +198,7 @@ def test_release_restores_inplace_claim_and_frees_private_blocks() -> None:
     seq = list(range(1, 61))
     m = tree.match_and_lock(toks(seq))
     lease = tree.allocate(m, 60)
-    assert (lease.table, lease.inplace) == ([0, 1, 2, 3], 1)
+    assert (lease.table.tolist(), lease.inplace) == ([0, 1, 2, 3], 1)
     assert tree.alloc.claim(1) == 16 and tree.alloc.free_count == 28
     tree.release(lease)
     tree.release(lease)  # a second release is a no-op
@@ -216,7 +217,7 @@ def test_insert_of_already_cached_sequence_frees_duplicates() -> None:
     seq = list(range(1, 41))
     m1, m2 = tree.match_and_lock(toks(seq)), tree.match_and_lock(toks(seq))
     l1, l2 = tree.allocate(m1, 40), tree.allocate(m2, 40)
-    assert (l1.table, l2.table) == ([0, 1, 2], [3, 4, 5])
+    assert (l1.table.tolist(), l2.table.tolist()) == ([0, 1, 2], [3, 4, 5])
     write_kv(pool, l1.table, 0, seq)
     write_kv(pool, l2.table, 0, seq)
     assert tree.insert(toks(seq), l1).new_tokens == 40
@@ -318,7 +319,7 @@ def test_locked_paths_never_evicted_and_pool_exhausted() -> None:
     tree.unlock(held[1].node)  # now exactly one leaf (seqs[1], blocks 2 and 3) is evictable
     sync(tree, mirror)
     s = serve(tree, [7, 7, 7])
-    assert s.lease.table == [2] and tree.alloc.free_blocks() == [3]
+    assert s.lease.table.tolist() == [2] and tree.alloc.free_blocks() == [3]
     assert tree.stats.evicted_nodes == 1
     for i in (0, 2, 3):
         assert cached_kv(tree, seqs[i]) == seqs[i]
@@ -574,7 +575,7 @@ def test_fully_cached_request_with_nothing_to_write(n: int) -> None:
     refs = [tree.alloc.refcount(b) for b in range(8)]
     m = tree.match_and_lock(toks(seq))
     lease = tree.allocate(m, n)
-    assert lease.table == m.block_table == list(range((n + B - 1) // B))
+    assert lease.table.tolist() == m.block_table.tolist() == list(range((n + B - 1) // B))
     assert tree.alloc.free_count == 8 - len(lease.table)
     r = tree.insert(toks(seq), lease)
     tree.unlock(m.node)
@@ -594,11 +595,12 @@ def test_insert_after_a_racing_fork_copies_out_of_the_inplace_block() -> None:
     r2 = [*x, *range(20, 25), 90, 91, 92]
     m1 = tree.match_and_lock(toks(r1))
     l1 = tree.allocate(m1, 30)
-    assert (l1.table, l1.inplace) == ([0, 1], 0)
+    assert (l1.table.tolist(), l1.inplace) == ([0, 1], 0)
     write_kv(pool, l1.table, 10, r1)
     m2 = tree.match_and_lock(toks(r2))
     l2 = tree.allocate(m2, 18)
-    assert (l2.table, l2.inplace) == ([2, 3], -1)  # block 0 is reserved by R1: copy 10 slots
+    # block 0 is reserved by R1: copy 10 slots
+    assert (l2.table.tolist(), l2.inplace) == ([2, 3], -1)
     write_kv(pool, l2.table, 10, r2)
     leaf2 = tree.insert(toks(r2), l2).node
     tree.unlock(m2.node)
@@ -628,7 +630,7 @@ def test_evicting_an_inplace_leaf_gives_the_slots_back() -> None:
     serve(tree, x)  # blocks [0, 1], block 1 claimed to slot 4
     my, mz = tree.match_and_lock(toks(y)), tree.match_and_lock(toks(z))
     ly, lz = tree.allocate(my, 30), tree.allocate(mz, 25)
-    assert (ly.table, ly.inplace, lz.table, lz.inplace) == ([0, 1], 1, [0, 2], -1)
+    assert (ly.table.tolist(), ly.inplace, lz.table.tolist(), lz.inplace) == ([0, 1], 1, [0, 2], -1)
     write_kv(pool, ly.table, 20, y)
     write_kv(pool, lz.table, 20, z)
     ny, nz = tree.insert(toks(y), ly).node, tree.insert(toks(z), lz).node
@@ -683,7 +685,8 @@ def test_fork_on_a_block_boundary_shares_no_block() -> None:
     s = serve(tree, fork)
     events = sync(tree, mirror)
     assert a is not None and s.result.node is not None
-    assert (s.match.length, s.match.block_table, s.lease.table) == (32, [0, 1], [0, 1, 7])
+    assert (s.match.length, s.match.block_table.tolist()) == (32, [0, 1])
+    assert s.lease.table.tolist() == [0, 1, 7]
     assert (s.lease.private_from, s.lease.inplace) == (2, -1)
     prefix = a.parent
     assert prefix is not None and list(prefix.blocks) == [0, 1]
@@ -702,7 +705,7 @@ def test_divergence_at_the_first_token_is_a_new_root_child() -> None:
     sync(tree, mirror)
     assert s.match.length == 0 and s.match.node is tree.root
     assert sorted(tree.root.children) == [5, 6] and tree.stats.splits == 0
-    assert s.lease.table == [1] and tree.alloc.claim(1) == 3
+    assert s.lease.table.tolist() == [1] and tree.alloc.claim(1) == 3
 
 
 def test_racing_fork_insert_on_a_full_pool_is_not_silently_dropped() -> None:
