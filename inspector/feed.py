@@ -29,6 +29,7 @@ class Flash(Enum):
     """Why a node is highlighted for a moment."""
 
     CREATE = "create"
+    EXTEND = "extend"
     SPLIT = "split"
     MERGE = "merge"
     EVICT = "evict"
@@ -65,9 +66,6 @@ class Delta:
     def empty(self) -> bool:
         """True when nothing at all happened."""
         return self.events == 0 and self.batches == 0 and not self.errors
-
-
-_STRUCTURAL = (ev.NodeCreated, ev.Split, ev.Merge, ev.Evict)
 
 
 class Feed:
@@ -163,6 +161,10 @@ class Feed:
             case ev.NodeCreated():
                 d.structure = True
                 d.flashes[e.node] = Flash.CREATE
+                d.blocks.update(e.blocks)
+            case ev.Extend():
+                d.structure = True
+                d.flashes[e.node] = Flash.EXTEND
                 d.blocks.update(e.blocks)
             case ev.Split():
                 d.structure = True

@@ -195,13 +195,15 @@ class BlockAllocator:
 
     def set_claim(self, block: int, slots: int) -> None:
         """Set how many leading slots of an in-use block are spoken for."""
-        if not 0 <= slots <= self.block_size:
-            raise BlockStateError(f"claim {slots} on block {block}: outside 0..{self.block_size}")
-        self._check_id(block)
-        if slots == self.block_size:
-            self._partial.pop(block, None)
-        else:
+        size = self.block_size
+        if not 0 <= slots <= size:
+            raise BlockStateError(f"claim {slots} on block {block}: outside 0..{size}")
+        if not 0 <= block < self.num_blocks:
+            self._check_id(block)
+        if slots < size:
             self._partial[block] = slots
+        else:
+            self._partial.pop(block, None)
 
     def _check_id(self, block: int) -> None:
         if not 0 <= block < self.num_blocks:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: Extend
 
 
 class Event(msgspec.Struct, tag_field="kind", array_like=True, frozen=True):
@@ -33,6 +33,17 @@ class NodeCreated(Event, tag="create", frozen=True):
     tokens: bytes
     blocks: list[int]
     shared_first: bool
+
+
+class Extend(Event, tag="extend", frozen=True):
+    """Leaf ``node`` grew in place by ``tokens`` (from its old end): a request that held the
+    only lock on it continued it (a multi-turn follow-up). ``blocks`` are appended to its
+    block list; the first new token may continue in its last block, which stays as it was.
+    """
+
+    node: int
+    tokens: bytes
+    blocks: list[int]
 
 
 class Split(Event, tag="split", frozen=True):
@@ -165,6 +176,7 @@ class Digest(Event, tag="digest", frozen=True):
 
 AnyEvent = (
     NodeCreated
+    | Extend
     | Split
     | Merge
     | Evict

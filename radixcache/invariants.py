@@ -9,7 +9,8 @@
 - each node's blocks cover its span, one per logical block;
 - locks never grow downwards, and no non-root node with one child holds the same lock count
   as that child (that pair would be merged);
-- the LRU heap's live entries are exactly the evictable leaves (unlocked, childless, not root).
+- every evictable leaf (unlocked, childless, not root) has exactly one LRU heap entry, keyed
+  no later than its last access; ``queued`` marks the nodes that have one.
 """
 
 from __future__ import annotations
@@ -93,16 +94,21 @@ def _check_blocks(tree: RadixTree, out: list[str]) -> None:
 
 
 def _check_lru(tree: RadixTree, out: list[str]) -> None:
-    live = {
-        n.id
-        for c, _, n in tree._heap
-        if n.alive and not n.children and n.lock == 0 and n.clock == c
-    }
+    queued = Counter(n.id for _, _, n in tree._heap if n.alive)
+    twice = sorted(i for i, c in queued.items() if c > 1)
+    if twice:
+        out.append(f"LRU holds nodes {twice[:5]} twice")
+    ahead = sorted(n.id for c, _, n in tree._heap if n.alive and c > n.clock)
+    if ahead:
+        out.append(f"LRU entries of nodes {ahead[:5]} are newer than their access")
+    flags = sorted(n.id for n in tree._nodes.values() if n.queued != (n.id in queued))
+    if flags:
+        out.append(f"nodes {flags[:5]}: queued flag differs from the LRU heap")
     want = {
         n.id for n in tree._nodes.values() if n is not tree.root and not n.children and n.lock == 0
     }
-    if live != want:
-        out.append(f"LRU holds {sorted(live - want)[:5]} extra, misses {sorted(want - live)[:5]}")
+    if not want <= queued.keys():
+        out.append(f"LRU misses evictable leaves {sorted(want - queued.keys())[:5]}")
 
 
 def check_tree(tree: RadixTree) -> None:

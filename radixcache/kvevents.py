@@ -224,6 +224,10 @@ class KVTranslator:
                 case ev.NodeCreated():
                     self.mirror.apply(e)
                     self._stored(self.mirror.nodes[e.node], out)
+                case ev.Extend():
+                    had = len(self.node_hashes.get(e.node, ()))
+                    self.mirror.apply(e)
+                    self._stored(self.mirror.nodes[e.node], out, skip=had)
                 case ev.Split():
                     self._split(e)
                 case ev.Merge():
@@ -264,7 +268,9 @@ class KVTranslator:
             self._stored(n, out)
             stack.extend(n.children.values())
 
-    def _stored(self, node: MirrorNode, out: list[WireEvent]) -> None:
+    def _stored(self, node: MirrorNode, out: list[WireEvent], skip: int = 0) -> None:
+        """Hash the full blocks of ``node``; announce all but the first ``skip`` (those it
+        already had before it was extended)."""
         B = self.B
         base = node.start // B * B
         first_end = base + B
@@ -278,9 +284,11 @@ class KVTranslator:
             parent_hash = chain_hash(parent_hash, seq[(end - B - base) * 4:(end - base) * 4])
             hashes.append(parent_hash)
         self.node_hashes[node.id] = hashes
-        n_tokens = len(hashes) * B
-        tokens = memoryview(seq)[: n_tokens * 4].cast("I").tolist()
-        out.append(BlockStored(hashes, first_parent, tokens, B))
+        if len(hashes) <= skip:
+            return
+        tokens = memoryview(seq)[skip * B * 4 : len(hashes) * B * 4].cast("I").tolist()
+        parent = hashes[skip - 1] if skip else first_parent
+        out.append(BlockStored(hashes[skip:], parent, tokens, B))
 
     def _before(self, node: MirrorNode, base: int) -> tuple[int | None, bytes]:
         """The hash of the last full block ending at or before ``base`` and the ancestors'

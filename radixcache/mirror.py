@@ -59,6 +59,7 @@ class MirrorStats:
     hit_tokens: int = 0
     splits: int = 0
     merges: int = 0
+    extends: int = 0
     evictions: int = 0
     evicted_tokens: int = 0
     cow_copies: int = 0
@@ -217,6 +218,15 @@ class Mirror:
             self.ref[e.blocks[0]] += 1
         self.request_blocks.difference_update(e.blocks)
 
+    def _extend(self, e: ev.Extend) -> None:
+        n = self.node(e.node)
+        if n.children or n.parent is None or not e.tokens:
+            raise MirrorError(f"bad extend of node {e.node}")
+        n.tokens += e.tokens
+        n.blocks += e.blocks
+        self.request_blocks.difference_update(e.blocks)
+        self.stats.extends += 1
+
     def _split(self, e: ev.Split) -> None:
         n = self.node(e.node)
         parent = n.parent
@@ -282,6 +292,7 @@ _HANDLERS: Mapping[type, Callable[[Mirror, Any], None]] = MappingProxyType(
         ev.Access: Mirror._access,
         ev.Lock: Mirror._lock_event,
         ev.NodeCreated: Mirror._create,
+        ev.Extend: Mirror._extend,
         ev.Split: Mirror._split,
         ev.Merge: Mirror._merge,
         ev.Evict: Mirror._evict,

@@ -82,6 +82,7 @@ class RadixNode:
     lock: int = 0
     clock: int = 0
     alive: bool = True
+    queued: bool = False  # has an entry in the LRU heap (one at most)
 
     @property
     def end(self) -> int:
@@ -124,8 +125,9 @@ class Lease:
 
 
 class InsertResult(NamedTuple):
-    """``node`` is the new leaf (or None when the sequence was already cached); ``new_tokens``
-    were added to the tree; ``freed`` private blocks of the lease were returned as duplicates."""
+    """``node`` holds the new tokens: a new leaf, or the request's own leaf extended in place
+    (None when the sequence was already cached); ``new_tokens`` were added to the tree;
+    ``freed`` private blocks of the lease were returned as duplicates."""
 
     node: RadixNode | None
     new_tokens: int
@@ -146,6 +148,7 @@ class TreeStats:
 
     splits: int = 0
     merges: int = 0
+    extends: int = 0
     cow_copies: int = 0
     slots_copied: int = 0
     evicted_nodes: int = 0
@@ -308,14 +311,19 @@ class RadixTree:
         while n is not None:
             n.clock = c
             n = n.parent
-        self._offer(node)
         if self._emit is not None:
             self._emit(ev.Access(node.id, c))
 
     def _offer(self, node: RadixNode) -> None:
-        """Enter ``node`` into the LRU heap at its access time if it is an evictable leaf
-        (unlocked, childless, not the root); older entries for it go stale and are skipped."""
-        if not node.children and node.lock == 0 and node is not self.root:
+        """Queue ``node`` in the LRU heap if it became an evictable leaf (unlocked, childless,
+        not the root) and has no entry yet.
+
+        The heap holds at most one entry per node, keyed by the access clock it had when
+        queued: a touch does not push (entries only ever understate a clock), and
+        ``_pop_victim`` re-queues an entry whose node was used since, so the first entry it
+        finds current is the least recently used leaf (exact LRU, O(log n) a step)."""
+        if not node.queued and not node.children and node.lock == 0 and node is not self.root:
+            node.queued = True
             heapq.heappush(self._heap, (node.clock, node.id, node))
 
     def match(self, tokens: TokenSeq) -> MatchResult:
@@ -334,7 +342,7 @@ class RadixTree:
         seq = as_token_bytes(tokens, self.vocab_limit)
         with self.lock_:
             node, length, table = self._walk(seq)
-            self._lock(node)  # first, so the touch does not offer a leaf about to be locked
+            self._lock(node)
             self._touch(node)
             return MatchResult(length, node, table)
 
@@ -467,15 +475,50 @@ class RadixTree:
                 raise InvalidTokens(f"{n} tokens exceed the lease's {lease.total}")
             node, pos = self._descend_from_lease(seq, lease)
             leaf = None
-            if pos < n:
+            if pos == n:
+                freed = self._finish_lease(lease)
+            elif self._extendable(node, pos, lease):
+                leaf = self._extend(seq, node, pos, lease)
+                freed = self._finish_lease(lease, (pos, n), inplace_used=pos % self.B != 0)
+            else:
                 leaf = self._attach(seq, node, pos, lease)
-            freed = self._finish_lease(lease, leaf, pos, n)
+                used = leaf is not None and leaf.blocks[0] == lease.inplace
+                freed = self._finish_lease(lease, (pos, n) if leaf else None, inplace_used=used)
+                if leaf is not None:
+                    self._offer(leaf)
+                    # attached under a node the request did not lock (cached meanwhile): compress
+                    self._maybe_merge(node if leaf.parent is None else leaf.parent)
             self._touch(leaf or node)
-            if leaf is not None:
-                # attached under a node the request did not lock (cached meanwhile): compress
-                self._maybe_merge(node if leaf.parent is None else leaf.parent)
             self.stats.inserted_tokens += n - pos if leaf else 0
             return InsertResult(leaf, n - pos if leaf else 0, freed)
+
+    def _extendable(self, node: RadixNode, pos: int, lease: Lease) -> bool:
+        """True when the request continues, at the end of its match, the leaf it alone has
+        locked, and either at a block boundary or in place in that leaf's last block. Then
+        the leaf grows instead of getting a child that the unlock would merge into it (the
+        same final state, with one event instead of two and the leaf's id kept)."""
+        return (
+            node is lease.node
+            and node.lock == 1
+            and not node.children
+            and pos == lease.matched == node.end
+            and node is not self.root
+            and (pos % self.B == 0 or node.blocks[-1] == lease.inplace)
+        )
+
+    def _extend(self, seq: bytes, node: RadixNode, pos: int, lease: Lease) -> RadixNode:
+        """Append ``seq[pos:]`` and the lease's blocks for it to ``node`` (see ``_extendable``)."""
+        B, n = self.B, len(seq) // 4
+        j_last = (n - 1) // B
+        new = lease.table[(pos + B - 1) // B : j_last + 1]  # the in-place block is already there
+        tokens = seq[pos * 4 : n * 4]
+        node.tokens += tokens
+        node.blocks += new
+        self.alloc.set_claim(node.blocks[-1], n - j_last * B)
+        self.stats.extends += 1
+        if self._emit is not None:
+            self._emit(ev.Extend(node.id, tokens, new.tolist()))
+        return node
 
     def _descend_from_lease(self, seq: bytes, lease: Lease) -> tuple[RadixNode, int]:
         """Where ``seq`` leaves the tree, walking down from the deepest node of the lease's
@@ -530,7 +573,7 @@ class RadixTree:
                 self._evict_blocks(1)
             finally:
                 self._hold(keep, -1)
-            self._offer(keep)  # a heap rebuild during the hold skipped it
+            self._offer(keep)  # its entry was dropped if it came up during the hold
             if self.alloc.free_count == 0:
                 return -1
         dst = self.alloc.alloc(1)[0]
@@ -543,16 +586,23 @@ class RadixTree:
             self._emit(ev.Cow(src, dst, slots))
         return dst
 
-    def _finish_lease(self, lease: Lease, leaf: RadixNode | None, pos: int, n: int) -> int:
-        """Free the lease's blocks the leaf did not take; settle the in-place claim."""
+    def _finish_lease(
+        self, lease: Lease, taken: tuple[int, int] | None = None, *, inplace_used: bool = False
+    ) -> int:
+        """Free the lease's blocks the tree did not take; settle the in-place claim.
+
+        ``taken = (pos, n)``: the tree took ``table[pos // B : (n - 1) // B + 1]`` for the
+        positions ``[pos, n)`` (the first may have been replaced by a copy); ``inplace_used``:
+        it continued in place in the lease's in-place block."""
         table, first = lease.table, lease.private_from
-        if leaf is None:
+        if taken is None:
             dup = table[first:]
-        else:  # the leaf took table[pos // B : (n - 1) // B + 1] (its first may be a copy)
+        else:
+            pos, n = taken
             dup = table[first : max(first, pos // self.B)] + table[(n - 1) // self.B + 1 :]
         if lease.inplace >= 0:
             self._inplace.discard(lease.inplace)
-            if leaf is None or leaf.blocks[0] != lease.inplace:
+            if not inplace_used:
                 self.alloc.set_claim(lease.inplace, lease.prev_claim)
         freed = len(self.alloc.release_run(dup))  # private blocks: none is shared
         self._leases.discard(lease)
@@ -565,7 +615,7 @@ class RadixTree:
         """Abort: return every private block of the lease and undo its in-place reservation."""
         with self.lock_:
             if not lease.done:
-                self._finish_lease(lease, None, 0, 0)
+                self._finish_lease(lease)
 
     # -- split / merge ---------------------------------------------------------------------
     def _split(self, node: RadixNode, k: int) -> RadixNode:
@@ -640,9 +690,16 @@ class RadixTree:
     def _pop_victim(self) -> RadixNode | None:
         heap = self._heap
         while heap:
-            clock, _, node = heapq.heappop(heap)
-            if node.alive and not node.children and node.lock == 0 and node.clock == clock:
+            clock, _, node = heap[0]
+            if node.alive and not node.children and node.lock == 0:
+                if node.clock != clock:  # used since it was queued: re-queue at that time
+                    heapq.heapreplace(heap, (node.clock, node.id, node))
+                    continue
+                heapq.heappop(heap)
+                node.queued = False
                 return node
+            heapq.heappop(heap)  # not an evictable leaf now: offered again once it is one
+            node.queued = False
         return None
 
     def _evict_blocks(self, want: int) -> EvictResult:
@@ -680,12 +737,13 @@ class RadixTree:
         return len(freed)
 
     def _rebuild_heap(self) -> None:
-        self._heap = [
-            (n.clock, n.id, n)
-            for n in self._nodes.values()
-            if not n.children and n.lock == 0 and n is not self.root
-        ]
-        heapq.heapify(self._heap)
+        heap: list[tuple[int, int, RadixNode]] = []
+        for n in self._nodes.values():
+            n.queued = not n.children and n.lock == 0 and n is not self.root
+            if n.queued:
+                heap.append((n.clock, n.id, n))
+        heapq.heapify(heap)
+        self._heap = heap
 
     def evict(self, n_tokens: int) -> EvictResult:
         """Free at least ``n_tokens`` token slots (rounded up to blocks) of LRU unlocked leaves,
@@ -699,11 +757,11 @@ class RadixTree:
         """The next ``limit`` eviction victims in order (does not change the tree)."""
         with self.lock_:
             live = [
-                (c, i, n)
-                for c, i, n in self._heap
-                if n.alive and not n.children and n.lock == 0 and n.clock == c
+                (n.clock, n.id, n)
+                for _, _, n in self._heap
+                if n.alive and not n.children and n.lock == 0
             ]
-            return [n for _, _, n in heapq.nsmallest(limit, set(live))]
+            return [n for _, _, n in heapq.nsmallest(limit, live)]
 
     # -- watermarks / reset ----------------------------------------------------------------
     @staticmethod

@@ -60,7 +60,7 @@ def sync(tree: RadixTree, mirror: Mirror) -> list[ev.AnyEvent]:
     for e in events:
         mirror.apply(e)
     assert mirror.digest() == tree.digest()
-    assert mirror.ref == [tree.alloc.refcount(b) for b in range(tree.alloc.num_blocks)]
+    assert mirror.ref == tree.alloc.refcounts()
     tree.check()
     return events
 
@@ -132,7 +132,9 @@ def test_worked_example_split_and_cow() -> None:
     assert cached_kv(tree, FORK) == FORK
 
 
-def test_inplace_continuation_then_unlock_merges() -> None:
+def test_inplace_continuation_extends_the_leaf_only_it_holds() -> None:
+    """A follow-up turn continues, in place, the leaf only it has locked: the leaf grows and
+    keeps its id (one Extend event), where a child would have been merged into it at unlock."""
     pool, tree, mirror = make(32)
     first = serve(tree, list(range(1, 21)))  # [0, 20): blocks [0, 1], block 1 claimed to slot 4
     n0 = first.result.node
@@ -149,21 +151,53 @@ def test_inplace_continuation_then_unlock_merges() -> None:
     write_kv(pool, lease.table, 20, seq)
     r = tree.insert(toks(seq), lease)
     events = sync(tree, mirror)
-    leaf = r.node
-    assert leaf is not None and list(leaf.blocks) == [1] and leaf.parent is n0
-    assert kinds(events, ev.NodeCreated) == [
-        ev.NodeCreated(leaf.id, n0.id, 20, toks(seq[20:]).tobytes(), [1], True)
-    ]
-    assert tree.alloc.refcount(1) == 2 and tree.stats.cow_copies == 0 and len(tree) == 2
-    assert kinds(events, ev.BlockAlloc) == []
+    assert r == (n0, 10, 0) and span(n0) == (0, 30, [0, 1]) and len(tree) == 1
+    assert kinds(events, ev.Extend) == [ev.Extend(n0.id, toks(seq[20:]).tobytes(), [])]
+    assert kinds(events, ev.NodeCreated) == kinds(events, ev.BlockAlloc) == []
+    assert tree.alloc.refcount(1) == 1 and tree.alloc.claim(1) == 14
+    assert tree.stats.extends == 1 and mirror.stats.extends == 1
 
-    tree.unlock(m.node)  # n0 and the leaf now hold the same lock count: path compression
+    tree.unlock(m.node)
+    events = sync(tree, mirror)
+    assert kinds(events, ev.Merge) == [] and n0.alive and n0.lock == 0
+    assert tree.stats.merges == 0 and tree.stats.cow_copies == 0 and tree.stats.slots_copied == 0
+    assert cached_kv(tree, seq) == seq
+
+
+def test_block_aligned_continuation_extends_with_the_new_blocks() -> None:
+    _, tree, mirror = make(32)
+    n0 = serve(tree, list(range(1, 17))).result.node  # exactly block 0
+    assert n0 is not None and tree.alloc.claim(0) == 16
+    sync(tree, mirror)
+    seq = list(range(1, 41))
+    s = serve(tree, seq)  # locks n0, allocates blocks 1 and 2, inserts, unlocks
+    events = sync(tree, mirror)
+    assert s.result == (n0, 24, 0) and span(n0) == (0, 40, [0, 1, 2])
+    assert kinds(events, ev.Extend) == [ev.Extend(n0.id, toks(seq[16:]).tobytes(), [1, 2])]
+    assert kinds(events, ev.BlockAlloc) == [ev.BlockAlloc([1, 2])]
+    assert tree.alloc.refcounts()[:4] == [1, 1, 1, 0] and tree.alloc.claim(2) == 8
+    assert cached_kv(tree, seq) == seq
+
+
+def test_a_leaf_locked_by_two_requests_gets_a_child_then_merges() -> None:
+    """With a second lock on the leaf, the continuation becomes a child (the other request
+    may still continue the leaf itself); the unlocks then compress the chain."""
+    _, tree, mirror = make(32)
+    n0 = serve(tree, list(range(1, 21))).result.node
+    assert n0 is not None
+    other = tree.match_and_lock(toks(list(range(1, 21))))
+    assert other.node is n0 and n0.lock == 1  # serve below takes a second lock
+    seq = list(range(1, 31))
+    s = serve(tree, seq)  # match, lock, allocate, insert, unlock
+    leaf = s.result.node
+    assert leaf is not None and leaf.parent is n0 and list(leaf.blocks) == [1]
+    assert tree.alloc.refcount(1) == 2 and tree.stats.extends == 0
+    tree.unlock(other.node)  # n0 and the leaf now hold the same lock count: path compression
     events = sync(tree, mirror)
     assert kinds(events, ev.Merge) == [ev.Merge(n0.id, leaf.id, 1)]
     assert len(tree) == 1 and not n0.alive
     assert span(leaf) == (0, 30, [0, 1])
     assert tree.alloc.refcount(1) == 1 and tree.alloc.claim(1) == 14
-    assert tree.stats.merges == 1 and tree.stats.cow_copies == 0 and tree.stats.slots_copied == 0
     assert cached_kv(tree, seq) == seq
 
 

@@ -10,11 +10,13 @@ from textual.widget import Widget
 from inspector.feed import Feed, LogEntry
 from radixcache import events as ev
 
-KINDS = ("create", "split", "merge", "evict", "cow", "alloc", "free", "wm", "rstart",
+KINDS = ("create", "extend", "split", "merge", "evict", "cow", "alloc", "free", "wm", "rstart",
          "rfinish", "snapshot", "reset", "digest")
-DEFAULT_KINDS = frozenset({"create", "split", "merge", "evict", "cow", "snapshot", "reset"})
+DEFAULT_KINDS = frozenset(
+    {"create", "extend", "split", "merge", "evict", "cow", "snapshot", "reset"}
+)
 _COLORS = {"split": "#e5c07b", "merge": "#61afef", "evict": "#e06c75", "cow": "#c792ea",
-           "create": "#98c379"}
+           "create": "#98c379", "extend": "#98c379"}
 
 
 def describe(e: ev.AnyEvent) -> str:
@@ -22,6 +24,8 @@ def describe(e: ev.AnyEvent) -> str:
     match e:
         case ev.NodeCreated():
             return f"n{e.node} under n{e.parent} @{e.start} {len(e.tokens) // 4} tok"
+        case ev.Extend():
+            return f"n{e.node} +{len(e.tokens) // 4} tok, +{len(e.blocks)} blocks"
         case ev.Split():
             return f"n{e.node} @{e.offset} → prefix n{e.prefix}"
         case ev.Merge():

@@ -24,6 +24,7 @@ from inspector.layout import Row, TokenText, block_ranges, human_age, human_coun
 FLASH_S = 1.5
 _FLASH_STYLE = {
     Flash.CREATE: Style(bgcolor="#1f4d2b"),
+    Flash.EXTEND: Style(bgcolor="#1f4d2b"),
     Flash.SPLIT: Style(bgcolor="#5c4a12"),
     Flash.MERGE: Style(bgcolor="#1c3f66"),
     Flash.EVICT: Style(bgcolor="#6b1f1f"),
