@@ -271,25 +271,15 @@ class RadixTree:
         return {b for lease in self._leases for b in lease.table[lease.private_from :]}
 
     # -- match -----------------------------------------------------------------------------
-    def _descend(
-        self, seq: bytes, node: RadixNode, pos: int, table: array[int] | None = None
-    ) -> tuple[RadixNode, int]:
+    def _descend(self, seq: bytes, node: RadixNode, pos: int) -> tuple[RadixNode, int]:
         """Follow ``seq`` down from ``node`` (whose path covers ``seq[:pos]``): the deepest node
-        touched (the match may end inside it) and the matched length. No state change.
-
-        With ``table``, also appends the block table of the nodes passed (from the root, the
-        deepest node covering a logical block wins; the caller trims it to the length)."""
-        n, B = len(seq) // 4, self.B
+        touched (the match may end inside it) and the matched length. No state change."""
+        n = len(seq) // 4
         while pos < n:
             child = node.children.get(_first(seq, pos * 4)[0])
             if child is None:
                 break
             node = child
-            if table is not None:
-                if child.start % B:
-                    table[-1:] = child.blocks
-                else:
-                    table.extend(child.blocks)
             if seq.startswith(child.tokens, pos * 4):
                 pos += len(child.tokens) // 4
             else:
@@ -298,10 +288,29 @@ class RadixTree:
         return node, pos
 
     def _walk(self, seq: bytes) -> tuple[RadixNode, int, array[int]]:
-        """Deepest match of ``seq``: (node, matched length, block table). No state change."""
-        table = array("i")
-        node, pos = self._descend(seq, self.root, 0, table)
-        del table[(pos + self.B - 1) // self.B :]
+        """Deepest match of ``seq`` from the root: (node, matched length, block table), the
+        path stamped with a new access clock on the way down (what ``_touch`` does after)."""
+        self._clock += 1
+        c = self._clock
+        node, pos, n, B = self.root, 0, len(seq) // 4, self.B
+        node.clock = c
+        table = array("i")  # from the root, the deepest node covering a logical block wins
+        while pos < n:
+            child = node.children.get(_first(seq, pos * 4)[0])
+            if child is None:
+                break
+            node = child
+            child.clock = c
+            if child.start % B:
+                table[-1:] = child.blocks
+            else:
+                table.extend(child.blocks)
+            if seq.startswith(child.tokens, pos * 4):
+                pos += len(child.tokens) // 4
+            else:
+                pos += _common_prefix(seq, pos, child.tokens)
+                break
+        del table[(pos + B - 1) // B :]
         return node, pos, table
 
     def _touch(self, node: RadixNode) -> None:
@@ -334,7 +343,8 @@ class RadixTree:
         seq = as_token_bytes(tokens, self.vocab_limit)
         with self.lock_:
             node, length, table = self._walk(seq)
-            self._touch(node)
+            if self._emit is not None:
+                self._emit(ev.Access(node.id, self._clock))
             return MatchResult(length, node, table)
 
     def match_and_lock(self, tokens: TokenSeq) -> MatchResult:
@@ -343,7 +353,8 @@ class RadixTree:
         with self.lock_:
             node, length, table = self._walk(seq)
             self._lock(node)
-            self._touch(node)
+            if self._emit is not None:
+                self._emit(ev.Access(node.id, self._clock))
             return MatchResult(length, node, table)
 
     # -- lock ------------------------------------------------------------------------------
