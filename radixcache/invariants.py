@@ -40,6 +40,8 @@ def _check_node(tree: RadixTree, n: RadixNode, out: list[str]) -> None:
         out.append(f"node {n.id}: starts at {n.start}, parent ends at {p.end}")
     if not n.tokens or len(n.tokens) % 4:
         out.append(f"node {n.id}: empty or ragged token bytes")
+    if n.end != n.start + len(n.tokens) // 4:
+        out.append(f"node {n.id}: end {n.end} but {len(n.tokens) // 4} tokens from {n.start}")
     want = (n.end - 1) // B - n.start // B + 1
     if len(n.blocks) != want:
         out.append(f"node {n.id}: {len(n.blocks)} blocks for span [{n.start},{n.end}), want {want}")

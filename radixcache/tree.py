@@ -71,11 +71,13 @@ class UnknownNode(TreeError, KeyError):
 
 @dataclass(slots=True, eq=False)
 class RadixNode:
-    """A span of tokens ``[start, start + len(tokens) // 4)`` and the blocks covering it."""
+    """A span of tokens ``[start, end)`` (``end = start + len(tokens) // 4``) and the blocks
+    covering it."""
 
     id: NodeId
     parent: RadixNode | None
     start: int
+    end: int  # kept, not computed: the match loop reads it once a level
     tokens: bytes  # uint32 little-endian
     blocks: array[int]  # int32: 4 bytes a block, not a 36-byte int object
     children: dict[int, RadixNode] = field(default_factory=dict)
@@ -85,14 +87,9 @@ class RadixNode:
     queued: bool = False  # has an entry in the LRU heap (one at most)
 
     @property
-    def end(self) -> int:
-        """Absolute position just past the node's last token."""
-        return self.start + len(self.tokens) // 4
-
-    @property
     def num_tokens(self) -> int:
         """Tokens in this node's span."""
-        return len(self.tokens) // 4
+        return self.end - self.start
 
 
 class MatchResult(NamedTuple):
@@ -231,7 +228,7 @@ class RadixTree:
         self._reset_state()
 
     def _reset_state(self) -> None:
-        self.root = RadixNode(ROOT_ID, None, 0, b"", array("i"))
+        self.root = RadixNode(ROOT_ID, None, 0, 0, b"", array("i"))
         self._nodes: dict[int, RadixNode] = {ROOT_ID: self.root}
         self._next_id = 1
         self._clock = 0
@@ -281,7 +278,7 @@ class RadixTree:
                 break
             node = child
             if seq.startswith(child.tokens, pos * 4):
-                pos += len(child.tokens) // 4
+                pos = child.end
             else:
                 pos += _common_prefix(seq, pos, child.tokens)
                 break
@@ -306,7 +303,7 @@ class RadixTree:
             else:
                 table.extend(child.blocks)
             if seq.startswith(child.tokens, pos * 4):
-                pos += len(child.tokens) // 4
+                pos = child.end
             else:
                 pos += _common_prefix(seq, pos, child.tokens)
                 break
@@ -524,6 +521,7 @@ class RadixTree:
         new = lease.table[(pos + B - 1) // B : j_last + 1]  # the in-place block is already there
         tokens = seq[pos * 4 : n * 4]
         node.tokens += tokens
+        node.end = n
         node.blocks += new
         self.alloc.set_claim(node.blocks[-1], n - j_last * B)
         self.stats.extends += 1
@@ -562,7 +560,7 @@ class RadixTree:
                 blocks[0] = copy
         if pos < node.end:
             node = self._split(node, pos - node.start)
-        leaf = RadixNode(NodeId(self._next_id), node, pos, seq[pos * 4 : n * 4], blocks)
+        leaf = RadixNode(NodeId(self._next_id), node, pos, n, seq[pos * 4 : n * 4], blocks)
         self._next_id += 1
         self._nodes[leaf.id] = leaf
         node.children[_first(seq, pos * 4)[0]] = leaf
@@ -644,6 +642,7 @@ class RadixTree:
             NodeId(self._next_id),
             parent,
             s,
+            p,
             node.tokens[: k * 4],
             prefix_blocks,
             lock=node.lock,
