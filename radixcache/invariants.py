@@ -7,8 +7,8 @@
   holder ends (or further, while a running request has reserved it in place);
 - children are keyed by their distinct first tokens, each child starts where its parent ends;
 - each node's blocks cover its span, one per logical block;
-- locks never grow downwards, and no non-root node with one child holds the same lock count
-  as that child (that pair would be merged);
+- pin counts are not negative, and no non-root node with one child is unpinned (that pair
+  would be merged: their path lock counts are equal);
 - every evictable leaf (unlocked, childless, not root) has exactly one LRU heap entry, keyed
   no later than its last access; ``queued`` marks the nodes that have one.
 """
@@ -45,12 +45,11 @@ def _check_node(tree: RadixTree, n: RadixNode, out: list[str]) -> None:
     want = (n.end - 1) // B - n.start // B + 1
     if len(n.blocks) != want:
         out.append(f"node {n.id}: {len(n.blocks)} blocks for span [{n.start},{n.end}), want {want}")
-    if n.lock < 0 or any(c.lock > n.lock for c in n.children.values()):
-        out.append(f"node {n.id}: lock {n.lock} below a child's or negative")
-    if len(n.children) == 1:
+    if n.pins < 0:
+        out.append(f"node {n.id}: {n.pins} pins")
+    if len(n.children) == 1 and n.pins == 0:
         (c,) = n.children.values()
-        if c.lock == n.lock:
-            out.append(f"node {n.id}: mergeable with its only child {c.id}")
+        out.append(f"node {n.id}: mergeable with its only child {c.id}")
 
 
 def _slot_owners(tree: RadixTree) -> dict[int, list[tuple[int, int, int]]]:
@@ -107,7 +106,7 @@ def _check_lru(tree: RadixTree, out: list[str]) -> None:
     if flags:
         out.append(f"nodes {flags[:5]}: queued flag differs from the LRU heap")
     want = {
-        n.id for n in tree._nodes.values() if n is not tree.root and not n.children and n.lock == 0
+        n.id for n in tree._nodes.values() if n is not tree.root and not n.children and n.pins == 0
     }
     if not want <= queued.keys():
         out.append(f"LRU misses evictable leaves {sorted(want - queued.keys())[:5]}")

@@ -81,7 +81,7 @@ class RadixNode:
     tokens: bytes  # uint32 little-endian
     blocks: array[int]  # int32: 4 bytes a block, not a 36-byte int object
     children: dict[int, RadixNode] = field(default_factory=dict)
-    lock: int = 0
+    pins: int = 0  # locks taken on this very node (a lock holds the whole path: see ``lock``)
     clock: int = 0
     alive: bool = True
     queued: bool = False  # has an entry in the LRU heap (one at most)
@@ -90,6 +90,16 @@ class RadixNode:
     def num_tokens(self) -> int:
         """Tokens in this node's span."""
         return self.end - self.start
+
+    @property
+    def lock(self) -> int:
+        """Locks held on this node's path: its own pins and every descendant's (O(subtree))."""
+        total, stack = 0, [self]
+        while stack:
+            n = stack.pop()
+            total += n.pins
+            stack.extend(n.children.values())
+        return total
 
 
 class MatchResult(NamedTuple):
@@ -328,7 +338,7 @@ class RadixTree:
         queued: a touch does not push (entries only ever understate a clock), and
         ``_pop_victim`` re-queues an entry whose node was used since, so the first entry it
         finds current is the least recently used leaf (exact LRU, O(log n) a step)."""
-        if not node.queued and not node.children and node.lock == 0 and node is not self.root:
+        if not node.queued and not node.children and node.pins == 0 and node is not self.root:
             node.queued = True
             heapq.heappush(self._heap, (node.clock, node.id, node))
 
@@ -356,16 +366,9 @@ class RadixTree:
 
     # -- lock ------------------------------------------------------------------------------
     def _lock(self, node: RadixNode) -> None:
-        self._hold(node, 1)
+        node.pins += 1
         if self._emit is not None:
             self._emit(ev.Lock(node.id, 1))
-
-    @staticmethod
-    def _hold(node: RadixNode, delta: int) -> None:
-        n: RadixNode | None = node
-        while n is not None:
-            n.lock += delta
-            n = n.parent
 
     def _alive(self, node: RadixNode) -> RadixNode:
         if not node.alive or self._nodes.get(node.id) is not node:
@@ -373,20 +376,22 @@ class RadixTree:
         return node
 
     def lock(self, node: RadixNode) -> None:
-        """Hold a reference on every node of ``node``'s path: none is evicted until unlock."""
+        """Hold a reference on every node of ``node``'s path: none is evicted until unlock.
+
+        The count is kept on ``node`` alone (``pins``), O(1): only leaves are evicted, so
+        a path is safe while its deepest node is pinned; ``RadixNode.lock`` (and the digest,
+        snapshots and events) give the per-node path count."""
         with self.lock_:
             self._lock(self._alive(node))
 
     def unlock(self, node: RadixNode) -> None:
-        """Drop the reference ``lock`` took. ``NotLocked``/``UnknownNode``: tree unchanged."""
+        """Drop a lock ``lock`` took on this node. ``NotLocked``/``UnknownNode``: tree
+        unchanged."""
         with self.lock_:
             self._alive(node)
-            if node.lock <= 0:
+            if node.pins <= 0:
                 raise NotLocked(f"node {node.id} is not locked")
-            n: RadixNode | None = node
-            while n is not None:
-                n.lock -= 1
-                n = n.parent
+            node.pins -= 1
             if self._emit is not None:
                 self._emit(ev.Lock(node.id, -1))
             self._offer(node)
@@ -415,7 +420,7 @@ class RadixTree:
                 f"{total} tokens need {(total + B - 1) // B} blocks;"
                 f" the pool has {self.alloc.num_blocks}"
             )
-        if self._alive(match.node).lock <= 0:
+        if self._alive(match.node).pins <= 0:
             raise NotLocked(f"allocate needs a lock on node {match.node.id} (match_and_lock)")
         table = array("i", match.block_table)
         if total == m:  # nothing to write: the lease holds no block of its own
@@ -507,7 +512,7 @@ class RadixTree:
         same final state, with one event instead of two and the leaf's id kept)."""
         return (
             node is lease.node
-            and node.lock == 1
+            and node.pins == 1
             and not node.children
             and pos == lease.matched == node.end
             and node is not self.root
@@ -577,11 +582,11 @@ class RadixTree:
         With the pool full it evicts one LRU leaf, holding ``keep``'s path (where the copy's
         leaf will hang) for the duration; the hold nets to zero, so it emits no Lock event."""
         if self.alloc.free_count == 0:
-            self._hold(keep, 1)
+            keep.pins += 1
             try:
                 self._evict_blocks(1)
             finally:
-                self._hold(keep, -1)
+                keep.pins -= 1
             self._offer(keep)  # its entry was dropped if it came up during the hold
             if self.alloc.free_count == 0:
                 return -1
@@ -645,7 +650,6 @@ class RadixTree:
             p,
             node.tokens[: k * 4],
             prefix_blocks,
-            lock=node.lock,
             clock=node.clock,
         )
         self._next_id += 1
@@ -667,7 +671,7 @@ class RadixTree:
         if parent is self.root or len(parent.children) != 1:
             return 0
         (child,) = parent.children.values()
-        if child.lock != parent.lock:
+        if parent.pins:  # a request locked the parent itself
             return 0
         B = self.B
         dropped, freed = -1, False
@@ -701,7 +705,7 @@ class RadixTree:
         heap = self._heap
         while heap:
             clock, _, node = heap[0]
-            if node.alive and not node.children and node.lock == 0:
+            if node.alive and not node.children and node.pins == 0:
                 if node.clock != clock:  # used since it was queued: re-queue at that time
                     heapq.heapreplace(heap, (node.clock, node.id, node))
                     continue
@@ -749,7 +753,7 @@ class RadixTree:
     def _rebuild_heap(self) -> None:
         heap: list[tuple[int, int, RadixNode]] = []
         for n in self._nodes.values():
-            n.queued = not n.children and n.lock == 0 and n is not self.root
+            n.queued = not n.children and n.pins == 0 and n is not self.root
             if n.queued:
                 heap.append((n.clock, n.id, n))
         heapq.heapify(heap)
@@ -769,7 +773,7 @@ class RadixTree:
             live = [
                 (n.clock, n.id, n)
                 for _, _, n in self._heap
-                if n.alive and not n.children and n.lock == 0
+                if n.alive and not n.children and n.pins == 0
             ]
             return [n for _, _, n in heapq.nsmallest(limit, live)]
 
@@ -789,7 +793,7 @@ class RadixTree:
         """Drop every node and free every block. Raises ``TreeError`` while anything is locked
         or a lease is outstanding."""
         with self.lock_:
-            if self.root.lock or self._leases:
+            if self._leases or any(n.pins for n in self._nodes.values()):
                 raise TreeError("cannot reset while requests hold locks or blocks")
             self.alloc.reset()
             self._reset_state()
@@ -804,25 +808,44 @@ class RadixTree:
         with self.lock_:
             check_tree(self)
 
+    def _preorder(self) -> list[RadixNode]:
+        """Every node, parents before children."""
+        order, stack = [], [self.root]
+        while stack:
+            n = stack.pop()
+            order.append(n)
+            stack.extend(n.children.values())
+        return order
+
+    def path_locks(self) -> dict[int, int]:
+        """Each node's lock count (its pins and its descendants'), in one pass (O(nodes))."""
+        with self.lock_:
+            return self._path_locks(self._preorder())
+
+    @staticmethod
+    def _path_locks(order: list[RadixNode]) -> dict[int, int]:
+        locks: dict[int, int] = {}
+        for n in reversed(order):  # children first
+            locks[n.id] = n.pins + sum(locks[c.id] for c in n.children.values())
+        return locks
+
     def snapshot(self) -> ev.Snapshot:
         """The whole state as one event (parents before children)."""
         with self.lock_:
-            nodes = []
-            stack = [self.root]
-            while stack:
-                n = stack.pop()
-                nodes.append(
-                    ev.NodeState(
-                        n.id,
-                        n.parent.id if n.parent else -1,
-                        n.start,
-                        n.tokens,
-                        n.blocks.tolist(),
-                        n.lock,
-                        n.clock,
-                    )
+            order = self._preorder()
+            locks = self._path_locks(order)
+            nodes = [
+                ev.NodeState(
+                    n.id,
+                    n.parent.id if n.parent else -1,
+                    n.start,
+                    n.tokens,
+                    n.blocks.tolist(),
+                    locks[n.id],
+                    n.clock,
                 )
-                stack.extend(n.children.values())
+                for n in order
+            ]
             return ev.Snapshot(
                 self.B,
                 self.alloc.num_blocks,
@@ -838,7 +861,8 @@ class RadixTree:
         """A stable hash of the structure: every node's id, parent, span, tokens, blocks, lock
         and access clock, and the request-held blocks. Equal for a mirror built from events."""
         with self.lock_:
-            return structure_digest(self._nodes.values(), self.request_blocks())
+            locks = self._path_locks(self._preorder())
+            return structure_digest(self._nodes.values(), self.request_blocks(), locks)
 
 
 class _DigestNode(Protocol):
@@ -860,12 +884,16 @@ class _DigestNode(Protocol):
     def blocks(self) -> Sequence[int]: ...
 
 
-def structure_digest(nodes: Iterable[_DigestNode], request_blocks: set[int]) -> str:
-    """The digest shared by the tree and the mirror (see ``RadixTree.digest``)."""
+def structure_digest(
+    nodes: Iterable[_DigestNode], request_blocks: set[int], locks: dict[int, int] | None = None
+) -> str:
+    """The digest shared by the tree and the mirror (see ``RadixTree.digest``); ``locks``
+    gives the nodes' lock counts when they do not carry them."""
     h = hashlib.blake2b(digest_size=16)
     for n in sorted(nodes, key=lambda n: n.id):
         parent = n.parent.id if n.parent is not None else -1
-        h.update(struct.pack("<qqqqq", n.id, parent, n.start, n.lock, n.clock))
+        lock = locks[n.id] if locks is not None else n.lock
+        h.update(struct.pack("<qqqqq", n.id, parent, n.start, lock, n.clock))
         h.update(n.tokens)
         h.update(np.asarray(n.blocks, dtype="<i8").tobytes())
         h.update(b"|")
