@@ -7,9 +7,17 @@ Events are msgspec Structs tagged by ``kind`` (msgpack on the wire and in files)
 Node ids are the tree's ids; a split keeps the old id on the *suffix* (the node that
 running requests locked stays the deepest node of their path) and gives the prefix a
 new id. Token runs travel as little-endian uint32 bytes.
+
+Block-id fields are ``Sequence[int]``: the tree hands them over as the ``array('i')`` it
+already holds (never mutated afterwards: the tree replaces a node's block array rather than
+growing it), so an event costs no Python int per block; ``enc_hook`` writes them as msgpack
+arrays of ints, and a decoded event holds lists.
 """
 
 from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
 
 import msgspec
 
@@ -31,7 +39,7 @@ class NodeCreated(Event, tag="create", frozen=True):
     parent: int
     start: int
     tokens: bytes
-    blocks: list[int]
+    blocks: Sequence[int]
     shared_first: bool
 
 
@@ -43,7 +51,7 @@ class Extend(Event, tag="extend", frozen=True):
 
     node: int
     tokens: bytes
-    blocks: list[int]
+    blocks: Sequence[int]
 
 
 class Split(Event, tag="split", frozen=True):
@@ -56,8 +64,8 @@ class Split(Event, tag="split", frozen=True):
     node: int
     offset: int
     prefix: int
-    prefix_blocks: list[int]
-    suffix_blocks: list[int]
+    prefix_blocks: Sequence[int]
+    suffix_blocks: Sequence[int]
 
 
 class Merge(Event, tag="merge", frozen=True):
@@ -74,7 +82,7 @@ class Evict(Event, tag="evict", frozen=True):
 
     node: int
     tokens: int
-    freed: list[int]
+    freed: Sequence[int]
 
 
 class Lock(Event, tag="lock", frozen=True):
@@ -94,13 +102,13 @@ class Access(Event, tag="access", frozen=True):
 class BlockAlloc(Event, tag="alloc", frozen=True):
     """Blocks taken off the free list for a running request (not yet in the tree)."""
 
-    blocks: list[int]
+    blocks: Sequence[int]
 
 
 class BlockFree(Event, tag="free", frozen=True):
     """Blocks of a request returned to the free list (duplicates after insert, or abort)."""
 
-    blocks: list[int]
+    blocks: Sequence[int]
 
 
 class Cow(Event, tag="cow", frozen=True):
@@ -204,8 +212,21 @@ class Batch(msgspec.Struct, frozen=True):
     events: list[AnyEvent]
 
 
-_ENCODER = msgspec.msgpack.Encoder()
+def enc_hook(obj: object) -> object:
+    """msgspec encoder hook: block-id arrays travel as lists of ints."""
+    if isinstance(obj, array):
+        return obj.tolist()
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=enc_hook)
 _BATCH_DECODER = msgspec.msgpack.Decoder(Batch)
+_EVENT_DECODER = msgspec.msgpack.Decoder(AnyEvent)
+
+
+def plain(e: AnyEvent) -> AnyEvent:
+    """``e`` as a decoder would give it (block ids as lists), for comparing events."""
+    return _EVENT_DECODER.decode(_ENCODER.encode(e))
 
 
 def encode_batch(batch: Batch) -> bytes:

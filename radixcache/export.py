@@ -11,6 +11,7 @@ used blocks as a counter. Open it at https://ui.perfetto.dev (or chrome://tracin
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Iterator
 
 import msgspec
@@ -34,7 +35,7 @@ def _value(v: object) -> JsonValue:
         return [int(t) for t in memoryview(v).cast("I")]
     if isinstance(v, msgspec.Struct):
         return {f: _value(getattr(v, f)) for f in v.__struct_fields__}
-    if isinstance(v, list):
+    if isinstance(v, list | array):
         return [_value(x) for x in v]
     if v is None or isinstance(v, str | int | float | bool):
         return v

@@ -96,7 +96,7 @@ class Record(NamedTuple):
     item: ev.Batch | Keyframe
 
 
-_ENC = msgspec.msgpack.Encoder()
+_ENC = msgspec.msgpack.Encoder(enc_hook=ev.enc_hook)
 _HEADER = msgspec.msgpack.Decoder(RecordHeader)
 _KEYFRAME = msgspec.msgpack.Decoder(Keyframe)
 _INDEX = msgspec.msgpack.Decoder(list[KeyframeRef])

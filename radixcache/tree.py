@@ -456,7 +456,7 @@ class RadixTree:
             self.alloc.set_claim(table[-1], total - (len(table) - 1) * B)
         self._leases.add(lease)
         if self._emit is not None and blocks:
-            self._emit(ev.BlockAlloc(blocks.tolist()))
+            self._emit(ev.BlockAlloc(blocks))
         return lease
 
     def _make_room(self, need: int) -> None:
@@ -527,11 +527,11 @@ class RadixTree:
         tokens = seq[pos * 4 : n * 4]
         node.tokens += tokens
         node.end = n
-        node.blocks += new
+        node.blocks = node.blocks + new  # a new array: events may hold the old one
         self.alloc.set_claim(node.blocks[-1], n - j_last * B)
         self.stats.extends += 1
         if self._emit is not None:
-            self._emit(ev.Extend(node.id, tokens, new.tolist()))
+            self._emit(ev.Extend(node.id, tokens, new))
         return node
 
     def _descend_from_lease(self, seq: bytes, lease: Lease) -> tuple[RadixNode, int]:
@@ -573,7 +573,7 @@ class RadixTree:
             self.alloc.incref(blocks[0])
         self.alloc.set_claim(blocks[-1], n - j_last * B)  # the request may have reserved more
         if self._emit is not None:
-            self._emit(ev.NodeCreated(leaf.id, node.id, pos, leaf.tokens, blocks.tolist(), shared))
+            self._emit(ev.NodeCreated(leaf.id, node.id, pos, leaf.tokens, blocks, shared))
         return leaf
 
     def _copy_out(self, src: int, slots: int, keep: RadixNode) -> int:
@@ -621,7 +621,7 @@ class RadixTree:
         freed = len(self.alloc.release_run(dup))  # private blocks: none is shared
         self._leases.discard(lease)
         if self._emit is not None and dup:
-            self._emit(ev.BlockFree(dup.tolist()))
+            self._emit(ev.BlockFree(dup))
         lease.done = True
         return freed
 
@@ -661,7 +661,7 @@ class RadixTree:
         self.stats.splits += 1
         if self._emit is not None:
             self._emit(
-                ev.Split(node.id, k, prefix.id, prefix_blocks.tolist(), suffix_blocks.tolist())
+                ev.Split(node.id, k, prefix.id, prefix_blocks, suffix_blocks)
             )
         return prefix
 
@@ -742,7 +742,7 @@ class RadixTree:
         self.stats.evicted_nodes += 1
         self.stats.evicted_tokens += leaf.num_tokens
         if self._emit is not None:
-            self._emit(ev.Evict(leaf.id, leaf.num_tokens, freed.tolist()))
+            self._emit(ev.Evict(leaf.id, leaf.num_tokens, freed))
         leaf.tokens, leaf.blocks = b"", array("i")  # stale heap entries may still point here
         if parent is not self.root:
             if parent.children:

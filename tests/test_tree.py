@@ -75,7 +75,8 @@ def span(node: RadixNode) -> tuple[int, int, list[int]]:
 
 
 def kinds(events: list[ev.AnyEvent], kind: type) -> list[ev.AnyEvent]:
-    return [e for e in events if isinstance(e, kind)]
+    """The events of one kind, as a subscriber decodes them (block ids as lists)."""
+    return [ev.plain(e) for e in events if isinstance(e, kind)]
 
 
 UNRELATED = list(range(1000, 1016))
