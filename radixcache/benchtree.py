@@ -69,6 +69,7 @@ class TreeRun:
     events: int
     splits: int
     merges: int
+    extends: int
     cow_copies: int
     slots_copied: int
     evicted_tokens: int
@@ -155,6 +156,7 @@ def replay_tree(
         events,
         s.splits,
         s.merges,
+        s.extends,
         s.cow_copies,
         s.slots_copied,
         s.evicted_tokens,
@@ -214,6 +216,7 @@ def figures(
         tokens_evicted=run.evicted_tokens,
         splits=run.splits,
         merges=run.merges,
+        extends=run.extends,
         cow_copies=run.cow_copies,
         slots_copied=run.slots_copied,
         nodes=run.nodes,

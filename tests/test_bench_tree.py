@@ -68,10 +68,12 @@ def test_json_keys_and_figures_equal_a_direct_replay(
     assert fig["hit_rate_page_aligned"] == aligned.hit_rate < direct.hit_rate
     assert fig["hit_rate_block_size_1"] == block1.hit_rate
     assert fig["hit_rate_block_hash"] == replay_block_hash(iter(reqs), CAP, 16).hit_rate
-    counts = ("splits", "merges", "cow_copies", "slots_copied", "tokens_evicted", "events")
+    counts = ("splits", "merges", "extends", "cow_copies", "slots_copied", "tokens_evicted",
+              "events")
     assert [fig[k] for k in counts] == [
-        direct.splits, direct.merges, direct.cow_copies, direct.slots_copied,
+        direct.splits, direct.merges, direct.extends, direct.cow_copies, direct.slots_copied,
         direct.evicted_tokens, direct.events]
+    assert direct.extends > 0  # follow-up turns grew their conversation's leaf
     assert direct.evicted_tokens > 0 and direct.cow_copies > 0  # the pool is small: it evicts
     runs = fig["tree_op_seconds_runs"]
     assert isinstance(runs, list) and len(runs) == 2 and fig["tree_op_seconds"] == min(runs)
