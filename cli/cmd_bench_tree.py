@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -13,8 +14,10 @@ from rich.table import Table
 
 from cli.app import bench_app
 from radixcache.baselines import replay_block_hash
-from radixcache.benchtree import Request, TreeBenchConfig, TreeRun, figures, replay_tree
 from radixcache.sharegpt import DatasetUnavailable, load_trace
+
+if TYPE_CHECKING:  # radixcache.benchtree imports torch (via the pool): imported where used
+    from radixcache.benchtree import Request, TreeBenchConfig, TreeRun
 
 
 def _progress(console: Console) -> Progress:
@@ -29,6 +32,8 @@ def _progress(console: Console) -> Progress:
 
 
 def _run(bar: Progress, label: str, reqs: list[Request], cfg: TreeBenchConfig) -> TreeRun:
+    from radixcache.benchtree import replay_tree
+
     task = bar.add_task(label, total=len(reqs))
     return replay_tree(reqs, cfg, lambda n: bar.advance(task, n))
 
@@ -100,6 +105,8 @@ def bench_tree(
     """
     if low > high:
         raise typer.BadParameter(f"--low {low} must not exceed --high {high}")
+    from radixcache.benchtree import TreeBenchConfig, figures
+
     console = Console(stderr=True)
     try:
         with console.status("loading the ShareGPT trace"):

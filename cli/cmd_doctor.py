@@ -9,7 +9,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import NamedTuple
 
-import torch
 import typer
 import zmq
 from rich.console import Console
@@ -17,7 +16,6 @@ from rich.table import Table
 
 from cli.app import app
 from radixcache import __version__, sharegpt
-from radixcache.memory import MemorySource
 
 Value = str | bool | None
 
@@ -46,6 +44,8 @@ def _version(dist: str) -> str | None:
 
 
 def _torch_checks() -> list[Check]:
+    import torch  # here, not at the top: importing torch takes seconds (`--help` stays fast)
+
     cuda = torch.cuda.is_available()
     return [
         Check("torch", "torch", torch.__version__),
@@ -57,6 +57,8 @@ def _torch_checks() -> list[Check]:
 
 
 def _nvml_checks() -> list[Check]:
+    from radixcache.memory import MemorySource  # imports torch
+
     with MemorySource() as source:
         sample = source.sample(0, 0, 0)
     if sample.nvml_error is not None:

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import json
 import time
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import torch
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.app import bench_app
-from radixcache.engine import Engine, EngineConfig, RequestResult, percentiles
-from radixcache.gpucheck import EQUAL_ATOL, cuda_unavailable, run_gpu_check
 from radixcache.workloads import Workload, WorkloadError, build_workload
+
+if TYPE_CHECKING:  # the engine and the GPU check import torch: imported in the commands
+    from radixcache.engine import EngineConfig
 
 console = Console(stderr=True)
 
@@ -38,6 +38,8 @@ class ModeFigures(NamedTuple):
 
 
 def _serve_pass(workload: Workload, limit: int, cfg: EngineConfig, label: str) -> ModeFigures:
+    from radixcache.engine import Engine, RequestResult, percentiles
+
     engine = Engine(cfg).start()
     t0 = time.perf_counter()
     run = engine.run_workload(workload, limit)
@@ -117,6 +119,10 @@ def bench_engine(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
 ) -> None:
     """Serve one workload with the cache on, then off; compare prefill work, TTFT, decode rate."""
+    import torch
+
+    from radixcache.engine import EngineConfig
+
     torch.set_num_threads(1)  # measured faster than 2 threads for this model size
     try:
         w = build_workload(workload, [])
@@ -140,6 +146,8 @@ def bench_engine(
 def gpu_doctor(as_json: bool) -> None:
     """`doctor --gpu`: exit 1 with "CUDA unavailable: <reason>" without CUDA, else run the GPU
     check and exit 1 when reuse equality failed on the device."""
+    from radixcache.gpucheck import EQUAL_ATOL, cuda_unavailable, run_gpu_check
+
     reason = cuda_unavailable()
     if reason is not None:
         typer.echo(f"CUDA unavailable: {reason}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -10,9 +12,18 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.app import app
-from radixcache.soak import SoakConfig, SoakReport, SoakStatus, run_soak
+
+if TYPE_CHECKING:  # radixcache.soak imports torch (via the engine): imported when run
+    from radixcache.soak import SoakConfig, SoakReport, SoakStatus
 
 console = Console(stderr=True)
+
+
+def run_soak(cfg: SoakConfig, progress: Callable[[SoakStatus], None]) -> SoakReport:
+    """``radixcache.soak.run_soak``, imported only when a soak runs (tests replace this)."""
+    from radixcache.soak import run_soak as run
+
+    return run(cfg, progress)
 
 
 def _table(r: SoakReport) -> Table:
@@ -38,6 +49,8 @@ def soak(
     total = minutes * 60 + seconds
     if total <= 0:
         raise typer.BadParameter("give --minutes or --seconds (> 0)", param_hint="--minutes")
+    from radixcache.soak import SoakConfig
+
     cfg = SoakConfig(seconds=total, num_blocks=blocks, threads=threads,
                      check_every_s=check_every, seed=seed)
     columns = (TextColumn("soak"), BarColumn(), TextColumn("{task.description}"),

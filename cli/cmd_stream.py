@@ -16,10 +16,9 @@ from dataclasses import asdict
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import torch
 import typer
 from rich.console import Console
 from rich.progress import Progress
@@ -29,23 +28,11 @@ from rich.tree import Tree
 from cli.app import RUN, app, bench_app
 from radixcache import commands as cmd
 from radixcache import events as ev
-from radixcache.engine import Engine, EngineConfig
 from radixcache.export import jsonl_lines, perfetto_json
 from radixcache.kvevents import KVEventsClient
 from radixcache.mirror import Mirror, MirrorNode
-from radixcache.model import ModelConfig
-from radixcache.pool import KVPool
 from radixcache.recording import RecordingError, RecordingReader, RecordingWriter, mirror_snapshot
 from radixcache.security import ClientCurve, CurveError, create_keys
-from radixcache.server import (
-    DEFAULT_LOOP,
-    Answers,
-    EngineServer,
-    EngineServerConfig,
-    fold_answers,
-    record_workload,
-    tiny_model,
-)
 from radixcache.stream import (
     BindPolicy,
     Endpoints,
@@ -57,6 +44,10 @@ from radixcache.stream import (
 from radixcache.subscriber import HashDrop, Subscriber
 from radixcache.tree import RadixTree
 from radixcache.workloads import WORKLOADS, Workload, WorkloadError, build_workload
+
+if TYPE_CHECKING:  # these import torch (seconds): the commands import them when they run
+    from radixcache.engine import EngineConfig
+    from radixcache.server import EngineServer
 
 console = Console()
 
@@ -106,8 +97,22 @@ class ModelSize(enum.StrEnum):
     DEFAULT = "default"
 
 
+class AnswerMode(enum.StrEnum):
+    """How forced answers are computed: the values of ``radixcache.server.Answers`` (which
+    imports torch, so it is imported only when a command runs)."""
+
+    DECODE = "decode"
+    PREFILL = "prefill"
+
+
 def _engine_config(model: ModelSize, blocks: int, device: str | None,
                    threads: int) -> EngineConfig:
+    import torch
+
+    from radixcache.engine import EngineConfig
+    from radixcache.model import ModelConfig
+    from radixcache.server import tiny_model
+
     torch.set_num_threads(threads)
     mc = tiny_model() if model is ModelSize.TINY else ModelConfig()
     return EngineConfig(num_blocks=blocks, model=mc, device=device)
@@ -130,8 +135,8 @@ def serve(
                                           "within a minute on a CPU)."),
     model: ModelSize = typer.Option(ModelSize.TINY, help="tiny: 1 layer, d_model 32 (fast on a "
                                                          "CPU); default: the 2-layer model."),
-    answers: Answers = typer.Option(Answers.DECODE, help="decode forced answers token by token, "
-                                                         "or fold them into the prefill."),
+    answers: AnswerMode = typer.Option(AnswerMode.DECODE, help="decode forced answers token by "
+                                       "token, or fold them into the prefill."),
     device: str | None = typer.Option(None, help="torch device (default: cuda when present)."),
     threads: int = typer.Option(1, help="torch CPU threads (1 is fastest for the tiny model)."),
     digest_every: int = typer.Option(64, help="A Digest event every N batches (0: none)."),
@@ -140,14 +145,17 @@ def serve(
 ) -> None:
     """Run the engine (model, radix cache, scheduler) in this process; serve its event stream,
     snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C."""
+    from radixcache.server import DEFAULT_LOOP, Answers, EngineServer, EngineServerConfig
+
     policy = BindPolicy.ANY if allow_remote else BindPolicy.LOCAL_ONLY
     kv = None
     if kv_events is not None:
         if kv_events != "vllm":
             raise typer.BadParameter("only 'vllm' is supported", param_hint="--kv-events")
         kv = (f"tcp://{endpoint_host}:{port + 3}", f"tcp://{endpoint_host}:{port + 4}")
-    config = EngineServerConfig(_engine_config(model, blocks, device, threads), answers,
-                                digest_every, loop=DEFAULT_LOOP if loop else ())
+    config = EngineServerConfig(_engine_config(model, blocks, device, threads),
+                                Answers(answers.value), digest_every,
+                                loop=DEFAULT_LOOP if loop else ())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -220,10 +228,10 @@ def record(
     blocks: int = typer.Option(65536, help="Headless: KV pool blocks of 16 tokens."),
     model: ModelSize = typer.Option(ModelSize.TINY, help="Headless model: tiny is 1 layer, "
                                                          "d_model 32, 1 K/V head of 16."),
-    answers: Answers = typer.Option(Answers.PREFILL, help="Headless: prefill folds each forced "
-                                    "answer into its prompt (same tree, ~50x faster on a CPU; "
-                                    "RequestStart then counts answers as prompt); decode "
-                                    "generates them token by token."),
+    answers: AnswerMode = typer.Option(AnswerMode.PREFILL, help="Headless: prefill folds each "
+                                       "forced answer into its prompt (same tree, ~50x faster "
+                                       "on a CPU; RequestStart then counts answers as prompt); "
+                                       "decode generates them token by token."),
     device: str | None = typer.Option(None, help="Headless torch device (default: cuda when "
                                                  "present)."),
     threads: int = typer.Option(1, help="torch CPU threads."),
@@ -236,11 +244,14 @@ def record(
         n = _record_live(from_, out, seconds, keyframe_every, _client_curve(curve_keys))
         console.print(f"wrote {out}: {n:,} events")
         return
+    from radixcache.engine import Engine
+    from radixcache.server import fold_answers, record_workload
+
     try:
         w = _sized_workload(workload, workload_args, requests)
     except WorkloadError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workload") from None
-    if answers is Answers.PREFILL:
+    if answers is AnswerMode.PREFILL:
         w = fold_answers(w)
     n = min(requests, len(w.requests))
     engine = Engine(_engine_config(model, blocks, device, threads))
@@ -477,6 +488,8 @@ def _finish(child: _Child, last_seq: int) -> tuple[float, int, dict[str, int], s
 def _phase_cost(prompts: list[np.ndarray], per_step: int, progress: Progress) -> tuple[
         list[float], TreeSource, list[list[ev.AnyEvent]], ev.Snapshot]:
     """Same run, step by step: tree ops with events off, with events on, and publishing."""
+    from radixcache.pool import KVPool
+
     off = RadixTree(KVPool(4096, 16), record_events=False)
     source = TreeSource(RadixTree(KVPool(4096, 16)), digest_every=0)
     snap0 = source.tree.snapshot()
@@ -530,6 +543,8 @@ def _phase_throughput(batches: list[list[ev.AnyEvent]], snap0: ev.Snapshot, dige
 
 
 def _big_tree(nodes: int, progress: Progress) -> TreeSource:
+    from radixcache.pool import KVPool
+
     source = TreeSource(RadixTree(KVPool(nodes * 2 + 1024, 16)), digest_every=0)
     rng = np.random.default_rng(0)
     task = progress.add_task(f"late join: building {nodes:,} nodes", total=nodes)
@@ -645,6 +660,8 @@ def verify_drops(min_events: int, drop: float, per_step: int = 16,
     recording the tree's digest for each batch's seq; a subscriber on 127.0.0.1 drops the
     batches ``HashDrop(drop)`` picks, recovers them (replay, or a snapshot when too old), and
     after every batch it applies compares its mirror's digest with the recorded one."""
+    from radixcache.pool import KVPool
+
     source = TreeSource(RadixTree(KVPool(4096, 16)), digest_every=0)
     pub = Publisher(Endpoints.tcp("127.0.0.1", 0), source.snapshot_at, ring=ring,
                     heartbeat_s=1e9, hwm=1 << 17)  # no heartbeats: every seq has a digest

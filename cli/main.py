@@ -2,6 +2,10 @@
 
 Exit codes: 0 ok; 1 a runtime error, printed as one line ``error: <reason>`` on stderr
 (``RADIXCACHE_DEBUG=1`` re-raises it with its traceback); 2 a usage error (Click).
+
+Importing this must not import torch (tests/test_cli_version.py checks it): the command
+modules import the engine, model and pool inside the commands that use them, so ``--help``
+and ``--version`` start fast.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ import cli.cmd_inspect
 import cli.cmd_soak
 import cli.cmd_stream  # noqa: F401
 from cli.app import CliError, app, finish_help
+from radixcache.blocks import PoolError
 from radixcache.mirror import MirrorError
-from radixcache.pool import PoolError
 from radixcache.recording import RecordingError
 from radixcache.sharegpt import DatasetUnavailable
 from radixcache.tree import TreeError
