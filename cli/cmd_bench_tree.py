@@ -73,7 +73,8 @@ def _table(fig: dict[str, object]) -> Table:
         ("event overhead", pct("event_overhead")),
         ("events", f"{fig['events']:,}"),
         ("tokens evicted", f"{fig['tokens_evicted']:,}"),
-        ("splits / merges", f"{fig['splits']:,} / {fig['merges']:,}"),
+        ("splits / merges / extends",
+         f"{fig['splits']:,} / {fig['merges']:,} / {fig['extends']:,}"),
         ("COW copies / slots copied", f"{fig['cow_copies']:,} / {fig['slots_copied']:,}"),
         ("metadata bytes per cached token", "--memory" if bpt is None else f"{bpt:.2f}"),
     ]

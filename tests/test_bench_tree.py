@@ -98,5 +98,6 @@ def test_human_table(trace: Trace, capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     for label in ("token hit rate (tree)", "hit rate, page-aligned matching",
-                  "tree-op seconds (events on)", "best of", "metadata bytes per cached token"):
+                  "tree-op seconds (events on)", "best of", "splits / merges / extends",
+                  "metadata bytes per cached token"):
         assert label in out
