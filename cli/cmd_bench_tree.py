@@ -121,9 +121,9 @@ def bench_tree(
     with _progress(console) as bar:
         ons: list[TreeRun] = []
         offs: list[TreeRun] = []
+        quiet_cfg = replace(cfg, record_events=False)
         for i in range(repeat):  # interleaved, so the machine's drift hits both alike
             ons.append(_run(bar, f"tree (events on) {i + 1}/{repeat}", reqs, cfg))
-            quiet_cfg = replace(cfg, record_events=False)
             offs.append(_run(bar, f"tree (events off) {i + 1}/{repeat}", reqs, quiet_cfg))
         run = min(ons, key=lambda r: r.times.total_seconds())
         quiet = min(offs, key=lambda r: r.times.total_seconds())

@@ -59,7 +59,7 @@ class BlockAllocator:
             )
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # FIFO free list: a list read from ``_head`` (slices run in C, unlike deque pops)
+        # FIFO free list: an int32 array read from ``_head`` (slices are one memcpy)
         self._free = array("i")
         self._head = 0
         self._extra: dict[int, int] = {}  # shared block -> references beyond the first
@@ -198,8 +198,7 @@ class BlockAllocator:
         size = self.block_size
         if not 0 <= slots <= size:
             raise BlockStateError(f"claim {slots} on block {block}: outside 0..{size}")
-        if not 0 <= block < self.num_blocks:
-            self._check_id(block)
+        self._check_id(block)
         if slots < size:
             self._partial[block] = slots
         else:

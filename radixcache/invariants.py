@@ -105,9 +105,7 @@ def _check_lru(tree: RadixTree, out: list[str]) -> None:
     flags = sorted(n.id for n in tree._nodes.values() if n.queued != (n.id in queued))
     if flags:
         out.append(f"nodes {flags[:5]}: queued flag differs from the LRU heap")
-    want = {
-        n.id for n in tree._nodes.values() if n is not tree.root and not n.children and n.pins == 0
-    }
+    want = {n.id for n in tree._nodes.values() if n.evictable}
     if not want <= queued.keys():
         out.append(f"LRU misses evictable leaves {sorted(want - queued.keys())[:5]}")
 

@@ -92,6 +92,11 @@ class RadixNode:
         return self.end - self.start
 
     @property
+    def evictable(self) -> bool:
+        """An unpinned leaf other than the root: what eviction may take."""
+        return not self.children and self.pins == 0 and self.parent is not None
+
+    @property
     def lock(self) -> int:
         """Locks held on this node's path: its own pins and every descendant's (O(subtree))."""
         total, stack = 0, [self]
@@ -338,7 +343,7 @@ class RadixTree:
         queued: a touch does not push (entries only ever understate a clock), and
         ``_pop_victim`` re-queues an entry whose node was used since, so the first entry it
         finds current is the least recently used leaf (exact LRU, O(log n) a step)."""
-        if not node.queued and not node.children and node.pins == 0 and node is not self.root:
+        if not node.queued and node.evictable:
             node.queued = True
             heapq.heappush(self._heap, (node.clock, node.id, node))
 
@@ -660,9 +665,7 @@ class RadixTree:
         node.tokens, node.blocks = node.tokens[k * 4 :], suffix_blocks
         self.stats.splits += 1
         if self._emit is not None:
-            self._emit(
-                ev.Split(node.id, k, prefix.id, prefix_blocks, suffix_blocks)
-            )
+            self._emit(ev.Split(node.id, k, prefix.id, prefix_blocks, suffix_blocks))
         return prefix
 
     def _maybe_merge(self, parent: RadixNode) -> int:
@@ -705,7 +708,7 @@ class RadixTree:
         heap = self._heap
         while heap:
             clock, _, node = heap[0]
-            if node.alive and not node.children and node.pins == 0:
+            if node.alive and node.evictable:
                 if node.clock != clock:  # used since it was queued: re-queue at that time
                     heapq.heapreplace(heap, (node.clock, node.id, node))
                     continue
@@ -726,7 +729,7 @@ class RadixTree:
             tokens += victim.num_tokens
             freed += self._evict_leaf(victim)
             nodes += 1
-        if len(self._heap) > 2 * len(self._nodes) + 32:  # stale entries: keep memory near 1x
+        if len(self._heap) > 2 * len(self._nodes) + 32:  # entries of merged-away nodes linger
             self._rebuild_heap()
         return EvictResult(nodes, tokens, freed)
 
@@ -753,7 +756,7 @@ class RadixTree:
     def _rebuild_heap(self) -> None:
         heap: list[tuple[int, int, RadixNode]] = []
         for n in self._nodes.values():
-            n.queued = not n.children and n.pins == 0 and n is not self.root
+            n.queued = n.evictable
             if n.queued:
                 heap.append((n.clock, n.id, n))
         heapq.heapify(heap)
@@ -770,11 +773,7 @@ class RadixTree:
     def lru_order(self, limit: int) -> list[RadixNode]:
         """The next ``limit`` eviction victims in order (does not change the tree)."""
         with self.lock_:
-            live = [
-                (n.clock, n.id, n)
-                for _, _, n in self._heap
-                if n.alive and not n.children and n.pins == 0
-            ]
+            live = [(n.clock, n.id, n) for _, _, n in self._heap if n.alive and n.evictable]
             return [n for _, _, n in heapq.nsmallest(limit, live)]
 
     # -- watermarks / reset ----------------------------------------------------------------
@@ -817,13 +816,9 @@ class RadixTree:
             stack.extend(n.children.values())
         return order
 
-    def path_locks(self) -> dict[int, int]:
-        """Each node's lock count (its pins and its descendants'), in one pass (O(nodes))."""
-        with self.lock_:
-            return self._path_locks(self._preorder())
-
     @staticmethod
     def _path_locks(order: list[RadixNode]) -> dict[int, int]:
+        """Each node's lock count (its pins and its descendants'), in one pass (O(nodes))."""
         locks: dict[int, int] = {}
         for n in reversed(order):  # children first
             locks[n.id] = n.pins + sum(locks[c.id] for c in n.children.values())
