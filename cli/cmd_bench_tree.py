@@ -13,11 +13,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cli.app import bench_app
-from radixcache.baselines import replay_block_hash
-from radixcache.sharegpt import DatasetUnavailable, load_trace
+from radixcache.tools.baselines import replay_block_hash
+from radixcache.traffic.sharegpt import DatasetUnavailable, load_trace
 
-if TYPE_CHECKING:  # radixcache.benchtree imports torch (via the pool): imported where used
-    from radixcache.benchtree import Request, TreeBenchConfig, TreeRun
+if TYPE_CHECKING:  # radixcache.tools.benchtree imports torch (via the pool): imported where used
+    from radixcache.tools.benchtree import Request, TreeBenchConfig, TreeRun
 
 
 def _progress(console: Console) -> Progress:
@@ -32,7 +32,7 @@ def _progress(console: Console) -> Progress:
 
 
 def _run(bar: Progress, label: str, reqs: list[Request], cfg: TreeBenchConfig) -> TreeRun:
-    from radixcache.benchtree import replay_tree
+    from radixcache.tools.benchtree import replay_tree
 
     task = bar.add_task(label, total=len(reqs))
     return replay_tree(reqs, cfg, lambda n: bar.advance(task, n))
@@ -106,7 +106,7 @@ def bench_tree(
     """
     if low > high:
         raise typer.BadParameter(f"--low {low} must not exceed --high {high}")
-    from radixcache.benchtree import TreeBenchConfig, figures
+    from radixcache.tools.benchtree import TreeBenchConfig, figures
 
     console = Console(stderr=True)
     try:

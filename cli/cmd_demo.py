@@ -34,10 +34,10 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.app import CliError, app
-from radixcache import commands as cmd
-from radixcache.stream import Endpoints, send_command
-from radixcache.subscriber import Subscriber
-from radixcache.workloads import WorkloadError, build_workload
+from radixcache.traffic.workloads import WorkloadError, build_workload
+from radixcache.wire import commands as cmd
+from radixcache.wire.stream import Endpoints, send_command
+from radixcache.wire.subscriber import Subscriber
 
 DEFAULT_MIX = ("chat 8", "system 30 256", "tot 3 3", "fork 8")
 """One round of the demo's workload; each round uses the next seed, so the tree keeps changing."""

@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.app import app
-from radixcache import __version__, sharegpt
+from radixcache import __version__
+from radixcache.traffic import sharegpt
 
 Value = str | bool | None
 
@@ -57,7 +58,7 @@ def _torch_checks() -> list[Check]:
 
 
 def _nvml_checks() -> list[Check]:
-    from radixcache.memory import MemorySource  # imports torch
+    from radixcache.serving.memory import MemorySource  # imports torch
 
     with MemorySource() as source:
         sample = source.sample(0, 0, 0)

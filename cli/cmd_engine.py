@@ -13,10 +13,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cli.app import bench_app
-from radixcache.workloads import Workload, WorkloadError, build_workload
+from radixcache.traffic.workloads import Workload, WorkloadError, build_workload
 
 if TYPE_CHECKING:  # the engine and the GPU check import torch: imported in the commands
-    from radixcache.engine import EngineConfig
+    from radixcache.serving.engine import EngineConfig
 
 console = Console(stderr=True)
 
@@ -38,7 +38,7 @@ class ModeFigures(NamedTuple):
 
 
 def _serve_pass(workload: Workload, limit: int, cfg: EngineConfig, label: str) -> ModeFigures:
-    from radixcache.engine import Engine, RequestResult, percentiles
+    from radixcache.serving.engine import Engine, RequestResult, percentiles
 
     engine = Engine(cfg).start()
     t0 = time.perf_counter()
@@ -121,7 +121,7 @@ def bench_engine(
     """Serve one workload with the cache on, then off; compare prefill work, TTFT, decode rate."""
     import torch
 
-    from radixcache.engine import EngineConfig
+    from radixcache.serving.engine import EngineConfig
 
     torch.set_num_threads(1)  # measured faster than 2 threads for this model size
     try:
@@ -146,7 +146,7 @@ def bench_engine(
 def gpu_doctor(as_json: bool) -> None:
     """`doctor --gpu`: exit 1 with "CUDA unavailable: <reason>" without CUDA, else run the GPU
     check and exit 1 when reuse equality failed on the device."""
-    from radixcache.gpucheck import EQUAL_ATOL, cuda_unavailable, run_gpu_check
+    from radixcache.tools.gpucheck import EQUAL_ATOL, cuda_unavailable, run_gpu_check
 
     reason = cuda_unavailable()
     if reason is not None:

@@ -59,7 +59,7 @@ def inspect(
     """
     if kv_events is not None:
         from inspector.kv_view import KVEventsApp
-        from radixcache.workloads import Vocabulary
+        from radixcache.traffic.workloads import Vocabulary
 
         KVEventsApp(kv_events, replay, vocab=Vocabulary()).run()
     elif replay is not None:
@@ -77,7 +77,7 @@ def _use_curve_keys(directory: Path) -> None:
     ``$RADIXCACHE_CURVE_KEYS`` (their default when built without explicit keys)."""
     import os
 
-    from radixcache.security import KEYS_ENV, ClientCurve, CurveError
+    from radixcache.wire.security import KEYS_ENV, ClientCurve, CurveError
 
     try:
         ClientCurve.load(directory)

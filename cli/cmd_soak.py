@@ -13,15 +13,15 @@ from rich.table import Table
 
 from cli.app import app
 
-if TYPE_CHECKING:  # radixcache.soak imports torch (via the engine): imported when run
-    from radixcache.soak import SoakConfig, SoakReport, SoakStatus
+if TYPE_CHECKING:  # radixcache.tools.soak imports torch (via the engine): imported when run
+    from radixcache.tools.soak import SoakConfig, SoakReport, SoakStatus
 
 console = Console(stderr=True)
 
 
 def run_soak(cfg: SoakConfig, progress: Callable[[SoakStatus], None]) -> SoakReport:
-    """``radixcache.soak.run_soak``, imported only when a soak runs (tests replace this)."""
-    from radixcache.soak import run_soak as run
+    """``radixcache.tools.soak.run_soak``, imported only when a soak runs (tests replace this)."""
+    from radixcache.tools.soak import run_soak as run
 
     return run(cfg, progress)
 
@@ -49,7 +49,7 @@ def soak(
     total = minutes * 60 + seconds
     if total <= 0:
         raise typer.BadParameter("give --minutes or --seconds (> 0)", param_hint="--minutes")
-    from radixcache.soak import SoakConfig
+    from radixcache.tools.soak import SoakConfig
 
     cfg = SoakConfig(seconds=total, num_blocks=blocks, threads=threads,
                      check_every_s=check_every, seed=seed)

@@ -26,14 +26,21 @@ from rich.table import Table
 from rich.tree import Tree
 
 from cli.app import RUN, app, bench_app
-from radixcache import commands as cmd
-from radixcache import events as ev
-from radixcache.export import jsonl_lines, perfetto_json
-from radixcache.kvevents import KVEventsClient
-from radixcache.mirror import Mirror, MirrorNode
-from radixcache.recording import RecordingError, RecordingReader, RecordingWriter, mirror_snapshot
-from radixcache.security import ClientCurve, CurveError, create_keys
-from radixcache.stream import (
+from radixcache.core import events as ev
+from radixcache.core.tree import RadixTree
+from radixcache.traffic.workloads import WORKLOADS, Workload, WorkloadError, build_workload
+from radixcache.wire import commands as cmd
+from radixcache.wire.export import jsonl_lines, perfetto_json
+from radixcache.wire.kvevents import KVEventsClient
+from radixcache.wire.mirror import Mirror, MirrorNode
+from radixcache.wire.recording import (
+    RecordingError,
+    RecordingReader,
+    RecordingWriter,
+    mirror_snapshot,
+)
+from radixcache.wire.security import ClientCurve, CurveError, create_keys
+from radixcache.wire.stream import (
     BindPolicy,
     Endpoints,
     Publisher,
@@ -41,13 +48,11 @@ from radixcache.stream import (
     TreeSource,
     serve_request,
 )
-from radixcache.subscriber import HashDrop, Subscriber
-from radixcache.tree import RadixTree
-from radixcache.workloads import WORKLOADS, Workload, WorkloadError, build_workload
+from radixcache.wire.subscriber import HashDrop, Subscriber
 
 if TYPE_CHECKING:  # these import torch (seconds): the commands import them when they run
-    from radixcache.engine import EngineConfig
-    from radixcache.server import EngineServer
+    from radixcache.serving.engine import EngineConfig
+    from radixcache.serving.server import EngineServer
 
 console = Console()
 
@@ -98,7 +103,7 @@ class ModelSize(enum.StrEnum):
 
 
 class AnswerMode(enum.StrEnum):
-    """How forced answers are computed: the values of ``radixcache.server.Answers`` (which
+    """How forced answers are computed: the values of ``radixcache.serving.server.Answers`` (which
     imports torch, so it is imported only when a command runs)."""
 
     DECODE = "decode"
@@ -109,9 +114,9 @@ def _engine_config(model: ModelSize, blocks: int, device: str | None,
                    threads: int) -> EngineConfig:
     import torch
 
-    from radixcache.engine import EngineConfig
-    from radixcache.model import ModelConfig
-    from radixcache.server import tiny_model
+    from radixcache.serving.engine import EngineConfig
+    from radixcache.serving.model import ModelConfig
+    from radixcache.serving.server import tiny_model
 
     torch.set_num_threads(threads)
     mc = tiny_model() if model is ModelSize.TINY else ModelConfig()
@@ -145,7 +150,7 @@ def serve(
 ) -> None:
     """Run the engine (model, radix cache, scheduler) in this process; serve its event stream,
     snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C."""
-    from radixcache.server import DEFAULT_LOOP, Answers, EngineServer, EngineServerConfig
+    from radixcache.serving.server import DEFAULT_LOOP, Answers, EngineServer, EngineServerConfig
 
     policy = BindPolicy.ANY if allow_remote else BindPolicy.LOCAL_ONLY
     kv = None
@@ -244,8 +249,8 @@ def record(
         n = _record_live(from_, out, seconds, keyframe_every, _client_curve(curve_keys))
         console.print(f"wrote {out}: {n:,} events")
         return
-    from radixcache.engine import Engine
-    from radixcache.server import fold_answers, record_workload
+    from radixcache.serving.engine import Engine
+    from radixcache.serving.server import fold_answers, record_workload
 
     try:
         w = _sized_workload(workload, workload_args, requests)
@@ -488,7 +493,7 @@ def _finish(child: _Child, last_seq: int) -> tuple[float, int, dict[str, int], s
 def _phase_cost(prompts: list[np.ndarray], per_step: int, progress: Progress) -> tuple[
         list[float], TreeSource, list[list[ev.AnyEvent]], ev.Snapshot]:
     """Same run, step by step: tree ops with events off, with events on, and publishing."""
-    from radixcache.pool import KVPool
+    from radixcache.core.pool import KVPool
 
     off = RadixTree(KVPool(4096, 16), record_events=False)
     source = TreeSource(RadixTree(KVPool(4096, 16)), digest_every=0)
@@ -543,7 +548,7 @@ def _phase_throughput(batches: list[list[ev.AnyEvent]], snap0: ev.Snapshot, dige
 
 
 def _big_tree(nodes: int, progress: Progress) -> TreeSource:
-    from radixcache.pool import KVPool
+    from radixcache.core.pool import KVPool
 
     source = TreeSource(RadixTree(KVPool(nodes * 2 + 1024, 16)), digest_every=0)
     rng = np.random.default_rng(0)
@@ -660,7 +665,7 @@ def verify_drops(min_events: int, drop: float, per_step: int = 16,
     recording the tree's digest for each batch's seq; a subscriber on 127.0.0.1 drops the
     batches ``HashDrop(drop)`` picks, recovers them (replay, or a snapshot when too old), and
     after every batch it applies compares its mirror's digest with the recorded one."""
-    from radixcache.pool import KVPool
+    from radixcache.core.pool import KVPool
 
     source = TreeSource(RadixTree(KVPool(4096, 16)), digest_every=0)
     pub = Publisher(Endpoints.tcp("127.0.0.1", 0), source.snapshot_at, ring=ring,

@@ -23,11 +23,11 @@ import cli.cmd_inspect
 import cli.cmd_soak
 import cli.cmd_stream  # noqa: F401
 from cli.app import CliError, app, finish_help
-from radixcache.blocks import PoolError
-from radixcache.mirror import MirrorError
-from radixcache.recording import RecordingError
-from radixcache.sharegpt import DatasetUnavailable
-from radixcache.tree import TreeError
+from radixcache.core.blocks import PoolError
+from radixcache.core.tree import TreeError
+from radixcache.traffic.sharegpt import DatasetUnavailable
+from radixcache.wire.mirror import MirrorError
+from radixcache.wire.recording import RecordingError
 
 finish_help()
 

@@ -34,8 +34,8 @@ from inspector.widgets.lru import LruPane, next_victims
 from inspector.widgets.memory import HISTORY, MemoryPane
 from inspector.widgets.stats import Rate, StatsPane, header_line
 from inspector.widgets.tree_view import TreeView
-from radixcache import commands as cmd
-from radixcache.mirror import MirrorNode
+from radixcache.wire import commands as cmd
+from radixcache.wire.mirror import MirrorNode
 
 FRAME_HZ = 30
 SYNC_LAYOUT_NODES = 5_000  # bigger trees are laid out off the UI thread

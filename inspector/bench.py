@@ -29,12 +29,12 @@ from inspector.app import InspectorApp
 from inspector.feed import Feed
 from inspector.layout import TokenText
 from inspector.sources import ConnState, SourceStatus
-from radixcache import commands as cmd
-from radixcache import events as ev
-from radixcache.pool import KVPool
-from radixcache.stream import serve_request
-from radixcache.tree import RadixTree, TreeError
-from radixcache.workloads import Vocabulary
+from radixcache.core import events as ev
+from radixcache.core.pool import KVPool
+from radixcache.core.tree import RadixTree, TreeError
+from radixcache.traffic.workloads import Vocabulary
+from radixcache.wire import commands as cmd
+from radixcache.wire.stream import serve_request
 
 Progress = Callable[[int, int], None]  # (done, total)
 

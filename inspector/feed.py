@@ -19,8 +19,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
-from radixcache import events as ev
-from radixcache.mirror import Mirror, MirrorError, MirrorNode
+from radixcache.core import events as ev
+from radixcache.wire.mirror import Mirror, MirrorError, MirrorNode
 
 LOG_KEEP = 2_000  # events the log pane can scroll back through
 

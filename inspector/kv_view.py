@@ -24,7 +24,7 @@ from textual.strip import Strip
 from textual.widgets import Footer, Static
 
 from inspector.layout import TokenText
-from radixcache.kvevents import Block, BlockTreeStats, KVEventsClient
+from radixcache.wire.kvevents import Block, BlockTreeStats, KVEventsClient
 
 FRAME_HZ = 10
 _HASH = Style(color="#7fd4ff", bold=True)

@@ -20,7 +20,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from radixcache.mirror import Mirror, MirrorNode
+from radixcache.wire.mirror import Mirror, MirrorNode
 
 
 class TokenText(Protocol):

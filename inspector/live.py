@@ -1,4 +1,4 @@
-"""LiveSource: a running engine, followed by ``radixcache.subscriber.Subscriber``.
+"""LiveSource: a running engine, followed by ``radixcache.wire.subscriber.Subscriber``.
 
 The subscriber thread receives, decodes, recovers gaps and applies batches to the feed's
 mirror under the feed's lock (it is given both); the feed only records what changed
@@ -11,9 +11,9 @@ import time
 
 from inspector.feed import Feed
 from inspector.sources import ConnState, DatasetWords, SourceStatus
-from radixcache import commands as cmd
-from radixcache.stream import Endpoints, send_command
-from radixcache.subscriber import State, Subscriber
+from radixcache.wire import commands as cmd
+from radixcache.wire.stream import Endpoints, send_command
+from radixcache.wire.subscriber import State, Subscriber
 
 STALE_S = 3.0  # no batch (heartbeats included) for this long: shown as disconnected
 
@@ -42,7 +42,7 @@ class LiveSource:
         self._sub = sub.start()
 
     def _on_batch(self, batch: object) -> None:
-        from radixcache import events as ev
+        from radixcache.core import events as ev
 
         if self._feed is None or not isinstance(batch, ev.Batch):
             return

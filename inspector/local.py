@@ -21,12 +21,12 @@ import numpy as np
 from inspector.feed import Feed
 from inspector.replay import Recording
 from inspector.sources import ConnState, DatasetWords, SourceStatus
-from radixcache import commands as cmd
-from radixcache import events as ev
-from radixcache.memory import MemorySource
-from radixcache.pool import KVPool, PoolExhausted
-from radixcache.tree import PromptTooLarge, RadixTree, TreeError
-from radixcache.workloads import WorkloadError, WorkloadRequest, build_workload
+from radixcache.core import events as ev
+from radixcache.core.pool import KVPool, PoolExhausted
+from radixcache.core.tree import PromptTooLarge, RadixTree, TreeError
+from radixcache.serving.memory import MemorySource
+from radixcache.traffic.workloads import WorkloadError, WorkloadRequest, build_workload
+from radixcache.wire import commands as cmd
 
 Clock = Callable[[], float]
 

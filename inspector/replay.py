@@ -21,10 +21,10 @@ from pathlib import Path
 from inspector.feed import Feed
 from inspector.layout import TokenText
 from inspector.sources import ConnState, SourceStatus
-from radixcache import commands as cmd
-from radixcache import events as ev
-from radixcache.recording import Keyframe, RecordingError, RecordingReader
-from radixcache.workloads import Vocabulary
+from radixcache.core import events as ev
+from radixcache.traffic.workloads import Vocabulary
+from radixcache.wire import commands as cmd
+from radixcache.wire.recording import Keyframe, RecordingError, RecordingReader
 
 MAX_GAP_S = 0.5  # a pause in the recording longer than this plays as this
 

@@ -34,13 +34,13 @@ from inspector.live import LiveSource
 from inspector.replay import ReplaySource, load_recording
 from inspector.sources import DatasetWords
 from inspector.widgets.memory import MemoryPane
-from radixcache import commands as cmd
-from radixcache import events as ev
-from radixcache.pool import KVPool
-from radixcache.recording import RecordingWriter
-from radixcache.stream import Endpoints, send_command, serve_request
-from radixcache.tree import RadixTree
-from radixcache.workloads import build_workload
+from radixcache.core import events as ev
+from radixcache.core.pool import KVPool
+from radixcache.core.tree import RadixTree
+from radixcache.traffic.workloads import build_workload
+from radixcache.wire import commands as cmd
+from radixcache.wire.recording import RecordingWriter
+from radixcache.wire.stream import Endpoints, send_command, serve_request
 
 SIZE = (160, 48)
 Check = Callable[[], bool]

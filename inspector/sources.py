@@ -19,9 +19,9 @@ from typing import Protocol, runtime_checkable
 
 from inspector.feed import Feed
 from inspector.layout import TokenText
-from radixcache import sharegpt
-from radixcache.commands import AnyCommand, AnyReply
-from radixcache.workloads import Vocabulary
+from radixcache.traffic import sharegpt
+from radixcache.traffic.workloads import Vocabulary
+from radixcache.wire.commands import AnyCommand, AnyReply
 
 DATASET_CONVERSATIONS = 4000  # words of this many ShareGPT conversations (chat's max is 1000)
 

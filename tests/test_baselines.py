@@ -8,7 +8,12 @@ import struct
 import numpy as np
 import pytest
 
-from radixcache.baselines import BaselineResult, BlockHashCache, chain_hashes, replay_block_hash
+from radixcache.tools.baselines import (
+    BaselineResult,
+    BlockHashCache,
+    chain_hashes,
+    replay_block_hash,
+)
 
 
 def arr(*tokens: int) -> np.ndarray:

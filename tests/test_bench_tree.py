@@ -10,9 +10,9 @@ import pytest
 
 import cli.cmd_bench_tree as bench_mod
 from cli.main import main
-from radixcache.baselines import replay_block_hash
-from radixcache.benchtree import TreeBenchConfig, replay_tree
-from radixcache.sharegpt import Trace, TraceRequest, fingerprint
+from radixcache.tools.baselines import replay_block_hash
+from radixcache.tools.benchtree import TreeBenchConfig, replay_tree
+from radixcache.traffic.sharegpt import Trace, TraceRequest, fingerprint
 
 CAP = 4000  # token slots: small enough that the replay evicts
 CONTRACT = {"requests", "prompt_tokens", "hit_rate", "hit_rate_page_aligned",

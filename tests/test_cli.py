@@ -17,7 +17,7 @@ import cli.cmd_demo as demo_mod
 from cli.app import PANELS, app, bench_app, command_name
 from cli.main import main
 from radixcache import __version__
-from radixcache.workloads import build_workload
+from radixcache.traffic.workloads import build_workload
 
 RUNNER = CliRunner()
 

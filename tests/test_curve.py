@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import zmq
 
-from radixcache import commands as cmd
-from radixcache.mirror import Mirror
-from radixcache.security import KEYS_ENV, ClientCurve, CurveError, CurveServer, create_keys
-from radixcache.server import ServerConfig, TreeServer
-from radixcache.stream import BindPolicy, Endpoints, check_bind
-from radixcache.subscriber import Subscriber
+from radixcache.serving.server import ServerConfig, TreeServer
+from radixcache.wire import commands as cmd
+from radixcache.wire.mirror import Mirror
+from radixcache.wire.security import KEYS_ENV, ClientCurve, CurveError, CurveServer, create_keys
+from radixcache.wire.stream import BindPolicy, Endpoints, check_bind
+from radixcache.wire.subscriber import Subscriber
 
 pytestmark = pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
 
@@ -96,6 +96,6 @@ def test_only_the_client_key_in_the_directory_is_served(
 
 def send(endpoint: str, c: cmd.AnyCommand, keys: ClientCurve | None,
          timeout_s: float = 5.0) -> cmd.AnyReply:
-    from radixcache.stream import send_command
+    from radixcache.wire.stream import send_command
 
     return send_command(endpoint, c, timeout_s, curve=keys)

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 import cli.cmd_doctor  # noqa: F401  (registers the command)
 from cli.app import app
 from cli.cmd_doctor import recordings_dir
-from radixcache import __version__, sharegpt
+from radixcache import __version__
+from radixcache.traffic import sharegpt
 
 KEYS = [
     "radixcache",

@@ -4,7 +4,7 @@ the tree's after every applied batch, with 1% of batches dropped at the subscrib
 from __future__ import annotations
 
 from cli.cmd_stream import verify_drops
-from radixcache.subscriber import HashDrop
+from radixcache.wire.subscriber import HashDrop
 
 
 def test_hash_drop_is_deterministic_and_near_the_fraction() -> None:

@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from radixcache import events as ev
-from radixcache.engine import (
+from radixcache.core import events as ev
+from radixcache.serving.engine import (
     Engine,
     EngineConfig,
     RequestCancelled,
     RequestHandle,
     RequestRejected,
 )
-from radixcache.mirror import Mirror
-from radixcache.model import ModelConfig
-from radixcache.workloads import build_workload
+from radixcache.serving.model import ModelConfig
+from radixcache.traffic.workloads import build_workload
+from radixcache.wire.mirror import Mirror
 
 SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
 

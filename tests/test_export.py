@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from radixcache import events as ev
-from radixcache.export import jsonl_lines, perfetto_json
-from radixcache.recording import Keyframe
+from radixcache.core import events as ev
+from radixcache.wire.export import jsonl_lines, perfetto_json
+from radixcache.wire.recording import Keyframe
 
 SNAP = ev.Snapshot(16, 8, [ev.NodeState(0, -1, 0, b"", [], 0, 0)], 0, 1, [], 0.92, 0.85)
 BATCHES = [
@@ -50,7 +50,7 @@ def test_cli_record_export_and_kv_tree(tmp_path):
     from typer.testing import CliRunner
 
     from cli.main import app
-    from radixcache.kvevents import BlockStored, KVEventPublisher
+    from radixcache.wire.kvevents import BlockStored, KVEventPublisher
 
     runner = CliRunner()
     out = tmp_path / "run.rcx"

@@ -17,15 +17,15 @@ import msgspec
 import pytest
 import zmq
 
-from radixcache import commands as cmd
-from radixcache import events as ev
-from radixcache.engine import Engine, EngineConfig
-from radixcache.mirror import Mirror
-from radixcache.model import ModelConfig
-from radixcache.pool import KVPool, PoolExhausted
-from radixcache.stream import Endpoints, Publisher, send_command, u64
-from radixcache.subscriber import Subscriber
-from radixcache.tree import RadixTree
+from radixcache.core import events as ev
+from radixcache.core.pool import KVPool, PoolExhausted
+from radixcache.core.tree import RadixTree
+from radixcache.serving.engine import Engine, EngineConfig
+from radixcache.serving.model import ModelConfig
+from radixcache.wire import commands as cmd
+from radixcache.wire.mirror import Mirror
+from radixcache.wire.stream import Endpoints, Publisher, send_command, u64
+from radixcache.wire.subscriber import Subscriber
 from tests.test_stream_helpers import caught_up, drive, make_source, prompts, serving, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,8 +203,8 @@ def test_engine_waits_while_the_pool_is_locked_then_serves():
 
 _WATCHER = """
 import sys, time
-from radixcache.stream import Endpoints
-from radixcache.subscriber import Subscriber
+from radixcache.wire.stream import Endpoints
+from radixcache.wire.subscriber import Subscriber
 sub = Subscriber(Endpoints.tcp("127.0.0.1", int(sys.argv[1]))).start()
 assert sub.wait_synced(10)
 print("synced", flush=True)

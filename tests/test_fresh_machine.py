@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from radixcache import __version__
-from radixcache.recording import RecordingReader
+from radixcache.wire.recording import RecordingReader
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 120

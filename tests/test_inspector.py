@@ -22,10 +22,10 @@ from inspector.replay import Recording, ReplaySource, load_recording
 from inspector.shots import free_ports, record_demo
 from inspector.widgets.command_line import complete, parse
 from inspector.widgets.lru import next_victims
-from radixcache import commands as cmd
-from radixcache import events as ev
-from radixcache.memory import MemorySource
-from radixcache.mirror import Mirror
+from radixcache.core import events as ev
+from radixcache.serving.memory import MemorySource
+from radixcache.wire import commands as cmd
+from radixcache.wire.mirror import Mirror
 
 T0 = 1_700_000_000.0
 STATES_AFTER_EVICT = {"SELECTED": 16, "EVICTED": 41, "FREE": 967}

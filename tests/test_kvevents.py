@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import zmq
 
-from radixcache import kvevents as kv
-from radixcache.kvevents import BlockTree, KVEventPublisher, KVEventsClient, KVTranslator
-from radixcache.stream import serve_request, u64
+from radixcache.wire import kvevents as kv
+from radixcache.wire.kvevents import BlockTree, KVEventPublisher, KVEventsClient, KVTranslator
+from radixcache.wire.stream import serve_request, u64
 from tests.test_stream_helpers import make_source, prompts, wait_for
 
 

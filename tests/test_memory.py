@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from radixcache.memory import MemorySample, MemorySource, process_rss_bytes
+from radixcache.serving.memory import MemorySample, MemorySource, process_rss_bytes
 
 GiB = 2**30
 

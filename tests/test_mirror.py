@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import pytest
 from conftest import toks, write_kv
 
-from radixcache import events as ev
-from radixcache.mirror import Mirror, MirrorError
-from radixcache.pool import KVPool, KVShape
-from radixcache.tree import Lease, MatchResult, RadixTree
+from radixcache.core import events as ev
+from radixcache.core.pool import KVPool, KVShape
+from radixcache.core.tree import Lease, MatchResult, RadixTree
+from radixcache.wire.mirror import Mirror, MirrorError
 
 B = 16
 A = list(range(1, 101))

@@ -12,13 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixcache.model import (
+from radixcache.core.pool import KVPool
+from radixcache.serving.model import (
     ModelConfig,
     SeqInput,
     TinyTransformer,
     prefill_and_decode,
 )
-from radixcache.pool import KVPool
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 B = 16

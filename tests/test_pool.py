@@ -7,7 +7,7 @@ from array import array
 import pytest
 import torch
 
-from radixcache.pool import BlockAllocator, BlockStateError, KVPool, KVShape, PoolExhausted
+from radixcache.core.pool import BlockAllocator, BlockStateError, KVPool, KVShape, PoolExhausted
 
 
 def test_free_list_order_is_exact() -> None:

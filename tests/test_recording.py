@@ -7,16 +7,16 @@ import struct
 
 import pytest
 
-from radixcache import events as ev
-from radixcache.mirror import Mirror
-from radixcache.recording import (
+from radixcache.core import events as ev
+from radixcache.wire.mirror import Mirror
+from radixcache.wire.recording import (
     Keyframe,
     RecordingError,
     RecordingReader,
     RecordingWriter,
     mirror_snapshot,
 )
-from radixcache.stream import serve_request
+from radixcache.wire.stream import serve_request
 from tests.test_stream_helpers import make_source, prompts
 
 

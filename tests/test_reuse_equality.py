@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from radixcache.engine import Engine, EngineConfig, RequestResult
-from radixcache.model import ModelConfig
+from radixcache.serving.engine import Engine, EngineConfig, RequestResult
+from radixcache.serving.model import ModelConfig
 
 ATOL = 1e-4  # float32; observed differences are ~2e-6
 SMALL = ModelConfig(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)

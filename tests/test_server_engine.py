@@ -18,12 +18,12 @@ import zmq
 from typer.testing import CliRunner
 
 from cli.main import app
-from radixcache import commands as cmd
-from radixcache import events as ev
-from radixcache.recording import Keyframe, RecordingReader
-from radixcache.stream import Endpoints, send_command
-from radixcache.subscriber import Subscriber
-from radixcache.workloads import build_workload
+from radixcache.core import events as ev
+from radixcache.traffic.workloads import build_workload
+from radixcache.wire import commands as cmd
+from radixcache.wire.recording import Keyframe, RecordingReader
+from radixcache.wire.stream import Endpoints, send_command
+from radixcache.wire.subscriber import Subscriber
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAT3 = len(build_workload("chat", ["3"]).requests)

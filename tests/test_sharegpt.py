@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixcache import sharegpt as sg
-from radixcache.sharegpt import (
+from radixcache.traffic import sharegpt as sg
+from radixcache.traffic.sharegpt import (
     BOS,
     EOT,
     HDR,

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 import cli.cmd_soak
 from cli.app import app
-from radixcache.soak import Soak, SoakConfig, SoakReport
+from radixcache.tools.soak import Soak, SoakConfig, SoakReport
 
 
 def test_five_second_soak_is_sound():

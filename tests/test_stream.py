@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import zmq
 
-from radixcache import commands as cmd
-from radixcache.stream import (
+from radixcache.wire import commands as cmd
+from radixcache.wire.stream import (
     BindPolicy,
     Endpoints,
     Publisher,
@@ -13,7 +13,7 @@ from radixcache.stream import (
     check_bind,
     send_command,
 )
-from radixcache.subscriber import Subscriber, drop_one_percent
+from radixcache.wire.subscriber import Subscriber, drop_one_percent
 from tests.test_stream_helpers import caught_up, drive, make_source, prompts, serving, wait_for
 
 

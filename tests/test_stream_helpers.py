@@ -8,10 +8,10 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from radixcache.pool import KVPool
-from radixcache.stream import Endpoints, Publisher, TreeSource, serve_request
-from radixcache.subscriber import Subscriber
-from radixcache.tree import RadixTree
+from radixcache.core.pool import KVPool
+from radixcache.core.tree import RadixTree
+from radixcache.wire.stream import Endpoints, Publisher, TreeSource, serve_request
+from radixcache.wire.subscriber import Subscriber
 
 LOCAL = Endpoints.tcp("127.0.0.1", 0)
 

@@ -9,11 +9,10 @@ from typing import NamedTuple
 import pytest
 from conftest import read_kv, toks, write_kv
 
-from radixcache import events as ev
-from radixcache.invariants import InvariantError
-from radixcache.mirror import Mirror
-from radixcache.pool import KVPool, KVShape, PoolExhausted
-from radixcache.tree import (
+from radixcache.core import events as ev
+from radixcache.core.invariants import InvariantError
+from radixcache.core.pool import KVPool, KVShape, PoolExhausted
+from radixcache.core.tree import (
     EvictResult,
     InsertResult,
     InvalidTokens,
@@ -26,6 +25,7 @@ from radixcache.tree import (
     TreeError,
     UnknownNode,
 )
+from radixcache.wire.mirror import Mirror
 
 B = 16
 

@@ -22,10 +22,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from radixcache import events as ev
-from radixcache.mirror import Mirror
-from radixcache.pool import KVPool, KVShape, PoolExhausted
-from radixcache.tree import Lease, MatchResult, RadixNode, RadixTree
+from radixcache.core import events as ev
+from radixcache.core.pool import KVPool, KVShape, PoolExhausted
+from radixcache.core.tree import Lease, MatchResult, RadixNode, RadixTree
+from radixcache.wire.mirror import Mirror
 
 VOCAB = 64
 TOKEN = st.one_of(st.integers(0, 3), st.integers(0, VOCAB - 1))

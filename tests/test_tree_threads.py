@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import pytest
 from conftest import read_kv, toks, write_kv
 
-from radixcache.mirror import Mirror
-from radixcache.pool import KVPool, KVShape, PoolExhausted
-from radixcache.tree import RadixTree
+from radixcache.core.pool import KVPool, KVShape, PoolExhausted
+from radixcache.core.tree import RadixTree
+from radixcache.wire.mirror import Mirror
 
 THREADS = 8
 REQUESTS_PER_THREAD = 400

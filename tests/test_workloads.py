@@ -8,9 +8,9 @@ import zlib
 import numpy as np
 import pytest
 
-from radixcache import sharegpt, workloads
-from radixcache.sharegpt import BOS, EOT, HDR, HDR_END, ROLE_GPT, ROLE_HUMAN, ROLE_SYSTEM
-from radixcache.workloads import (
+from radixcache.traffic import sharegpt, workloads
+from radixcache.traffic.sharegpt import BOS, EOT, HDR, HDR_END, ROLE_GPT, ROLE_HUMAN, ROLE_SYSTEM
+from radixcache.traffic.workloads import (
     MAX_REQUESTS,
     WORDS,
     WORKLOADS,

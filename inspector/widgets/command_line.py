@@ -1,6 +1,6 @@
 """The command line: parse, validate, complete, remember.
 
-``parse`` turns what a person typed into a typed ``radixcache.commands`` command, or says
+``parse`` turns what a person typed into a typed ``radixcache.wire.commands`` command, or says
 exactly why not; a workload command is checked by building it (the workloads' own rules),
 so nothing invalid is ever sent.
 """
@@ -12,8 +12,8 @@ from typing import ClassVar, NamedTuple
 from textual.binding import Binding, BindingType
 from textual.widgets import Input
 
-from radixcache import commands as cmd
-from radixcache.workloads import WORKLOADS, WorkloadError, build_workload
+from radixcache.traffic.workloads import WORKLOADS, WorkloadError, build_workload
+from radixcache.wire import commands as cmd
 
 CONTROL = ("pause", "resume", "reset", "stats", "snapshot", "evict", "watermark")
 LOCAL = ("filter", "help", "quit")

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from inspector.feed import Feed, LogEntry
-from radixcache import events as ev
+from radixcache.core import events as ev
 
 KINDS = ("create", "extend", "split", "merge", "evict", "cow", "alloc", "free", "wm", "rstart",
          "rfinish", "snapshot", "reset", "digest")

@@ -9,7 +9,7 @@ from textual.widget import Widget
 
 from inspector.feed import Feed
 from inspector.layout import human_age, human_count
-from radixcache.mirror import Mirror, MirrorNode
+from radixcache.wire.mirror import Mirror, MirrorNode
 
 
 def next_victims(mirror: Mirror, limit: int) -> list[MirrorNode]:

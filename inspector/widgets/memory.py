@@ -8,7 +8,7 @@ from collections import deque
 from rich.text import Text
 from textual.widget import Widget
 
-from radixcache import events as ev
+from radixcache.core import events as ev
 
 SPARK = "▁▂▃▄▅▆▇█"
 HISTORY = 60

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from inspector.sources import ConnState, SourceStatus
-from radixcache.mirror import MirrorStats
+from radixcache.wire.mirror import MirrorStats
 
 _DOT = {ConnState.LIVE: ("●", "#98c379"), ConnState.LOCAL: ("●", "#61afef"),
         ConnState.REPLAY: ("▶", "#c792ea"), ConnState.RESYNCING: ("◐", "#e5c07b"),

@@ -2,7 +2,7 @@
 
 Every workload is a pure function of its size parameters and ``seed``: the same arguments give
 request-for-request identical token arrays. Token ids follow the ShareGPT trace
-(``radixcache.sharegpt``): words are ``crc32(word) % 100000`` and a chat message is laid out as
+(``traffic.sharegpt``): words are ``crc32(word) % 100000`` and a chat message is laid out as
 
     <bos> | <hdr> role <end> w w w ... <eot> | <hdr> gpt <end>     <- prompt ends here
                                               | answer ... <eot>   <- output (forced or decoded)
@@ -21,8 +21,8 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from radixcache import sharegpt
-from radixcache.sharegpt import (
+from radixcache.traffic import sharegpt
+from radixcache.traffic.sharegpt import (
     BOS,
     EOT,
     HDR,

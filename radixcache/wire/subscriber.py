@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import msgspec
 import zmq
 
-from radixcache import events as ev
-from radixcache.mirror import Mirror, MirrorError
-from radixcache.security import ClientCurve, client_curve
-from radixcache.stream import MAX_BATCH_BYTES, Endpoints, from_u64, gc_paused, u64
+from radixcache.core import events as ev
+from radixcache.wire.mirror import Mirror, MirrorError
+from radixcache.wire.security import ClientCurve, client_curve
+from radixcache.wire.stream import MAX_BATCH_BYTES, Endpoints, from_u64, gc_paused, u64
 
 MAX_BUFFERED = 100_000
 _SNAPSHOT = msgspec.msgpack.Decoder(ev.Snapshot)

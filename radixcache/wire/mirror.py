@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from radixcache import events as ev
-from radixcache.tree import structure_digest
+from radixcache.core import events as ev
+from radixcache.core.tree import structure_digest
 
 _first = struct.Struct("<I").unpack_from
 

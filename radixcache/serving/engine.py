@@ -42,12 +42,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from radixcache import events as ev
-from radixcache.memory import MemorySource
-from radixcache.model import ModelConfig, SeqInput, TinyTransformer
-from radixcache.pool import KVPool, PoolExhausted
-from radixcache.tree import EvictResult, Lease, MatchResult, PromptTooLarge, RadixTree
-from radixcache.workloads import Workload, WorkloadRequest
+from radixcache.core import events as ev
+from radixcache.core.pool import KVPool, PoolExhausted
+from radixcache.core.tree import EvictResult, Lease, MatchResult, PromptTooLarge, RadixTree
+from radixcache.serving.memory import MemorySource
+from radixcache.serving.model import ModelConfig, SeqInput, TinyTransformer
+from radixcache.traffic.workloads import Workload, WorkloadRequest
 
 TokenArray = npt.NDArray[np.uint32]
 StepHook = Callable[[list[ev.AnyEvent]], None]

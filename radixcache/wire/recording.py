@@ -30,8 +30,8 @@ from typing import BinaryIO, NamedTuple
 
 import msgspec
 
-from radixcache import events as ev
-from radixcache.mirror import Mirror
+from radixcache.core import events as ev
+from radixcache.wire.mirror import Mirror
 
 MAGIC = b"RADIXREC"
 FORMAT_VERSION = 1

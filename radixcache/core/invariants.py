@@ -21,7 +21,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from radixcache.tree import RadixNode, RadixTree
+    from radixcache.core.tree import RadixNode, RadixTree
 
 _first = struct.Struct("<I").unpack_from
 

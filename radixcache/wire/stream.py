@@ -37,10 +37,10 @@ import msgspec
 import numpy as np
 import zmq
 
-from radixcache import commands as cmd
-from radixcache import events as ev
-from radixcache.security import ClientCurve, ServerKeys, client_curve
-from radixcache.tree import RadixTree
+from radixcache.core import events as ev
+from radixcache.core.tree import RadixTree
+from radixcache.wire import commands as cmd
+from radixcache.wire.security import ClientCurve, ServerKeys, client_curve
 
 MAX_CONTROL_BYTES = 64 * 1024
 POLL_MS = 2

@@ -6,7 +6,7 @@ part (evicting as needed); then for each: insert ``prompt + output[:-1]``, unloc
 
 Policies: the tree itself (token-granular), the same tree with matches cut to a block
 boundary (what caches with page size > 1 reuse), and full-block hashing
-(``radixcache.baselines``).
+(``radixcache.tools.baselines``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from radixcache.pool import KVPool, KVShape
-from radixcache.tree import MatchResult, RadixTree
+from radixcache.core.pool import KVPool, KVShape
+from radixcache.core.tree import MatchResult, RadixTree
 
 BATCH = 8
 Request = tuple[np.ndarray, np.ndarray]  # (prompt, output) uint32 arrays

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Iterator
 
 import msgspec
 
-from radixcache import events as ev
-from radixcache.recording import Keyframe
+from radixcache.core import events as ev
+from radixcache.wire.recording import Keyframe
 
 JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
 JsonObj = dict[str, JsonValue]

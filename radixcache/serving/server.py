@@ -30,15 +30,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from radixcache import commands as cmd
-from radixcache import events as ev
-from radixcache.engine import Engine, EngineConfig
-from radixcache.kvevents import KVEventPublisher, KVTranslator
-from radixcache.model import ModelConfig
-from radixcache.pool import KVPool
-from radixcache.recording import RecordingWriter
-from radixcache.security import CurveServer
-from radixcache.stream import (
+from radixcache.core import events as ev
+from radixcache.core.pool import KVPool
+from radixcache.core.tree import RadixTree, TreeError
+from radixcache.serving.engine import Engine, EngineConfig
+from radixcache.serving.model import ModelConfig
+from radixcache.traffic.workloads import Workload, WorkloadError, build_workload
+from radixcache.wire import commands as cmd
+from radixcache.wire.kvevents import KVEventPublisher, KVTranslator
+from radixcache.wire.recording import RecordingWriter
+from radixcache.wire.security import CurveServer
+from radixcache.wire.stream import (
     BindPolicy,
     Endpoints,
     Publisher,
@@ -46,8 +48,6 @@ from radixcache.stream import (
     TreeSource,
     serve_request,
 )
-from radixcache.tree import RadixTree, TreeError
-from radixcache.workloads import Workload, WorkloadError, build_workload
 
 
 def reply_text(handle: Callable[[cmd.AnyCommand], cmd.AnyReply], line: str) -> str:

@@ -24,9 +24,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from radixcache.engine import Engine, EngineConfig, RequestResult
-from radixcache.model import ModelConfig, SeqInput, TinyTransformer
-from radixcache.pool import KVPool, KVShape
+from radixcache.core.pool import KVPool, KVShape
+from radixcache.serving.engine import Engine, EngineConfig, RequestResult
+from radixcache.serving.model import ModelConfig, SeqInput, TinyTransformer
 
 EQUAL_ATOL = 1e-4
 COW_SHAPE = KVShape(num_layers=32, num_kv_heads=8, head_dim=128, dtype=torch.float16)

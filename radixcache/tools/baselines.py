@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from radixcache.sharegpt import load_trace
+from radixcache.traffic.sharegpt import load_trace
 
 REPLAY_BATCH = 8
 

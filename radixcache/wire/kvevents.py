@@ -38,9 +38,16 @@ from typing import NamedTuple
 import msgspec
 import zmq
 
-from radixcache import events as ev
-from radixcache.mirror import Mirror, MirrorNode
-from radixcache.stream import MAX_BATCH_BYTES, MAX_CONTROL_BYTES, BindPolicy, bind, from_u64, u64
+from radixcache.core import events as ev
+from radixcache.wire.mirror import Mirror, MirrorNode
+from radixcache.wire.stream import (
+    MAX_BATCH_BYTES,
+    MAX_CONTROL_BYTES,
+    BindPolicy,
+    bind,
+    from_u64,
+    u64,
+)
 
 TOPIC = b"kv-events"
 END_SEQ = b"\xff" * 8

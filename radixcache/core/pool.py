@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from radixcache.blocks import BlockAllocator, BlockStateError, PoolError, PoolExhausted
+from radixcache.core.blocks import BlockAllocator, BlockStateError, PoolError, PoolExhausted
 
 __all__ = [
     "BlockAllocator",

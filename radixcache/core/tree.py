@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING, NamedTuple, NewType, Protocol
 
 import numpy as np
 
-from radixcache import events as ev
-from radixcache.blocks import PoolExhausted
+from radixcache.core import events as ev
+from radixcache.core.blocks import PoolExhausted
 
 if TYPE_CHECKING:
-    from radixcache.pool import KVPool
+    from radixcache.core.pool import KVPool
 
 NodeId = NewType("NodeId", int)
 TokenSeq = bytes | np.ndarray | Sequence[int]
@@ -801,8 +801,8 @@ class RadixTree:
 
     # -- state export ----------------------------------------------------------------------
     def check(self) -> None:
-        """Verify every invariant (see ``radixcache.invariants``); raises ``InvariantError``."""
-        from radixcache.invariants import check_tree
+        """Verify every invariant (``radixcache.core.invariants``); raises ``InvariantError``."""
+        from radixcache.core.invariants import check_tree
 
         with self.lock_:
             check_tree(self)

@@ -26,11 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from radixcache import events as ev
-from radixcache.engine import Engine, EngineConfig, RequestHandle, RequestRejected
-from radixcache.invariants import InvariantError
-from radixcache.mirror import Mirror, MirrorError
-from radixcache.workloads import Workload, WorkloadRequest, build_workload
+from radixcache.core import events as ev
+from radixcache.core.invariants import InvariantError
+from radixcache.serving.engine import Engine, EngineConfig, RequestHandle, RequestRejected
+from radixcache.traffic.workloads import Workload, WorkloadRequest, build_workload
+from radixcache.wire.mirror import Mirror, MirrorError
 
 # name -> small parameters, so one workload takes well under a second on a CPU
 MIX: tuple[tuple[str, dict[str, int | str]], ...] = (

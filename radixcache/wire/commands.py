@@ -24,7 +24,7 @@ class Command(msgspec.Struct, tag_field="cmd", array_like=True, forbid_unknown_f
 
 
 class StartWorkload(Command, tag="start"):
-    """Start the named workload (see ``radixcache.workloads``) with command-line style args."""
+    """Start the named workload (``traffic.workloads``) with command-line style args."""
 
     name: str
     args: list[str] = []

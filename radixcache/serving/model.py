@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from radixcache.pool import KVPool, KVShape
+from radixcache.core.pool import KVPool, KVShape
 
 TokenIds = Sequence[int] | torch.Tensor | npt.NDArray[np.integer]
 IntArray = npt.NDArray[np.int64]
