@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-SCHEMA_VERSION = 2  # 2: Extend
+SCHEMA_VERSION = 3  # 2: Extend; 3: Counters, Fault
 
 
 class Event(msgspec.Struct, tag_field="kind", array_like=True, frozen=True):
@@ -176,6 +176,36 @@ class Reset(Event, tag="reset", frozen=True):
     """The tree was emptied: every block is free."""
 
 
+class Counters(Event, tag="counters", frozen=True):
+    """The engine's own cumulative counters, sent with every watermark sample (the heartbeat).
+
+    They count since the engine started, or since its ``generation``-th reset (0: never reset),
+    so a late joiner shows the engine's figures, not what it happened to see. ``hit_tokens``
+    of ``prompt_tokens`` is the engine's token hit rate; ``waiting``/``running`` are gauges.
+    """
+
+    generation: int
+    submitted: int
+    finished: int
+    rejected: int
+    prompt_tokens: int
+    hit_tokens: int
+    evicted_nodes: int
+    evicted_tokens: int
+    cow_copies: int
+    waiting: int
+    running: int
+    paused: bool
+
+
+class Fault(Event, tag="fault", frozen=True):
+    """A worker thread of the engine died: ``thread`` and the exception as one line. The
+    engine stops serving after it; a subscriber shows it as a banner."""
+
+    thread: str
+    error: str
+
+
 class Digest(Event, tag="digest", frozen=True):
     """The engine's ``digest()`` at this point of the stream, for subscribers to verify."""
 
@@ -198,6 +228,8 @@ AnyEvent = (
     | RequestFinish
     | Snapshot
     | Reset
+    | Counters
+    | Fault
     | Digest
 )
 

@@ -81,6 +81,8 @@ class Mirror:
         self.stats = MirrorStats()
         self.high, self.low = 0.92, 0.85
         self.watermark: ev.Watermark | None = None
+        self.counters: ev.Counters | None = None  # the engine's own, from its heartbeat
+        self.fault: ev.Fault | None = None  # a worker thread of the engine died
         self.version = 0  # bumped on every applied event, never rewound (the UI redraws on change)
         self._reset(block_size, num_blocks)
 
@@ -157,6 +159,12 @@ class Mirror:
         self.cow_blocks.add(e.dst)
         self.stats.cow_copies += 1
         self.stats.slots_copied += e.slots
+
+    def _counters(self, e: ev.Counters) -> None:
+        self.counters = e
+
+    def _fault(self, e: ev.Fault) -> None:
+        self.fault = e
 
     def _watermark(self, e: ev.Watermark) -> None:
         self.watermark = e
@@ -305,5 +313,7 @@ _HANDLERS: Mapping[type, Callable[[Mirror, Any], None]] = MappingProxyType(
         ev.Snapshot: Mirror.load_snapshot,
         ev.Reset: Mirror._reset_event,
         ev.Digest: Mirror._digest,
+        ev.Counters: Mirror._counters,
+        ev.Fault: Mirror._fault,
     }
 )
