@@ -1,40 +1,44 @@
 """The inspector app: wires a ``Source`` and a ``Feed`` to the panes, one frame at a time.
 
 Batches arrive on the source's thread and are applied to the mirror there (``Feed``). A
-timer (``FRAME_HZ``) takes what changed since the previous frame and updates only that:
-tree rows (re-laid-out in a background thread once the tree is big), block-map rows of the
-touched blocks, the log, the figures. Keys are handled between frames, so typing stays
-responsive however fast events arrive.
+timer (``FRAME_HZ``) takes the feed's lock once per frame and, in that one hold, takes what
+changed and builds a ``Frame`` (``inspector.frame``): one immutable view of the mirror at one
+seq. Every pane then draws from that frame, so no two panes can disagree. Big trees are laid
+out in a Textual worker thread; the frame re-checks what it copies from that layout. Keys are
+handled between frames, so typing stays responsive however fast events arrive.
 """
 
 from __future__ import annotations
 
 import gc
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple, Protocol
 
 from rich.text import Text
+from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen, Screen
+from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
-from inspector.feed import Feed
-from inspector.layout import Row, block_ranges, collapse, expand, flatten
+from inspector.commands import CommandReplies
+from inspector.feed import Delta, Feed
+from inspector.frame import EMPTY, Builder, Frame, Want
+from inspector.layout import Row, collapse, expand, flatten
 from inspector.sources import DatasetWords, ReplayControls, Source
-from inspector.widgets.block_map import BlockMap, legend
-from inspector.widgets.command_line import CommandLine, parse
-from inspector.widgets.event_log import KINDS, EventLog
+from inspector.widgets.block_map import BlockMap
+from inspector.widgets.command_line import CommandLine
+from inspector.widgets.event_log import EventLog
+from inspector.widgets.help import HelpScreen
 from inspector.widgets.lru import LruPane, next_victims
 from inspector.widgets.memory import HISTORY, MemoryPane
-from inspector.widgets.stats import Rate, StatsPane, header_line
-from inspector.widgets.tree_view import TreeView
-from radixcache.wire import commands as cmd
+from inspector.widgets.stats import Rate, StatsPane, figures, header_line
+from inspector.widgets.timeline import timeline
+from inspector.widgets.tree_view import Folding, TreeView
 from radixcache.wire.mirror import MirrorNode
 
 FRAME_HZ = 30
@@ -42,25 +46,9 @@ SYNC_LAYOUT_NODES = 5_000  # bigger trees are laid out off the UI thread
 BIG_LAYOUT_EVERY_S = 0.5
 LRU_ROWS = 12
 EVICTED_SHOW_S = 2.0
+WINDOW_MARGIN = 2  # screens of tree rows copied above and below the visible ones
 PANES = ("tree", "blocks", "memory", "lru", "events", "stats")
-
-HELP = """\
-[b]radixcache inspector[/b]
-
-[b]Panes[/b]  F2 tree  F3 block map  F4 memory  F5 LRU  F6 events  F7 stats (show/hide)
-        ctrl+left / ctrl+right  narrow / widen the tree pane   tab-cycle with shift+tab
-[b]Tree[/b]   ↑↓ j k  move · enter/space fold · ← → collapse/expand · home/end
-        the selected node's blocks are white in the block map, its LRU place is marked
-[b]Commands[/b]  : or /  focus the command line, esc back to the tree
-        chat 20 · tot 3 4 · system 50 · fork 8 · flood 500 · evict 4096
-        watermark 0.9 0.8 · pause · resume · reset · stats · snapshot
-        filter split evict cow (event kinds; `filter all`) · help · quit
-        tab completes, ↑ ↓ history; a wrong command is explained and not sent
-[b]Replay[/b]  p play/pause · . step · , step back · > < keyframes · ] [ speed
-ctrl+p  command palette · q quit (outside the command line)
-
-Press esc to close.
-"""
+SHORT, NARROW = 30, 100  # below these many rows / columns the compact layout is used
 
 
 class Panes(NamedTuple):
@@ -73,20 +61,21 @@ class Panes(NamedTuple):
     events: EventLog
     stats: StatsPane
     header: Static
+    fault: Static
     timeline: Static
     message: Static
     command: CommandLine
 
 
-class HelpScreen(ModalScreen[None]):
-    """The key map."""
+class FrameCheck(Protocol):
+    """Something that checks sampled frames against the mirror (``inspector.fidelity``)."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,q,question_mark", "app.pop_screen", "Close")]
+    def due(self) -> bool:
+        """True when the next frame should be checked."""
 
-    def compose(self) -> ComposeResult:
-        """One framed text."""
-        yield Static(HELP, id="help")
+    def check(self, app: InspectorApp) -> None:
+        """Compare what the panes draw with ``app.feed.mirror`` (called with the lock held,
+        right after the panes took the frame)."""
 
 
 class InspectorApp(App[None]):
@@ -116,47 +105,55 @@ class InspectorApp(App[None]):
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(
-        self,
-        source: Source,
-        *,
-        frame_interval: float = 1 / FRAME_HZ,
-        flash_s: float = 1.5,
-        evicted_s: float = EVICTED_SHOW_S,
-    ) -> None:
+    def __init__(self, source: Source, *, frame_interval: float = 1 / FRAME_HZ,
+                 flash_s: float = 1.5, evicted_s: float = EVICTED_SHOW_S,
+                 check: FrameCheck | None = None) -> None:
         super().__init__()
         self.flash_s, self.evicted_s = flash_s, evicted_s
         self.source = source
         self.feed = Feed()
+        self.builder = Builder()
+        self.view: Frame = EMPTY
+        self.check = check
         self.frame_interval = frame_interval
-        self._shown: tuple[object, ...] = ()
-        self._timeline_shown = ""
         self.frame_ms: deque[float] = deque(maxlen=10_000)
         self.rate = Rate()
         self.req_per_s = 0.0
-        self.messages: list[str] = []
-        self.replies: list[cmd.AnyReply] = []
+        self.commands = CommandReplies(self)
         self.tree_width = 50
         self._layout_due = True
-        self._lru_due = True
-        self._pending_rows: list[Row] | None = None
-        self._pending_lru: list[MirrorNode] | None = None
-        self._bg: threading.Thread | None = None
+        self._pending: tuple[list[Row] | None, list[tuple[MirrorNode, int]]] | None = None
+        self._candidates: list[tuple[MirrorNode, int]] | None = None
+        self._laying_out = False
         self._next_big = 0.0
         self._big_cost = 0.0
-        self._selected: set[int] = set()
+        self._selected: int | None = None
+        self._words_in = False
+        self._legend: list[tuple[str, str]] = []
+        self._header = ""
+
+    @property
+    def messages(self) -> list[str]:
+        """Every message shown above the command line, oldest first."""
+        return self.commands.messages
+
+    @property
+    def replies(self) -> list[object]:
+        """Every reply the source sent back, oldest first."""
+        return self.commands.replies
 
     # -- layout ----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         """Header, tree | (block map, memory + LRU), events + stats, replay bar, command."""
         yield Static(id="header")
+        yield Static(id="fault")
         with Horizontal(id="main"):
-            yield TreeView(self.feed, id="tree")
+            yield TreeView(id="tree")
             with Vertical(id="right"):
-                yield BlockMap(self.feed, id="blocks")
+                yield BlockMap(id="blocks")
                 with Horizontal(id="lower"):
                     yield MemoryPane(id="memory")
-                    yield LruPane(self.feed, id="lru")
+                    yield LruPane(id="lru")
         with Horizontal(id="bottom"):
             yield EventLog(self.feed, id="events")
             yield StatsPane(id="stats")
@@ -169,18 +166,18 @@ class InspectorApp(App[None]):
         """Start the source and the frame timer."""
         q = self.query_one
         self._panes = Panes(q(TreeView), q(BlockMap), q(MemoryPane), q(LruPane), q(EventLog),
-                            q(StatsPane), q("#header", Static), q("#timeline", Static),
-                            q("#message", Static), q(CommandLine))
+                            q(StatsPane), q("#header", Static), q("#fault", Static),
+                            q("#timeline", Static), q("#message", Static), q(CommandLine))
         self.tree_pane.vocab = self.source.vocabulary()
-        self._words_in = False
         self.tree_pane.border_title = "tree"
         self.blocks.border_title = "block map"
-        self.blocks.border_subtitle = Text.assemble(*[(f"{t}  ", s) for t, s in legend()])
-        self.query_one("#memory").border_title = "memory"
-        self.query_one("#lru").border_title = "LRU queue (next out)"
+        q("#memory").border_title = "memory"
+        q("#lru").border_title = "LRU queue (next out)"
         self._panes.events.set_kinds(self._panes.events.kinds)
-        self.query_one("#stats").border_title = "stats"
-        self.query_one("#timeline").display = isinstance(self.source, ReplayControls)
+        q("#stats").border_title = "stats"
+        q("#timeline").display = isinstance(self.source, ReplayControls)
+        self._panes.fault.display = False
+        self._fit(self.size.width, self.size.height)
         self.source.start(self.feed)
         self._frame_timers = [self.set_interval(self.frame_interval, self.frame),
                         self.set_interval(0.5, self.slow_tick)]
@@ -192,6 +189,22 @@ class InspectorApp(App[None]):
         for timer in self._frame_timers:
             timer.stop()
         self.source.stop()
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Compact layouts for short or narrow terminals."""
+        self._fit(event.size.width, event.size.height)
+
+    def _fit(self, width: int, height: int) -> None:
+        for name, on in (("-short", height < SHORT), ("-narrow", width < NARROW)):
+            if on:
+                self.screen.add_class(name)
+            else:
+                self.screen.remove_class(name)
+
+    @property
+    def panes(self) -> Panes:
+        """The panes (found at mount, kept while the app runs)."""
+        return self._panes
 
     @property
     def tree_pane(self) -> TreeView:
@@ -205,258 +218,208 @@ class InspectorApp(App[None]):
 
     # -- the frame -------------------------------------------------------------------------
     def frame(self) -> None:
-        """Apply what changed since the previous frame to the panes."""
+        """Take one frame of the mirror (one lock hold) and show it on every pane."""
         t0 = time.perf_counter()
-        d = self.feed.take()
         wall = time.time()
-        tree = self.tree_pane
-        if d.flashes:
-            tree.flash(d.flashes, wall, self.flash_s)
+        self._apply_background()
+        check = self.check if self.check is not None and self.check.due() else None
+        with self.feed.lock:
+            d = self.feed.take_locked()
+            self._layout_locked(d)
+            tree = self.tree_pane
+            want = Want(tree.window(WINDOW_MARGIN), self._selected, self._candidates,
+                        LRU_ROWS, wall, self.evicted_s)
+            frame = self.builder.build(self.feed, d, want)
+            if check is not None:
+                self._show(frame, d, wall)
+                check.check(self)
+        if check is None:
+            self._show(frame, d, wall)
+        self._start_background(wall)
+        if not d.empty:
+            self.frame_ms.append((time.perf_counter() - t0) * 1000)
+
+    def _layout_locked(self, d: Delta) -> None:
+        """Small trees: new rows now, under the lock, at the frame's seq."""
         self._layout_due |= d.structure or d.rebuild
-        self._lru_due |= d.events > 0
-        self._words_arrived(tree)
-        self._relayout(wall)
-        self._refresh_blocks(d.blocks, rebuild=d.rebuild, wall=wall)
-        if d.events or tree.expire_flashes(wall):
-            tree.refresh()
+        if d.rebuild:
+            self._candidates = None
+        if len(self.feed.mirror.nodes) <= SYNC_LAYOUT_NODES:
+            self._candidates = None
+            if self._layout_due:
+                self.tree_pane.set_rows(flatten(self.feed.mirror, self.tree_pane.collapsed))
+                self._layout_due = False
+
+    def _show(self, frame: Frame, d: Delta, wall: float) -> None:
+        """Every pane takes ``frame``; the log and the memory history take the delta. A frame
+        equal to the one on screen with nothing new in the delta costs nothing."""
+        p = self._panes
+        if d.empty and frame == self.view and not p.tree.flashes:
+            self.view = frame
+            return
+        self.view = frame
+        if d.flashes:
+            p.tree.flash(d.flashes, wall, self.flash_s)
+        p.tree.expire_flashes(wall)
+        self._words_arrived()
+        p.tree.show(frame)
+        if d.structure or d.rebuild or d.flashes:
+            p.tree.refresh()
+        p.tree.border_title = f"tree ({frame.node_count:,} nodes, {len(p.tree.rows):,} rows)"
+        p.tree.border_subtitle = frame.selection.footer() if frame.selection else ""
+        p.blocks.show(frame)
+        p.blocks.border_title = f"block map {frame.used_blocks:,}/{frame.num_blocks:,}"
+        legend = p.blocks.legend()
+        if legend != self._legend:
+            self._legend = legend
+            p.blocks.border_subtitle = Text.assemble(
+                *[(f"{t}  ", p.blocks.styled(c)) for t, c in legend])
         if d.log:
-            self._panes.events.refresh()
+            p.events.refresh()
         for err in d.errors:
-            self.say(f"[out of sync] {err}", error=1)
+            self.commands.say(f"[out of sync] {err}", error=True)
+        if self.builder.note:
+            self.commands.say(self.builder.note)
+        if self.builder.selected_id != self._selected:
+            self._selected = self.builder.selected_id
         if d.watermarks:  # each sample, so the sparkline does not depend on the frame rate
             note = self.source.status().memory_note
             for sample in d.watermarks[-HISTORY:]:
-                self._panes.memory.push(sample, note)
-        self._figures(wall)
-        if not d.empty or self._pending_rows is not None:
-            self.frame_ms.append((time.perf_counter() - t0) * 1000)
+                p.memory.push(sample, note)
+        p.memory.show(frame)
+        p.lru.show(frame)
+        self._figures(frame, wall)
 
-    def _words_arrived(self, tree: TreeView) -> None:
+    def _words_arrived(self) -> None:
         """Once the dataset's words are in, previews drawn with ids are drawn again."""
-        vocab = tree.vocab
+        vocab = self.tree_pane.vocab
         if not self._words_in and isinstance(vocab, DatasetWords) and vocab.ready.is_set():
             self._words_in = True
-            tree.forget_previews()
-            tree.refresh()
+            self.tree_pane.forget_previews()
 
-    def _relayout(self, wall: float) -> None:
-        """New tree rows and LRU order: right now for small trees, else in the background."""
-        if self._pending_rows is not None:
-            self.tree_pane.set_rows(self._pending_rows)
-            self._pending_rows = None
-            self._tree_title()
-            # A big tree is 100k+ long-lived objects: a full cyclic collection over them
-            # stalls the UI for 150-750 ms. Move what lives now out of the collector's
-            # sight; nodes and rows are freed by reference counting when dropped.
-            gc.freeze()
-        if self._pending_lru is not None:
-            self._show_lru(self._pending_lru)
-            self._pending_lru = None
-        if not (self._layout_due or self._lru_due):
+    def _figures(self, frame: Frame, wall: float) -> None:
+        p = self._panes
+        self.req_per_s = self.rate.add(frame.now, figures(frame).requests)
+        if isinstance(self.source, ReplayControls):
+            p.timeline.update(timeline(self.source.position(), self.size.width))
+        status = self.source.status()
+        header = header_line(status, frame, self.req_per_s, wall, self.size.width)
+        if header.plain != self._header:
+            self._header = header.plain
+            p.header.update(header)
+        p.stats.show(frame, self.req_per_s)
+        fault = frame.fault
+        p.fault.display = fault is not None
+        if fault is not None:
+            p.fault.update(f" ✗ the engine's {fault.thread} thread died: {fault.error} "
+                           "— it no longer serves; its log has the traceback")
+
+    # -- big trees: layout in a worker -----------------------------------------------------
+    def _start_background(self, wall: float) -> None:
+        big = len(self.feed.mirror.nodes) > SYNC_LAYOUT_NODES
+        if not big or self._laying_out or wall < self._next_big:
             return
-        mirror = self.feed.mirror
-        if len(mirror.nodes) <= SYNC_LAYOUT_NODES:
-            with self.feed.lock:
-                if self._layout_due:
-                    self.tree_pane.set_rows(flatten(mirror, self.tree_pane.collapsed))
-                    self._tree_title()
-                if self._lru_due:
-                    self._show_lru(next_victims(mirror, LRU_ROWS))
-            self._layout_due = self._lru_due = False
-        elif (self._bg is None or not self._bg.is_alive()) and wall > self._next_big:
-            # the layout thread competes with this one for the GIL: keep it under ~1/4
-            self._next_big = wall + max(BIG_LAYOUT_EVERY_S, 4 * self._big_cost)
-            layout, self._layout_due, self._lru_due = self._layout_due, False, False
-            self._bg = threading.Thread(target=self._background, kwargs={"layout": layout},
-                                        daemon=True)
-            self._bg.start()
+        # the layout thread competes with this one for the GIL: keep it under ~1/4
+        self._next_big = wall + max(BIG_LAYOUT_EVERY_S, 4 * self._big_cost)
+        layout, self._layout_due = self._layout_due, False
+        self._laying_out = True
+        self.run_worker(partial(self._background, set(self.tree_pane.collapsed), layout),
+                        thread=True, group="layout", exclusive=True)
 
-    def _background(self, *, layout: bool) -> None:
-        """Lay out a big tree and find the LRU order without the feed lock (atomic copies)."""
+    def _background(self, collapsed: set[int], layout: bool) -> None:  # noqa: FBT001
+        """Lay out a big tree and rank LRU candidates without the feed lock (atomic copies);
+        the next frame takes the result and re-checks the candidates under the lock."""
         t0 = time.perf_counter()
         mirror = self.feed.mirror
-        if layout:
-            self._pending_rows = flatten(mirror, set(self.tree_pane.collapsed),
-                                         yield_every=1_000)
-        self._pending_lru = next_victims(mirror, LRU_ROWS)
+        rows = flatten(mirror, collapsed, yield_every=1_000) if layout else None
+        self._pending = (rows, next_victims(mirror, 4 * LRU_ROWS))
         self._big_cost = time.perf_counter() - t0
+        self._laying_out = False
 
-    def _tree_title(self) -> None:
-        n = len(self.feed.mirror.nodes) - 1
-        self.tree_pane.border_title = f"tree ({n:,} nodes, {len(self.tree_pane.rows):,} rows)"
-
-    def _show_lru(self, victims: list[MirrorNode]) -> None:
-        lru = self._panes.lru
-        lru.set_victims(victims)
-
-    def _refresh_blocks(self, touched: set[int], *, rebuild: bool, wall: float) -> None:
-        bm = self.blocks
-        m = self.feed.mirror
-        with self.feed.lock:
-            locked = self.feed.locked_blocks()
-            for b in touched:
-                if b < len(m.ref) and m.ref[b] == 0 and b in m.evicted_blocks:
-                    bm.evicted[b] = wall + self.evicted_s
-        changed = touched | (locked ^ bm.locked)
-        bm.locked = locked
-        faded = {b for b, until in bm.evicted.items() if until <= wall}
-        for b in faded:
-            del bm.evicted[b]
-        if rebuild:
-            bm.invalidate_all()
-        elif changed or faded:
-            bm.invalidate(changed | faded)
-        used = m.watermark.used_blocks if m.watermark is not None else m.used_blocks
-        title = f"block map {used:,}/{m.num_blocks:,}"
-        if bm.border_title != title:
-            bm.border_title = title
-
-    def _figures(self, wall: float) -> None:
-        m = self.feed.mirror
-        self.req_per_s = self.rate.add(self.feed.now(), m.stats.requests)
-        if isinstance(self.source, ReplayControls):
-            line = self._timeline()
-            if line.plain != self._timeline_shown:
-                self._timeline_shown = line.plain
-                self._panes.timeline.update(line)
-        status = self.source.status()
-        header = header_line(status, self.feed.epoch, self.feed.seq, m.stats, self.req_per_s, wall)
-        shown = (header.plain, len(m.nodes), m.stats.requests, m.stats.evictions, m.version)
-        if shown == self._shown:  # an idle frame costs (almost) nothing
+    def _apply_background(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
             return
-        self._shown = shown
-        self._panes.header.update(header)
-        self._panes.stats.show(m.stats, self.req_per_s, len(m.nodes) - 1)
+        rows, self._candidates = pending
+        if rows is not None:
+            self.tree_pane.set_rows(rows)
+            # A big tree is 100k+ long-lived objects: a full cyclic collection over them
+            # stalls the UI for 150-750 ms. Move what lives now out of the collector's sight;
+            # nodes are freed by reference counting when dropped (Feed breaks the cycles of
+            # a dropped tree, so a resync, seek or reset does not pin the old one).
+            gc.freeze()
 
     def caught_up(self) -> bool:
         """True when every batch the feed received is on screen (tests wait for this)."""
-        return self.feed.idle() and self._pending_rows is None and not (
-            self._layout_due or self._lru_due)
+        return self.feed.idle() and self._pending is None and not self._laying_out and not (
+            self._layout_due and len(self.feed.mirror.nodes) <= SYNC_LAYOUT_NODES)
 
     def slow_tick(self) -> None:
         """Twice a second: redraw the memory pane (sparkline, ages) even without new samples."""
         self._panes.memory.refresh()
         self._panes.lru.refresh()
 
-    def _timeline(self) -> Text:
-        assert isinstance(self.source, ReplayControls)
-        pos = self.source.position()
-        width = max(10, self.size.width - 40 - (len(pos.note) + 4 if pos.note else 0))
-        cells = ["─"] * width
-        for k in pos.keyframes:
-            cells[min(width - 1, k * width // max(1, pos.total))] = "┼"
-        at = min(width - 1, pos.index * width // max(1, pos.total))
-        out = Text(" ▶ " if pos.playing else " ❚❚ ", "bold #c792ea")
-        out.append("".join(cells[:at]), "#c792ea")
-        out.append("●", "bold #ffffff")
-        out.append("".join(cells[at + 1 :]), "dim")
-        out.append(f" {pos.index:,}/{pos.total:,} ×{pos.speed:g}  p . , < > [ ]", "dim")
-        if pos.note:
-            out.append(f"  ✗ {pos.note}", "bold #e06c75")
-        return out
-
     # -- selection and folding -------------------------------------------------------------
     def on_tree_view_selected(self, message: TreeView.Selected) -> None:
-        """Highlight the node's blocks and its place in the LRU queue."""
-        node = self.feed.mirror.nodes.get(message.node_id)
-        blocks = set(node.blocks) if node is not None and node.parent is not None else set()
-        bm = self.blocks
-        old, bm.selected = bm.selected, blocks
-        bm.invalidate(old | blocks)
-        lru = self._panes.lru
-        lru.selected = message.node_id
-        lru.refresh()
-        if node is not None and node.parent is not None:
-            rank = lru.rank_of(node.id)
-            place = f"LRU #{rank}" if rank else ("locked" if node.lock else "not a victim yet")
-            self.tree_pane.border_subtitle = (
-                f"n{node.id}: {node.num_tokens:,} tok @{node.start} "
-                f"{block_ranges(node.blocks, 30)} r{node.lock} · {place}")
-        else:
-            self.tree_pane.border_subtitle = ""
+        """The cursor's node becomes the selection; the next frame draws it everywhere."""
+        self._selected = message.node_id if message.node_id != 0 else None
+        self.frame()
+
+    def on_tree_view_moved(self, _: TreeView.Moved) -> None:
+        """The window scrolled: copy the new rows' figures now."""
+        self.frame()
 
     def on_tree_view_fold(self, message: TreeView.Fold) -> None:
         """Fold or unfold in place (no full re-layout)."""
         tree = self.tree_pane
         row = tree.rows[message.index]
         with self.feed.lock:
-            if message.collapse:
+            if message.how is Folding.COLLAPSE:
                 tree.collapsed.add(row.node.id)
                 collapse(tree.rows, message.index)
             else:
                 tree.collapsed.discard(row.node.id)
                 expand(tree.rows, message.index, tree.collapsed)
         tree.set_rows(tree.rows)
-        self._tree_title()
+        self.frame()
 
     # -- commands --------------------------------------------------------------------------
     def on_input_submitted(self, message: Input.Submitted) -> None:
         """Parse; say what is wrong, or send it from a worker thread."""
-        line = message.value.strip()
-        box = self._panes.command
-        box.value = ""
-        if not line:
-            return
-        box.remember(line)
-        parsed = parse(line)
-        if parsed.error is not None:
-            self.say(f"✗ {parsed.error} — nothing sent", error=1)
-        elif parsed.local is not None:
-            self._local(parsed.local)
-        elif parsed.command is not None:
-            self.say(f"→ {line}")
-            self.run_worker(partial(self._send, parsed.command), thread=True, group="send")
+        self.commands.submit(message.value)
 
-    def _send(self, command: cmd.AnyCommand) -> None:
-        reply = self.source.send(command)
-        self.call_from_thread(self._replied, reply)
-
-    def _replied(self, reply: cmd.AnyReply) -> None:
-        self.replies.append(reply)
-        if isinstance(reply, cmd.Ok):
-            extra = "  ".join(f"{k}={v}" for k, v in reply.values.items())
-            self.say(f"✓ {reply.message} {extra}".rstrip())
-        else:
-            assert isinstance(reply, cmd.Error)
-            self.say(f"✗ {reply.message}", error=1)
-
-    def _local(self, words: tuple[str, ...]) -> None:
-        head, rest = words[0], words[1:]
-        if head == "help":
-            self.action_help()
-        elif head == "quit":
-            self.exit()
-        else:
-            kinds = frozenset(KINDS) if rest == ("all",) else frozenset(rest)
-            unknown = kinds - set(KINDS)
-            if unknown or not kinds:
-                self.say(f"✗ filter takes event kinds: {' '.join(KINDS)} (or all)", error=1)
-                return
-            self._panes.events.set_kinds(kinds)
-            self.say(f"✓ showing {' '.join(sorted(kinds))}")
-
-    def say(self, text: str, *, error: int = 0) -> None:
-        """Show a one-line message above the command line (``error=1``: in red)."""
-        self.messages.append(text)
-        self._panes.message.update(Text(text, "bold #e06c75" if error else "#98c379"))
+    def say(self, text: str, *, error: bool = False) -> None:
+        """Show a one-line message above the command line (in red for an error)."""
+        self.commands.say(text, error=error)
 
     # -- actions ---------------------------------------------------------------------------
     def action_help(self) -> None:
-        """Show the key map."""
-        self.push_screen(HelpScreen())
+        """Show the key map; focus returns to the panes when it closes."""
+        self.push_screen(HelpScreen(), callback=lambda _: self._focus_pane())
 
     def action_focus_command(self) -> None:
         """Focus the command line."""
         self._panes.command.focus()
 
     def action_focus_tree(self) -> None:
-        """Back to the tree."""
-        self.tree_pane.focus()
+        """Back to the tree (or the first pane shown)."""
+        self._focus_pane()
+
+    def _focus_pane(self) -> None:
+        for pane in (self.tree_pane, self.blocks):
+            if pane.display:
+                pane.focus()
+                return
+        self._panes.command.focus()
 
     def action_toggle_pane(self, name: str) -> None:
-        """Show or hide a pane."""
+        """Show or hide a pane; a hidden pane hands its focus on, a shown one takes it."""
         pane = self.query_one(f"#{name}")
         pane.display = not pane.display
+        if pane.display and pane.can_focus:
+            pane.focus()
+        elif self.focused is None or not self.focused.display:
+            self._focus_pane()
 
     def action_resize(self, delta: int) -> None:
         """Change the tree pane's share of the width (20..80 %)."""
@@ -467,13 +430,14 @@ class InspectorApp(App[None]):
         """Replay controls; a message when the source is not a recording."""
         src = self.source
         if not isinstance(src, ReplayControls):
-            self.say("✗ replay keys work in replay mode (radixcache replay FILE)", error=1)
+            self.say("✗ replay keys work in replay mode (radixcache replay FILE)", error=True)
             return
         moves: dict[str, Callable[[], None]] = {
             "toggle": src.toggle, "step": partial(src.step, 1), "back": partial(src.step, -1),
             "next_key": partial(src.seek_keyframe, 1), "prev_key": partial(src.seek_keyframe, -1),
             "faster": partial(src.set_speed, 2.0), "slower": partial(src.set_speed, 0.5)}
         moves[what]()
+        self.frame()
 
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         """The palette: the app's own actions next to Textual's."""

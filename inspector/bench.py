@@ -5,9 +5,12 @@ most nodes are leaves under a few thousand branch points) and streams, from its 
 a batch every 10 ms: as many Access events as keep ``events_per_s`` (50,000), a
 Watermark sample every 100 ms, and, while ``changing`` is set, ``requests_per_batch`` new
 requests through the tree (nodes created, split, evicted). The bench drives the app with the
-Pilot through three phases -- scrolling, nodes changing, key presses -- and reports the frame
-cost (the app's per-frame update: ``InspectorApp.frame``), the key latency (key posted to
-handled), the events ingested per second and the memory pane's redraws per second.
+Pilot through five phases -- scrolling, nodes changing, key presses, commands, fidelity -- and
+reports the frame cost (the app's per-frame update: ``InspectorApp.frame``), the key latency
+(key posted to the cursor moved), the events ingested per second, the memory pane's redraws
+per second, a command's reply time while the source floods (enter to reply shown; the
+source answers between its batches, as an engine's step loop does) and the fidelity
+violations (``inspector.fidelity``) over at least ``FIDELITY_FRAMES`` checked frames.
 """
 
 from __future__ import annotations
@@ -15,18 +18,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import queue
 import statistics
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import NamedTuple
 
 import numpy as np
 from textual import events
-from textual.pilot import Pilot
 
 from inspector.app import InspectorApp
 from inspector.feed import Feed
+from inspector.fidelity import Fidelity
 from inspector.layout import TokenText
 from inspector.sources import ConnState, SourceStatus
 from radixcache.core import events as ev
@@ -37,6 +42,8 @@ from radixcache.wire import commands as cmd
 from radixcache.wire.stream import serve_request
 
 Progress = Callable[[int, int], None]  # (done, total)
+FIDELITY_FRAMES = 100
+COMMANDS = ("stats", "evict 64")
 
 
 class TuiBench(NamedTuple):
@@ -53,6 +60,11 @@ class TuiBench(NamedTuple):
     watermark_hz: float
     frames: int
     keys: int
+    command_ms_p50: float
+    command_ms_p99: float
+    commands: int
+    fidelity_violations: int
+    fidelity_frames: int
 
 
 def build_tree(nodes: int, progress: Progress | None = None) -> RadixTree:
@@ -84,6 +96,7 @@ class BenchSource:
         self._feed: Feed | None = None
         self._rng = np.random.default_rng(1)
         self._since = time.time()
+        self._inbox: queue.Queue[tuple[cmd.AnyCommand, Future[cmd.AnyReply]]] = queue.Queue()
 
     def start(self, feed: Feed) -> None:
         """Load the tree's snapshot and start streaming."""
@@ -100,7 +113,7 @@ class BenchSource:
         while not self._stop.is_set():
             t0 = time.perf_counter()
             owed = int((t0 - start) * self.events_per_s) - self.streamed
-            events: list[ev.AnyEvent] = []
+            events: list[ev.AnyEvent] = self._commands()
             if self.changing.is_set():
                 for _ in range(self.requests_per_batch):
                     tokens = self._rng.integers(0, 64, int(self._rng.integers(3, 12)),
@@ -132,8 +145,26 @@ class BenchSource:
         return SourceStatus(ConnState.LOCAL, "bench", self._since, "", memory_note="bench")
 
     def send(self, command: cmd.AnyCommand) -> cmd.AnyReply:
-        """Commands are not part of the bench."""
-        return cmd.Error("bench: commands are not served")
+        """Answered by the stream thread between two batches (10 s at most)."""
+        done: Future[cmd.AnyReply] = Future()
+        self._inbox.put((command, done))
+        return done.result(timeout=10)
+
+    def _commands(self) -> list[ev.AnyEvent]:
+        """Serve waiting commands; their events go out in the next batch."""
+        while True:
+            try:
+                command, done = self._inbox.get_nowait()
+            except queue.Empty:
+                return self.tree.take_events()
+            match command:
+                case cmd.Evict(tokens=tokens):
+                    r = self.tree.evict(tokens)
+                    done.set_result(cmd.Ok(f"evicted {r.nodes} nodes, {r.tokens} tokens"))
+                case cmd.Stats():
+                    done.set_result(cmd.Ok("stats", {"nodes": len(self.tree)}))
+                case _:
+                    done.set_result(cmd.Error("bench: only stats and evict are served"))
 
     def vocabulary(self) -> TokenText:
         """The synthetic words."""
@@ -147,70 +178,104 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _key(app: InspectorApp, pilot: Pilot[None], name: str) -> float:
-    """Post ``name`` as the terminal driver would; ms until the tree pane handled it."""
-    before = app.tree_pane.key_handled_at
+async def _key(app: InspectorApp, name: str) -> float:
+    """Post ``name`` as the terminal driver would; ms until the tree pane's cursor moved."""
+    before = app.tree_pane.cursor
     t0 = time.perf_counter()
     app.post_message(events.Key(name, None))
-    while app.tree_pane.key_handled_at == before:
+    while app.tree_pane.cursor == before:
         await asyncio.sleep(0.001)
         if time.perf_counter() - t0 > 5:
             raise RuntimeError(f"key {name} not handled within 5 s")
-    return (app.tree_pane.key_handled_at - t0) * 1000
+    return (time.perf_counter() - t0) * 1000
+
+
+class Phases(NamedTuple):
+    """What the phases measured."""
+
+    scroll: list[float]
+    change: list[float]
+    keys: list[float]
+    events_per_s: float
+    watermark_hz: float
+    commands: list[float]
+
+
+async def _keys(app: InspectorApp, seconds: float, pick: Callable[[], str]) -> list[float]:
+    out: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        out.append(await _key(app, pick()))
+        await asyncio.sleep(1 / 30)
+    return out
+
+
+async def _commands(app: InspectorApp, count: int) -> list[float]:
+    """Type ``count`` commands one after another, each after the previous reply."""
+    replies = app.commands
+    for i in range(count):
+        want = len(replies.replies) + 1
+        replies.submit(COMMANDS[i % len(COMMANDS)])
+        while len(replies.replies) < want:
+            await asyncio.sleep(0.005)
+    return list(replies.command_ms)
 
 
 async def _drive(app: InspectorApp, src: BenchSource, seconds: float,
-                 step: Callable[[str], None]) -> tuple[list[float], list[float], list[float],
-                                                        float, float]:
-    """The three phases; returns (scroll frames, change frames, key ms, events/s, wm Hz)."""
-    async with app.run_test(size=(160, 50)) as pilot:
+                 step: Callable[[str], None], check: Fidelity) -> Phases:
+    """The five phases."""
+    async with app.run_test(size=(160, 50)):
         while len(app.tree_pane.rows) < 2:
-            await pilot.pause(0.05)
+            await asyncio.sleep(0.05)
         memory = app.query_one("#memory")
         draws0, ev0, t_start = getattr(memory, "draws", 0), src.streamed, time.perf_counter()
         step("scrolling")
         app.frame_ms.clear()
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            await _key(app, pilot, "pagedown")
-            await asyncio.sleep(1 / 30)
+        await _keys(app, seconds, lambda: "pagedown")
         scroll = list(app.frame_ms)
         step("nodes changing")
         src.changing.set()
         app.frame_ms.clear()
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            await _key(app, pilot, "pageup" if app.tree_pane.cursor > 5000 else "down")
-            await asyncio.sleep(1 / 30)
+        await _keys(app, seconds, lambda: "pageup" if app.tree_pane.cursor > 5000 else "down")
         change = list(app.frame_ms)
         src.changing.clear()
         step("key presses")
-        keys: list[float] = []
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            keys.append(await _key(app, pilot, "down"))
-            await asyncio.sleep(0.05)
+        keys = await _keys(app, seconds, lambda: "down")
         took = time.perf_counter() - t_start
         events_per_s = (src.streamed - ev0) / took
         wm_hz = (getattr(memory, "draws", 0) - draws0) / took
-    return scroll, change, keys, events_per_s, wm_hz
+        step("commands")
+        src.changing.set()
+        commands = await _commands(app, max(10, int(seconds * 5)))
+        step("fidelity")
+        check.every = 1
+        while check.checked < FIDELITY_FRAMES:
+            await asyncio.sleep(0.05)
+        src.changing.clear()
+    return Phases(scroll, change, keys, events_per_s, wm_hz, commands)
 
 
 def run_bench(nodes: int = 100_000, seconds: float = 3.0, *,
               progress: Progress | None = None,
               step: Callable[[str], None] | None = None) -> TuiBench:
-    """Build the tree, run the three phases of ``seconds`` each, return the figures."""
+    """Build the tree, run the phases (``seconds`` each; fidelity until 100 frames are
+    checked), return the figures."""
     tree = build_tree(nodes, progress)
     gc.freeze()  # the engine's tree lives in another process in real use, not in the UI's heap
     src = BenchSource(tree)
-    app = InspectorApp(src, flash_s=0)
-    scroll, change, keys, eps, wm = asyncio.run(
-        _drive(app, src, seconds, step if step is not None else (lambda _: None)))
-    frames = scroll + change
+    check = Fidelity(every=1 << 30)  # off until the fidelity phase
+    app = InspectorApp(src, flash_s=0, check=check)
+    p = asyncio.run(_drive(app, src, seconds, step if step is not None else (lambda _: None),
+                           check))
+    frames = p.scroll + p.change
     return TuiBench(
         nodes=len(tree), frame_ms_p50=round(statistics.median(frames), 3) if frames else 0.0,
         frame_ms_p99=round(_pct(frames, 0.99), 3),
-        frame_ms_p99_scroll=round(_pct(scroll, 0.99), 3),
-        frame_ms_p99_change=round(_pct(change, 0.99), 3),
-        key_ms_p50=round(_pct(keys, 0.5), 3), key_ms_p99=round(_pct(keys, 0.99), 3),
-        events_per_s=round(eps), watermark_hz=round(wm, 2), frames=len(frames), keys=len(keys))
+        frame_ms_p99_scroll=round(_pct(p.scroll, 0.99), 3),
+        frame_ms_p99_change=round(_pct(p.change, 0.99), 3),
+        key_ms_p50=round(_pct(p.keys, 0.5), 3), key_ms_p99=round(_pct(p.keys, 0.99), 3),
+        events_per_s=round(p.events_per_s), watermark_hz=round(p.watermark_hz, 2),
+        frames=len(frames), keys=len(p.keys),
+        command_ms_p50=round(_pct(p.commands, 0.5), 3),
+        command_ms_p99=round(_pct(p.commands, 0.99), 3), commands=len(p.commands),
+        fidelity_violations=len(check.violations), fidelity_frames=check.checked)

@@ -16,6 +16,7 @@ import threading
 import time
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -61,6 +62,8 @@ class Delta:
     flashes: dict[int, Flash] = field(default_factory=dict)
     log: list[LogEntry] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    merged: dict[int, int] = field(default_factory=dict)  # merged parent id -> the child
+    evicted: set[int] = field(default_factory=set)  # node ids evicted since the last frame
 
     @property
     def empty(self) -> bool:
@@ -84,6 +87,7 @@ class Feed:
         self._clocks: list[int] = []
         self._clock_ts: list[float] = []
         self._delta = Delta()
+        self._nodes = self.mirror.nodes  # the node table last seen (a new one: tree replaced)
 
     # -- writer side (source threads) ------------------------------------------------------
     def apply(self, batch: ev.Batch) -> bool:
@@ -132,14 +136,20 @@ class Feed:
         with self.lock:
             self._after_snapshot(self._delta, ts)
 
-    def load(self, snapshot: ev.Snapshot, seq: int, ts: float) -> None:
-        """Replace everything with ``snapshot`` (join, resync, replay seek)."""
+    def load(self, snapshot: ev.Snapshot, seq: int, ts: float,
+             restore: Callable[[Mirror], None] | None = None) -> None:
+        """Replace everything with ``snapshot`` (join, resync, replay seek); ``restore`` then
+        sets what a snapshot does not hold (a replay's counters at that point), in the same
+        lock hold, so no frame shows the tree of one point with the counts of another."""
         with self.lock:
             self.mirror.load_snapshot(snapshot)
+            if restore is not None:
+                restore(self.mirror)
             self.seq, self.last_ts = seq, ts
             self._after_snapshot(self._delta, ts)
 
     def _after_snapshot(self, d: Delta, ts: float) -> None:
+        self._unlink_dropped()
         self.out_of_sync = False
         self.locked = {n.id for n in self.mirror.nodes.values() if n.lock > 0}
         self._clocks, self._clock_ts = [self.mirror.clock], [ts]
@@ -169,16 +179,21 @@ class Feed:
             case ev.Split():
                 d.structure = True
                 d.flashes[e.node] = d.flashes[e.prefix] = Flash.SPLIT
+                d.blocks.update(e.suffix_blocks[:1])  # the boundary block may now be shared
                 prefix = self.mirror.nodes.get(e.prefix)
                 if prefix is not None and prefix.lock > 0:
                     self.locked.add(e.prefix)
             case ev.Merge():
                 d.structure = True
                 d.flashes[e.child] = Flash.MERGE
+                d.merged[e.parent] = e.child
+                if e.dropped is not None and e.dropped >= 0:
+                    d.blocks.add(e.dropped)
                 self.locked.discard(e.parent)
             case ev.Evict():
                 d.structure = True
                 d.flashes[e.node] = Flash.EVICT
+                d.evicted.add(e.node)
                 d.blocks.update(e.freed)
                 self.locked.discard(e.node)
             case ev.BlockAlloc() | ev.BlockFree():
@@ -189,6 +204,18 @@ class Feed:
                 d.watermarks.append(e)
             case ev.Snapshot() | ev.Reset():
                 self._after_snapshot(d, batch.ts)
+
+    def _unlink_dropped(self) -> None:
+        """Break the parent/child cycles of a tree the mirror just dropped (snapshot, reset,
+        resync), so reference counting frees it at once: the app freezes long-lived objects
+        out of the cyclic collector's sight (``gc.freeze``), and a frozen cycle would stay
+        pinned for the rest of the session."""
+        old, self._nodes = self._nodes, self.mirror.nodes
+        if old is self._nodes:
+            return
+        for n in old.values():
+            n.parent = None
+            n.children = {}
 
     def _relock(self, n: MirrorNode | None) -> None:
         """Bring ``locked`` up to date along the path of a Lock event."""
@@ -203,9 +230,13 @@ class Feed:
     def take(self) -> Delta:
         """The changes since the previous call (call with the lock NOT held)."""
         with self.lock:
-            d, self._delta = self._delta, Delta()
-            self.log.extend(d.log)
-            return d
+            return self.take_locked()
+
+    def take_locked(self) -> Delta:
+        """``take`` for a caller that holds the lock (and builds its frame in the same hold)."""
+        d, self._delta = self._delta, Delta()
+        self.log.extend(d.log)
+        return d
 
     def idle(self) -> bool:
         """True when nothing arrived since the last ``take`` (a racy read, for polling)."""

@@ -2,9 +2,9 @@
 
 The pane is virtual: it draws only the rows on screen from ``TreeLayout.rows``, a list of
 ``(node, depth)`` in depth-first order over expanded nodes. Building it walks every visible
-node (about 1 µs each), so the app rebuilds it at most a few times a second for big trees, off
-the UI thread; between rebuilds rows of nodes that went away render as gone. The walk copies
-each ``children`` dict with ``list(...)`` (atomic under the GIL), so it needs no lock.
+node (about 1 µs each), so the app rebuilds it at most a few times a second for big trees, in
+a Textual worker thread; between rebuilds rows of nodes that went away render as gone. The
+walk copies each ``children`` dict with ``list(...)`` (atomic under the GIL): no lock needed.
 
 A row reads like DESIGN.md's sketch::
 
@@ -136,11 +136,16 @@ def preview(node: MirrorNode, vocab: TokenText | None, width: int = 22) -> str:
     """The first words of a node's tokens (ids when ``vocab`` is None), quoted and cut."""
     if not node.tokens:
         return "root"
-    n = min(len(node.tokens) // 4, _PREVIEW_TOKENS)
-    ids = [int(t) for t in np.frombuffer(node.tokens, dtype="<u4", count=n)]
+    return preview_text(node.tokens[: _PREVIEW_TOKENS * 4], vocab, width)
+
+
+def preview_text(head: bytes, vocab: TokenText | None, width: int = 22) -> str:
+    """The words of the first tokens in ``head`` (uint32 ids), quoted and cut to ``width``."""
+    n = min(len(head) // 4, _PREVIEW_TOKENS)
+    ids = [int(t) for t in np.frombuffer(head, dtype="<u4", count=n)]
     text = vocab.text(ids) if vocab is not None else " ".join(map(str, ids))
     if len(text) > width - 2:
-        text = text[: width - 3] + "…"
+        text = text[: max(1, width - 3)] + "…"
     return f'"{text}"'
 
 

@@ -12,18 +12,20 @@ interval of batches.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from bisect import bisect_right
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from inspector.feed import Feed
 from inspector.layout import TokenText
-from inspector.sources import ConnState, SourceStatus
+from inspector.sources import ConnState, DatasetWords, SourceStatus
 from radixcache.core import events as ev
-from radixcache.traffic.workloads import Vocabulary
 from radixcache.wire import commands as cmd
+from radixcache.wire.mirror import Mirror, MirrorError, MirrorStats
 from radixcache.wire.recording import Keyframe, RecordingError, RecordingReader
 
 MAX_GAP_S = 0.5  # a pause in the recording longer than this plays as this
@@ -68,6 +70,36 @@ def load_recording(path: str | Path) -> Recording:
     return rec
 
 
+class Tally:
+    """The counters a clean pass from the start gives at each keyframe: a snapshot holds the
+    tree but not the counts, so a seek restores these with it (any seek then shows what a
+    clean pass to that batch shows, never a double count)."""
+
+    def __init__(self, rec: Recording) -> None:
+        self.at: list[tuple[MirrorStats, ev.Counters | None]] = []
+        m = Mirror()
+        marks = dict(rec.keyframes)
+        m.load_snapshot(rec.keyframes[0][1])
+        for i in range(len(rec.batches) + 1):
+            if i in marks:
+                self.at.append((dataclasses.replace(m.stats), m.counters))
+            if i == len(rec.batches):
+                break
+            try:
+                m.apply_batch(rec.batches[i])
+            except MirrorError:  # a damaged stretch: keep counting from the next keyframe
+                if i + 1 in marks:
+                    stats = m.stats
+                    m.load_snapshot(marks[i + 1])
+                    m.stats = stats
+
+    def restore(self, mirror: Mirror, k: int) -> None:
+        """Put keyframe ``k``'s counters into ``mirror`` (just loaded from that keyframe)."""
+        stats, counters = self.at[k]
+        mirror.stats = dataclasses.replace(stats)
+        mirror.counters = counters
+
+
 @dataclass
 class Position:
     """Where the replay stands: ``index`` batches applied out of ``total``."""
@@ -96,7 +128,8 @@ class ReplaySource:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = time.time()
-        self._vocab = Vocabulary()
+        self._vocab = DatasetWords()  # ShareGPT recordings show words (loaded on first miss)
+        self._tally = Tally(recording)
 
     # -- Source ----------------------------------------------------------------------------
     def start(self, feed: Feed) -> None:
@@ -126,7 +159,7 @@ class ReplaySource:
         return cmd.Error("replay: commands cannot be sent to a recording")
 
     def vocabulary(self) -> TokenText:
-        """The synthetic workloads' words."""
+        """The synthetic workloads' words, then ShareGPT's once loaded (``DatasetWords``)."""
         return self._vocab
 
     # -- ReplayControls --------------------------------------------------------------------
@@ -174,7 +207,7 @@ class ReplaySource:
                 ts = self.rec.batches[at - 1].ts if at else (
                     self.rec.batches[0].ts if self.rec.batches else time.time())
                 seq = self.rec.batches[at - 1].seq if at else 0
-                feed.load(snap, seq, ts)
+                feed.load(snap, seq, ts, restore=partial(self._tally.restore, k=k))
                 self.index = at
             while self.index < target:
                 feed.apply(self.rec.batches[self.index])

@@ -8,20 +8,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Coroutine
 
 import pytest
 
 from inspector.app import InspectorApp
 from inspector.feed import Feed
+from inspector.frame import Cell
 from inspector.layout import block_ranges, flatten
 from inspector.live import LiveSource
 from inspector.local import LocalSource
 from inspector.replay import Recording, ReplaySource, load_recording
 from inspector.shots import free_ports, record_demo
 from inspector.widgets.command_line import complete, parse
-from inspector.widgets.lru import next_victims
+from inspector.widgets.lru import LruPane, next_victims
 from radixcache.core import events as ev
 from radixcache.serving.memory import MemorySource
 from radixcache.wire import commands as cmd
@@ -88,8 +88,17 @@ def test_parse_builds_typed_commands_and_explains_errors() -> None:
     assert parse("pause").command == cmd.Pause()
     assert parse("filter split evict").local == ("filter", "split", "evict")
     assert parse("bogus 1").error == (
-        "unknown workload 'bogus' (known: chat, system, tot, fork, flood)")
-    assert parse("chat 0").error == "chat: conversations must be between 1 and 1000, got 0"
+        "unknown command 'bogus' (commands: chat evict filter flood fork help pause quit reset "
+        "resume snapshot stats system tot watermark)")
+    assert parse("chat 0").error == ("chat: conversations must be between 1 and 1000, got 0 "
+                                     "(usage: chat CONVERSATIONS [--seed N] (e.g. chat 20))")
+    assert parse("evict abc").error == "usage: evict TOKENS (e.g. evict 4096)"
+    assert parse("watermark 0.9").error == (
+        "usage: watermark HIGH LOW, fractions of the pool (e.g. watermark 0.9 0.8)")
+    assert parse("tot 3 4").note == "tree of thought 1 + 4 + 16 + 64: 85 requests"
+    assert parse("fork 8").note == "1 base + 8 branches: 9 requests"
+    assert parse("system 50").note == (
+        "50 users' first questions + 5 second questions: 55 requests")
     assert parse("watermark 0.8 0.9").error == (
         "watermark needs 0 < LOW <= HIGH <= 1, e.g. watermark 0.9 0.8")
     assert parse("pause now").error == "pause takes no arguments"
@@ -116,7 +125,7 @@ def test_feed_follows_a_local_tree_exactly() -> None:
         assert feed.mirror.digest() == src.tree.digest()
         assert [r.node.id for r in flatten(feed.mirror, set())] == [
             0, 2, 5, 1, 6, 7, 8, 3, 9, 10, 11, 4, 12, 13]  # the first branches grew in place
-        assert [n.id for n in next_victims(feed.mirror, 20)] == [
+        assert [n.id for n, _ in next_victims(feed.mirror, 20)] == [
             n.id for n in feed.mirror.lru(20)] == [1, 6, 7, 3, 9, 10, 4, 12, 13]
     finally:
         src.stop()
@@ -133,8 +142,7 @@ async def test_typed_command_is_sent_and_tree_and_stats_show_the_workload() -> N
         await type_line(pilot, "tot 2 3")
         await settle(app, pilot, src, 1)
         assert src.sent == [cmd.StartWorkload("tot", ["2", "3"])]
-        assert app.messages[-1] == (
-            "✓ tot: 13 requests queued (synthetic tree of thought, depth 2, branching 3)")
+        assert app.messages[-1] == "✓ tot 2 3: tree of thought 1 + 3 + 9: 13 requests submitted"
         assert [r.node.id for r in app.tree_pane.rows] == [
             0, 2, 5, 1, 6, 7, 8, 3, 9, 10, 11, 4, 12, 13]
         s = app.feed.mirror.stats
@@ -152,7 +160,8 @@ async def test_wrong_command_shows_a_message_and_sends_nothing() -> None:
         await type_line(pilot, "tot 2 x")
         await pilot.pause(0.05)
         assert src.sent == []
-        assert app.messages == ["✗ tot: branching must be an integer, got 'x' — nothing sent"]
+        assert app.messages == ["✗ tot: branching must be an integer, got 'x' "
+                                "(usage: tot DEPTH BRANCHING (e.g. tot 3 4)) — nothing sent"]
 
 
 @sync
@@ -162,11 +171,11 @@ async def test_evict_empties_the_lru_queue() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await type_line(pilot, "tot 2 3")
         await settle(app, pilot, src, 1)
-        assert [n.id for n in app.query_one("LruPane").victims] == [1, 6, 7, 3, 9, 10, 4, 12, 13]
+        assert app.query_one(LruPane).victims == [1, 6, 7, 3, 9, 10, 4, 12, 13]
         await type_line(pilot, "evict 100000")
         await settle(app, pilot, src, 2)
         assert app.messages[-1] == "✓ evicted 9 nodes, 562 tokens, 43 blocks"
-        assert app.query_one("LruPane").victims == []
+        assert app.query_one(LruPane).victims == []
         assert [r.node.id for r in app.tree_pane.rows] == [0]
         assert (app.feed.mirror.stats.evictions, app.feed.mirror.used_blocks) == (9, 0)
 
@@ -181,9 +190,10 @@ async def test_selecting_a_node_highlights_its_blocks_and_lru_place() -> None:
         await pilot.press("escape", "down", "down", "down")  # root, n2, n5, n1
         await pilot.pause(0.05)
         node = app.feed.mirror.nodes[1]
-        assert app.blocks.selected == set(node.blocks) == {8, 14, 15, 16}
-        assert app.query_one("LruPane").rank_of(1) == 1
-        assert str(app.tree_pane.border_subtitle).endswith("· LRU #1")
+        assert app.builder.selected == set(node.blocks) == {8, 14, 15, 16}
+        assert app.blocks.drawn()[Cell.SELECTED] == 4
+        assert app.query_one(LruPane).victims[0] == 1
+        assert str(app.tree_pane.border_subtitle) == "n1: 46 tok @142 b8,14-16 r0 · LRU #1"
 
 
 def _recording() -> Recording:
@@ -264,14 +274,11 @@ async def test_key_press_is_handled_while_a_fast_source_streams() -> None:
         await pilot.pause(0.2)
         before = src.streamed
         cursor = app.tree_pane.cursor
-        t0 = time.perf_counter()
         await pilot.press("down")
-        took = app.tree_pane.key_handled_at - t0  # handled, not pilot's wait for an idle screen
-        assert app.tree_pane.cursor == cursor + 1
-        assert src.streamed - before >= 500
         # handled while the stream runs (liveness, not speed: `radixcache bench tui` measures
         # the latency target, a timed assertion here would flake on a busy machine)
-        assert 0 < took < 5
+        assert app.tree_pane.cursor == cursor + 1
+        assert src.streamed - before >= 500
         during = src.streamed
         await pilot.pause(0.2)
         assert src.streamed > during  # the stream did not stall behind the key
@@ -304,8 +311,7 @@ async def test_block_map_under_eviction_marks_freed_blocks() -> None:
     app, run_before = _snap_app("fork 8;evict 600")
     async with app.run_test(size=SIZE) as pilot:
         await run_before(pilot)
-        bm = app.blocks
-        states = Counter(bm.state(b).name for b in range(1024))
+        states = {s.name: n for s, n in app.blocks.drawn().items() if n}
         assert app.messages[-1] == "✓ evicted 8 nodes, 549 tokens, 42 blocks"
         assert states == STATES_AFTER_EVICT
 
@@ -371,10 +377,10 @@ async def test_against_a_real_engine_process() -> None:
             await wait_until(pilot, lambda: app.feed.seq > 0, timeout=30)
             await type_line(pilot, "tot 2 2")
             await wait_until(pilot, lambda: len(app.replies) == 1)
-            assert app.messages[-1] == "✓ tot: 7 requests submitted requests=7"
+            assert app.messages[-1] == "✓ tot 2 2: tree of thought 1 + 2 + 4: 7 requests submitted"
             await wait_until(pilot, lambda: len(app.feed.mirror.nodes) == 8 and app.caught_up())
             assert [r.node.num_tokens for r in app.tree_pane.rows][:1] == [0]
-            assert len(app.query_one("LruPane").victims) == 4
+            assert len(app.query_one(LruPane).victims) == 4
             await wait_until(pilot, lambda: app.feed.mirror.stats.requests == 7)
             s = app.feed.mirror.stats
             assert (s.requests, s.prompt_tokens, s.hit_tokens) == (7, 904, 740)
@@ -382,7 +388,7 @@ async def test_against_a_real_engine_process() -> None:
             await type_line(pilot, "evict 100000")
             await wait_until(pilot, lambda: len(app.replies) == 2)
             await wait_until(pilot, lambda: len(app.feed.mirror.nodes) == 1 and app.caught_up())
-            assert app.query_one("LruPane").victims == []
+            assert app.query_one(LruPane).victims == []
             assert app.feed.mirror.used_blocks == 0
     finally:
         proc.kill()

@@ -1,123 +1,170 @@
-"""The block map: one cell per physical block, colored by its state, drawn line by line.
+"""The block map: the whole pool at a glance, drawn from one ``Frame``.
 
-Each screen row covers ``width`` consecutive blocks. Rows are cached as strips and only the
-rows holding blocks that changed (``invalidate``) are redrawn.
+When the pool has more blocks than the pane has cells, each cell covers ``k`` consecutive
+blocks: its glyph says how full they are (``·░▒▓█``) and its colour is their dominant state
+(the most frequent used state; ties go to the higher drawing priority). ``z`` zooms to one
+cell per block (the pane then scrolls). Colours come from ``app.tcss`` (component classes).
+Each screen row is cached as a strip and rebuilt only when its cells changed.
 """
 
 from __future__ import annotations
 
-from enum import Enum
+from typing import ClassVar
 
+import numpy as np
 from rich.segment import Segment
 from rich.style import Style
+from textual.binding import Binding, BindingType
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from inspector.feed import Feed
+from inspector.frame import EMPTY, Cell, Frame
+from inspector.widgets.styled import Styled
+
+NAMES = {Cell.SELECTED: "selected node", Cell.LOCKED: "locked", Cell.COW: "COW copy",
+         Cell.SHARED: "shared", Cell.CACHED: "cached", Cell.EVICTED: "just evicted",
+         Cell.FREE: "free"}
+GLYPH = {Cell.COW: "◆", Cell.EVICTED: "░", Cell.FREE: "·"}  # the others: a full block
+DENSITY = "·░▒▓█"  # used fraction of a k-block cell: 0, (0, 1/4], .. (3/4, 1]
+# columns in priority order (argmax picks the first of equal counts)
+_PRIORITY = [Cell.SELECTED, Cell.LOCKED, Cell.COW, Cell.SHARED, Cell.CACHED]
 
 
-class BlockState(Enum):
-    """What a cell shows, in drawing priority order."""
-
-    SELECTED = ("█", "#ffffff", "selected node")
-    LOCKED = ("█", "#ffb347", "locked")
-    COW = ("◆", "#c792ea", "COW copy")
-    SHARED = ("█", "#4fc3f7", "shared")
-    CACHED = ("█", "#3d8b5a", "cached")
-    EVICTED = ("░", "#e06c75", "just evicted")
-    FREE = ("·", "#4c566a", "free")
-
-    @property
-    def style(self) -> Style:
-        """The cell's color."""
-        return Style(color=self.value[1])
-
-
-def legend() -> list[tuple[str, Style]]:
-    """(``"█ cached"``, style) pairs for the legend line."""
-    return [(f"{s.value[0]} {s.value[2]}", s.style) for s in BlockState]
+def cell_class(state: Cell) -> str:
+    """The component class (``blockmap--cached``) whose tcss rule colours ``state``."""
+    return f"blockmap--{state.name.lower()}"
 
 
 class BlockMap(ScrollView, can_focus=True):
-    """The pool as a grid of cells; ``selected`` blocks draw white."""
+    """The pool as a grid of cells, from ``show(frame)``."""
 
-    def __init__(self, feed: Feed, *, id: str | None = None) -> None:
+    COMPONENT_CLASSES: ClassVar[set[str]] = {cell_class(s) for s in Cell}
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("z", "zoom", "Zoom", show=False)]
+
+    def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.feed = feed
-        self.selected: set[int] = set()
-        self.locked: set[int] = set()
-        self.evicted: dict[int, float] = {}
+        self.frame = EMPTY
+        self.zoomed = False
+        self.codes = np.zeros(0, dtype=np.uint8)  # per cell: state * 8 + density index
         self._rows: dict[int, Strip] = {}
-        self._width = 0
+        self._grid = (0, 0)  # (cells per row, blocks per cell) the strips were built for
         self.rows_drawn = 0
+        self.styled = Styled(self)
+
+    def notify_style_update(self) -> None:
+        """The stylesheet changed: look the colours up again and redraw."""
+        super().notify_style_update()
+        self.styled.clear()
+        self._rows.clear()
 
     @property
-    def per_row(self) -> int:
-        """Blocks per screen row."""
+    def per_cell(self) -> int:
+        """Blocks per cell: 1 when zoomed or when the pool fits, else enough to fit it."""
+        cells = max(1, self.size.width) * max(1, self.size.height)
+        n = self.frame.num_blocks
+        return 1 if self.zoomed or n <= cells else -(-n // cells)
+
+    def legend(self) -> list[tuple[str, str]]:
+        """(text, component class) pairs for the legend line, with the cell size."""
+        k = self.per_cell
+        out = [(f"{GLYPH.get(s, '█')} {NAMES[s]}", cell_class(s)) for s in reversed(Cell)]
+        if k > 1:
+            out.insert(0, (f"1 cell = {k:,} blocks (z: 1 per block)", cell_class(Cell.FREE)))
+        return out
+
+    def show(self, frame: Frame) -> None:
+        """Draw ``frame``: recompute the cells and redraw the rows whose cells changed."""
+        old, self.frame = self.frame, frame
+        if frame.cells is old.cells and self._grid == (self._width(), self.per_cell):
+            return
+        self._recode()
+
+    def _width(self) -> int:
         return max(1, self.size.width)
 
-    def state(self, b: int) -> BlockState:
-        """The state a block is drawn in."""
-        m = self.feed.mirror
-        ref = m.ref[b] if b < len(m.ref) else 0
-        if b in self.selected:
-            return BlockState.SELECTED
-        if ref == 0:
-            return BlockState.EVICTED if b in self.evicted else BlockState.FREE
-        if b in self.locked:
-            return BlockState.LOCKED
-        if b in m.cow_blocks:
-            return BlockState.COW
-        return BlockState.SHARED if ref > 1 else BlockState.CACHED
-
-    def invalidate(self, blocks: set[int] | range) -> None:
-        """Forget the cached rows holding ``blocks`` and refresh those on screen."""
-        w = self.per_row
-        rows = {b // w for b in blocks}
-        for r in rows:
-            self._rows.pop(r, None)
+    def _recode(self) -> None:
+        w, k = self._width(), self.per_cell
+        codes = cell_codes(self.frame.cells, k)
+        same_grid = self._grid == (w, k) and len(codes) == len(self.codes)
+        changed = np.nonzero(codes != self.codes)[0] if same_grid else None
+        self.codes, self._grid = codes, (w, k)
+        rows = (len(codes) + w - 1) // w
+        if changed is None:
+            self._rows.clear()
+            self.virtual_size = Size(w, rows)
+            self.refresh()
+            return
         top, h = self.scroll_offset.y, self.size.height
-        for r in rows:
+        for r in {int(c) // w for c in changed}:
+            self._rows.pop(r, None)
             if top <= r < top + h:
-                self.refresh_lines(r)
+                self.refresh_lines(r - top)
 
-    def invalidate_all(self) -> None:
-        """Redraw every row (resize, new pool, new selection)."""
-        self._rows.clear()
-        n = self.feed.mirror.num_blocks
-        self.virtual_size = Size(self.size.width, (n + self.per_row - 1) // self.per_row)
-        self.refresh()
+    def action_zoom(self) -> None:
+        """Toggle between the whole pool and one cell per block."""
+        self.zoomed = not self.zoomed
+        self._recode()
 
     def on_resize(self) -> None:
-        """Cells per row follow the width."""
-        self.invalidate_all()
+        """Cells per row and blocks per cell follow the size."""
+        self._recode()
 
     def render_line(self, y: int) -> Strip:
         """Screen row ``y``: its cached strip, built on first use."""
         r = self.scroll_offset.y + y
-        if self._width != self.size.width:
-            self._width = self.size.width
-            self._rows.clear()
         strip = self._rows.get(r)
         if strip is None:
             strip = self._rows[r] = self._build(r)
         return strip
 
+    def _style(self, code: int) -> Style:
+        return self.styled(cell_class(Cell(code >> 3)))
+
     def _build(self, r: int) -> Strip:
         self.rows_drawn += 1
-        w = self.per_row
-        lo, hi = r * w, min((r + 1) * w, self.feed.mirror.num_blocks)
+        w, k = self._grid
+        row = self.codes[r * w : (r + 1) * w].tolist()
         segs: list[Segment] = []
-        run: list[str] = []
-        prev: BlockState | None = None
-        for b in range(lo, hi):
-            s = self.state(b)
-            if s is not prev and run:
-                segs.append(Segment("".join(run), prev.style if prev else None))
-                run = []
-            run.append(s.value[0])
-            prev = s
-        if run and prev is not None:
-            segs.append(Segment("".join(run), prev.style))
-        return Strip(segs).adjust_cell_length(self.size.width)
+        start = 0
+        for i in range(1, len(row) + 1):
+            if i == len(row) or row[i] != row[start]:
+                code = row[start]
+                glyph = DENSITY[code & 7] if k > 1 else GLYPH.get(Cell(code >> 3), "█")
+                segs.append(Segment(glyph * (i - start), self._style(code)))
+                start = i
+        return Strip(segs).adjust_cell_length(max(1, self.size.width))
+
+    @property
+    def evicted(self) -> set[int]:
+        """Blocks drawn as just evicted in the current frame."""
+        cells = np.frombuffer(self.frame.cells, dtype=np.uint8)
+        return {int(b) for b in np.nonzero(cells == Cell.EVICTED)[0]}
+
+    def drawn(self) -> dict[Cell, int]:
+        """Blocks per state as the cells on screen account for them (what the fidelity check
+        compares with the mirror): each cell's blocks counted by their own states."""
+        k = max(1, self._grid[1])
+        cells = np.frombuffer(self.frame.cells, dtype=np.uint8)
+        shown = cells[: len(self.codes) * k] if k > 1 else cells
+        counts = np.bincount(shown, minlength=len(Cell))
+        return {s: int(counts[s]) for s in Cell}
+
+
+def cell_codes(cells: bytes, k: int) -> np.ndarray:
+    """One code per cell of ``k`` blocks: ``state << 3 | density`` (density 0..4)."""
+    states = np.frombuffer(cells, dtype=np.uint8)
+    if k == 1:
+        ones: np.ndarray = (states << 3) | np.where(states >= Cell.CACHED, 4, 0).astype(np.uint8)
+        return ones
+    pad = (-len(states)) % k
+    grid = np.concatenate([states, np.zeros(pad, dtype=np.uint8)]).reshape(-1, k)
+    counts = np.stack([(grid == s).sum(axis=1) for s in _PRIORITY], axis=1)
+    used = counts.sum(axis=1)
+    dominant = np.array(_PRIORITY, dtype=np.uint8)[counts.argmax(axis=1)]
+    evicted = (grid == Cell.EVICTED).any(axis=1)
+    idle = np.where(evicted, np.uint8(Cell.EVICTED), np.uint8(Cell.FREE))
+    state = np.where(used > 0, dominant, idle).astype(np.uint8)
+    density = np.ceil(used * 4 / k).astype(np.uint8)
+    codes: np.ndarray = (state << 3) | density
+    return codes

@@ -11,7 +11,8 @@ from inspector.feed import Feed, LogEntry
 from radixcache.core import events as ev
 
 KINDS = ("create", "extend", "split", "merge", "evict", "cow", "alloc", "free", "wm", "rstart",
-         "rfinish", "snapshot", "reset", "digest")
+         "rfinish", "snapshot", "reset", "digest", "counters", "fault")
+NOISY = frozenset({"wm", "counters"})  # heartbeats: `filter all` leaves them out
 DEFAULT_KINDS = frozenset(
     {"create", "extend", "split", "merge", "evict", "cow", "snapshot", "reset"}
 )
@@ -23,11 +24,11 @@ def describe(e: ev.AnyEvent) -> str:
     """A short human line for one event."""
     match e:
         case ev.NodeCreated():
-            return f"n{e.node} under n{e.parent} @{e.start} {len(e.tokens) // 4} tok"
+            return f"n{e.node} under n{e.parent}, {len(e.tokens) // 4} tok from position {e.start}"
         case ev.Extend():
             return f"n{e.node} +{len(e.tokens) // 4} tok, +{len(e.blocks)} blocks"
         case ev.Split():
-            return f"n{e.node} @{e.offset} → prefix n{e.prefix}"
+            return f"n{e.node} after its first {e.offset} tok → prefix n{e.prefix}"
         case ev.Merge():
             return f"n{e.parent}+n{e.child}"
         case ev.Evict():
@@ -36,6 +37,13 @@ def describe(e: ev.AnyEvent) -> str:
             return f"{e.src}→{e.dst} ({e.slots} slots)"
         case ev.BlockAlloc() | ev.BlockFree():
             return f"{len(e.blocks)} blocks"
+        case _:
+            return _describe_request(e)
+
+
+def _describe_request(e: ev.AnyEvent) -> str:
+    """Requests, heartbeats, snapshots and faults."""
+    match e:
         case ev.Watermark():
             return f"{e.used_blocks}/{e.total_blocks} blocks"
         case ev.RequestStart():
@@ -44,6 +52,8 @@ def describe(e: ev.AnyEvent) -> str:
             return f"req {e.req} +{e.output_tokens} tok"
         case ev.Snapshot():
             return f"{len(e.nodes)} nodes"
+        case ev.Fault():
+            return f"thread {e.thread} died: {e.error}"
         case _:
             return ""
 
@@ -53,7 +63,7 @@ class EventLog(Widget):
 
     def __init__(self, feed: Feed, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.feed = feed
+        self.feed = feed  # only ``feed.log``, which the UI thread itself fills at each frame
         self.kinds: frozenset[str] = DEFAULT_KINDS
 
     def set_kinds(self, kinds: frozenset[str]) -> None:
@@ -76,12 +86,12 @@ class EventLog(Widget):
 
     def render(self) -> Text:
         """``hh:mm:ss.mmm kind description`` per line."""
-        out = Text()
+        out = Text(no_wrap=True, overflow="ellipsis")
         for entry in self.shown():
             ms = int(entry.ts * 1000) % 1000
             stamp = time.strftime("%H:%M:%S", time.gmtime(entry.ts)) + f".{ms:03d}"
             out.append(f"{stamp} ", "dim")
-            out.append(f"{entry.kind:<7}", _COLORS.get(entry.kind, "bold"))
+            out.append(f"{entry.kind:<8}", _COLORS.get(entry.kind, "bold"))
             out.append(describe(entry.event) + "\n")
         out.rstrip()
         return out

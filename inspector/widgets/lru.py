@@ -1,4 +1,4 @@
-"""The LRU pane: the next eviction victims in order, with size, age and lock count."""
+"""The LRU pane: the next eviction victims in order, with size and age, from the frame."""
 
 from __future__ import annotations
 
@@ -7,52 +7,49 @@ import heapq
 from rich.text import Text
 from textual.widget import Widget
 
-from inspector.feed import Feed
-from inspector.layout import human_age, human_count
+from inspector.frame import EMPTY, Frame
+from inspector.layout import human_count
 from radixcache.wire.mirror import Mirror, MirrorNode
 
 
-def next_victims(mirror: Mirror, limit: int) -> list[MirrorNode]:
-    """The same order as ``Mirror.lru`` (unlocked leaves by (clock, id)) in O(n log k), reading
-    the node table as one atomic copy so the ingest thread may keep applying."""
+def next_victims(mirror: Mirror, limit: int) -> list[tuple[MirrorNode, int]]:
+    """The same order as ``Mirror.lru`` (unpinned leaves by (clock, id)) in O(n log k), with
+    each node's clock as read, from one atomic copy of the node table, so the ingest thread may
+    keep applying (the frame re-checks each candidate under the lock)."""
     root = mirror.root
-    leaves = [n for n in list(mirror.nodes.values())
+    leaves = [(n, n.clock) for n in list(mirror.nodes.values())
               if not n.children and n.lock == 0 and n is not root]
-    return heapq.nsmallest(limit, leaves, key=lambda n: (n.clock, n.id))
+    return heapq.nsmallest(limit, leaves, key=lambda p: (p[1], p[0].id))
 
 
 class LruPane(Widget):
-    """Rank, node, tokens, age; the selected node's row is marked."""
+    """Rank, node, tokens, age (victims are unpinned by definition); the selected node's row
+    is marked. One line per victim, never wrapped."""
 
-    def __init__(self, feed: Feed, *, id: str | None = None) -> None:
+    def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.feed = feed
-        self.victims: list[MirrorNode] = []
-        self.selected: int | None = None
+        self.frame = EMPTY
 
-    def set_victims(self, victims: list[MirrorNode]) -> None:
-        """Show this order."""
-        self.victims = victims
-        self.refresh()
+    @property
+    def victims(self) -> list[int]:
+        """Node ids in eviction order, as drawn."""
+        return [v.id for v in self.frame.lru]
 
-    def rank_of(self, node_id: int) -> int | None:
-        """1-based place of ``node_id`` in the shown queue."""
-        for i, n in enumerate(self.victims):
-            if n.id == node_id:
-                return i + 1
-        return None
+    def show(self, frame: Frame) -> None:
+        """Draw this frame's queue (only when it changed)."""
+        old, self.frame = self.frame, frame
+        if (old.lru, old.selection) != (frame.lru, frame.selection):
+            self.refresh()
 
     def render(self) -> Text:
         """One line per victim."""
-        if not self.victims:
+        lru = self.frame.lru
+        if not lru:
             return Text("nothing evictable", style="dim")
-        out = Text()
-        now = self.feed.now()
-        for i, n in enumerate(self.victims[: max(1, self.size.height)]):
-            at = self.feed.access_time(n.clock)
-            age = human_age(None if at is None else now - at)
-            line = f"{i + 1:>2} n{n.id:<6} {human_count(n.num_tokens):>6} tok {age:>4} r{n.lock}"
-            style = "reverse bold" if n.id == self.selected else ""
-            out.append(line + "\n", style)
+        sel = self.frame.selection
+        out = Text(no_wrap=True, overflow="ellipsis")
+        for i, v in enumerate(lru[: max(1, self.size.height)]):
+            line = f"{i + 1:>2} n{v.id:<6} {human_count(v.num_tokens):>6} tok {v.age:>4}"
+            out.append(line + "\n", "reverse bold" if sel and sel.node.id == v.id else "")
         out.rstrip()
         return out

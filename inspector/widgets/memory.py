@@ -8,6 +8,7 @@ from collections import deque
 from rich.text import Text
 from textual.widget import Widget
 
+from inspector.frame import EMPTY, Frame
 from radixcache.core import events as ev
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -46,6 +47,15 @@ class MemoryPane(Widget):
         self.note = ""
         self.history: deque[float] = deque(maxlen=HISTORY)
         self.draws = 0
+        self.frame = EMPTY
+
+    def show(self, frame: Frame) -> None:
+        """The pool line follows the frame's used blocks (the mirror's, at the frame's seq),
+        not the last sample's: a sample can be a batch older than the other panes."""
+        if (frame.used_blocks, frame.num_blocks) != (self.frame.used_blocks,
+                                                       self.frame.num_blocks):
+            self.refresh()
+        self.frame = frame
 
     def push(self, sample: ev.Watermark, note: str) -> None:
         """Record a sample: device fraction when NVML reports, else pool fraction."""
@@ -56,11 +66,16 @@ class MemoryPane(Widget):
             self.history.append(sample.used_blocks / sample.total_blocks)
         self.refresh()
 
+    def pool_line(self) -> str:
+        """``pool 1,204/2,048 blocks 58.8%``: the frame's used blocks."""
+        used, total = self.frame.used_blocks, self.frame.num_blocks
+        return f"pool {used:,}/{total:,} blocks {used / total if total else 0.0:5.1%}"
+
     def render(self) -> Text:
         """Device line (or the NVML note), pool bar, sparkline."""
         self.draws += 1
         s, width = self.sample, max(10, self.size.width - 2)
-        out = Text()
+        out = Text(no_wrap=True, overflow="ellipsis")
         if s is None:
             return Text("waiting for a watermark sample…", style="dim")
         if s.device_used is not None and s.device_total:
@@ -68,8 +83,9 @@ class MemoryPane(Widget):
             out.append(f"GPU  {gib}\n", "bold")
         else:
             out.append((self.note or "NVML unavailable") + "\n", "#e5c07b")
-        frac = s.used_blocks / s.total_blocks if s.total_blocks else 0.0
-        out.append(f"pool {s.used_blocks:,}/{s.total_blocks:,} blocks {frac:5.1%}\n")
+        used, total = self.frame.used_blocks, self.frame.num_blocks
+        frac = used / total if total else 0.0
+        out.append(self.pool_line() + "\n")
         out.append_text(pool_bar(frac, s.high, s.low, width))
         out.append(f"\nhigh {s.high:.0%}  low {s.low:.0%}\n", "dim")
         out.append(sparkline(list(self.history), width), "#7fd4ff")

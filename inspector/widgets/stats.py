@@ -1,18 +1,55 @@
-"""Hit rate and throughput figures, plus the header line above every pane."""
+"""Hit rate and throughput figures, plus the header line above every pane.
+
+The figures are the engine's own when it publishes its counters (``ev.Counters`` with its
+heartbeat), labelled "since engine start" or "since reset N"; before the first heartbeat (or
+from a source without one) they are what this inspector saw, labelled "seen here".
+"""
 
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 from rich.text import Text
 from textual.widget import Widget
 
+from inspector.frame import EMPTY, Frame
+from inspector.layout import human_count
 from inspector.sources import ConnState, SourceStatus
-from radixcache.wire.mirror import MirrorStats
 
 _DOT = {ConnState.LIVE: ("●", "#98c379"), ConnState.LOCAL: ("●", "#61afef"),
         ConnState.REPLAY: ("▶", "#c792ea"), ConnState.RESYNCING: ("◐", "#e5c07b"),
         ConnState.DISCONNECTED: ("○", "#e06c75")}
+_PAUSED = ("⏸", "#e5c07b")
+
+
+class Figures(NamedTuple):
+    """The counters a frame shows and where they come from."""
+
+    label: str
+    requests: int
+    prompt_tokens: int
+    hit_tokens: int
+    evictions: int
+    evicted_tokens: int
+    cow_copies: int
+
+    @property
+    def hit_rate(self) -> float:
+        """Cached prompt tokens over all prompt tokens."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def figures(frame: Frame) -> Figures:
+    """The engine's counters when it sent them, else the ones counted from the stream."""
+    c = frame.counters
+    if c is not None:
+        label = "since engine start" if c.generation == 0 else f"since reset {c.generation}"
+        return Figures(label, c.submitted, c.prompt_tokens, c.hit_tokens, c.evicted_nodes,
+                       c.evicted_tokens, c.cow_copies)
+    s = frame.stats
+    return Figures("seen here", s.requests, s.prompt_tokens, s.hit_tokens, s.evictions,
+                   s.evicted_tokens, s.cow_copies)
 
 
 class Rate:
@@ -23,9 +60,12 @@ class Rate:
         self.samples: deque[tuple[float, int]] = deque()
 
     def add(self, t: float, count: int) -> float:
-        """Record ``count`` (monotonic total) at time ``t``; return the rate."""
-        if self.samples and self.samples[-1][0] >= t:  # the same moment (a paused replay)
-            self.samples[-1] = (self.samples[-1][0], count)
+        """Record ``count`` (monotonic total) at time ``t``; return the rate (a count that
+        went down, after a reset or a seek back, starts the window again)."""
+        if self.samples and (count < self.samples[-1][1] or t < self.samples[-1][0]):
+            self.samples.clear()
+        if self.samples and self.samples[-1][0] == t:  # the same moment (a paused replay)
+            self.samples[-1] = (t, count)
         else:
             self.samples.append((t, count))
         while len(self.samples) > 2 and t - self.samples[0][0] > self.window:
@@ -35,52 +75,72 @@ class Rate:
 
 
 class StatsPane(Widget):
-    """Hit rate, prefill tokens saved, requests/s and the structural counters."""
+    """Hit rate, prefill tokens saved, requests/s, queue, evictions, COW, splits/merges."""
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.stats = MirrorStats()
+        self.frame = EMPTY
         self.req_per_s = 0.0
-        self.nodes = 0
 
-    def show(self, stats: MirrorStats, req_per_s: float, nodes: int) -> None:
-        """Copy the figures to draw."""
-        self.stats, self.req_per_s, self.nodes = stats, req_per_s, nodes
-        self.refresh()
+    def show(self, frame: Frame, req_per_s: float) -> None:
+        """Copy the figures to draw; the border title says what they count since."""
+        old = (self.frame.stats, self.frame.counters, round(self.req_per_s))
+        self.frame, self.req_per_s = frame, req_per_s
+        if old != (frame.stats, frame.counters, round(req_per_s)):
+            self.border_title = f"stats · {figures(frame).label}"
+            self.refresh()
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(name, value) pairs, each short enough for the pane's 38 columns."""
+        f, s, c = figures(self.frame), self.frame.stats, self.frame.counters
+        rows = [
+            ("hit rate", f"{f.hit_rate:.1%}"),
+            ("prefill saved", f"{human_count(f.hit_tokens)} tok"),
+            ("requests", f"{f.requests:,} ({self.req_per_s:,.0f}/s)"),
+            ("evictions", f"{f.evictions:,} ({human_count(f.evicted_tokens)} tok)"),
+            ("COW copies", f"{f.cow_copies:,}"),
+            ("splits/merges", f"{s.splits:,} / {s.merges:,} (seen)"),
+        ]
+        if c is not None:
+            rows.insert(3, ("waiting/running", f"{c.waiting:,} / {c.running:,}"))
+        return rows
 
     def render(self) -> Text:
-        """Two columns of figures."""
-        s = self.stats
-        rows = [
-            ("hit rate", f"{s.hit_rate:.1%}"),
-            ("prefill saved", f"{s.hit_tokens:,} tok"),
-            ("requests", f"{s.requests:,} ({self.req_per_s:,.0f}/s)"),
-            ("nodes", f"{self.nodes:,}"),
-            ("evictions", f"{s.evictions:,} ({s.evicted_tokens:,} tok)"),
-            ("splits/merges", f"{s.splits:,} / {s.merges:,}"),
-            ("COW", f"{s.cow_copies:,} ({s.slots_copied:,} slots)"),
-        ]
-        out = Text()
-        for name, value in rows:
-            out.append(f"{name:<14}", "dim")
+        """Two columns of figures, never wrapped."""
+        out = Text(no_wrap=True, overflow="ellipsis")
+        for name, value in self.rows():
+            out.append(f"{name:<16}", "dim")
             out.append(f"{value}\n", "bold")
         out.rstrip()
         return out
 
 
-def header_line(status: SourceStatus, epoch: int, seq: int, stats: MirrorStats,
-                req_per_s: float, now: float) -> Text:
-    """``radixcache ─ engine <endpoint> ● live  epoch 3  seq 48,211  hit 81.9%  1,204 req/s``."""
-    dot, color = _DOT[status.state]
-    out = Text(" radixcache ", "bold")
-    out.append(f"─ {status.endpoint} ")
-    out.append(f"{dot} {status.state.value}", f"bold {color}")
+def header_line(status: SourceStatus, frame: Frame, req_per_s: float, now: float,
+                width: int) -> Text:
+    """``radixcache ─ <endpoint> ● live  hit 81.9%  blocks 1,204/2,048  12 req/s  seq 48,211
+    epoch 3f2a  ? help``; parts drop from the right of this order when ``width`` is short,
+    the state and the hit rate last."""
+    c = frame.counters
+    dot, color = _PAUSED if c is not None and c.paused else _DOT[status.state]
+    state = "paused" if c is not None and c.paused else status.state.value
     if status.state is ConnState.DISCONNECTED:
-        out.append(f" {now - status.since:.0f}s", color)
-    if status.detail:
-        out.append(f" ({status.detail})", "dim")
-    out.append(f"  epoch {max(epoch, 0)}  seq {max(seq, 0):,}   ")
-    out.append(f"hit {stats.hit_rate:.1%}", "bold #98c379")
-    out.append(f"  {req_per_s:,.0f} req/s   ")
-    out.append("? help", "dim")
+        state += f" {now - status.since:.0f}s"
+    parts: list[tuple[str, str]] = [
+        (f"{dot} {state}", f"bold {color}"),
+        (f"hit {figures(frame).hit_rate:.1%}", "bold #98c379"),
+        (f"blocks {frame.used_blocks:,}/{frame.num_blocks:,}", ""),
+        (f"{req_per_s:,.0f} req/s", ""),
+        (f"seq {max(frame.seq, 0):,}", "dim"),
+        (f"({status.detail})" if status.detail else "", "dim"),
+        (f"epoch {frame.epoch & 0xFFFF:04x}" if frame.epoch >= 0 else "", "dim"),
+        ("? help", "dim"),
+    ]
+    out = Text(" radixcache ", "bold", no_wrap=True, overflow="crop")
+    if len(status.endpoint) + 16 < width // 3:
+        out.append(f"─ {status.endpoint} ")
+    for text, style in parts:
+        if text and out.cell_len + len(text) + 2 <= width:
+            out.append(text, style)
+            out.append("  ")
+    out.rstrip()
     return out

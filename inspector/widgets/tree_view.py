@@ -7,7 +7,7 @@ from the mirror since the last layout renders dimmed until the next one.
 
 from __future__ import annotations
 
-import time
+from enum import Enum
 from typing import ClassVar
 
 from rich.segment import Segment
@@ -18,28 +18,38 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from inspector.feed import Feed, Flash
-from inspector.layout import Row, TokenText, block_ranges, human_age, human_count, preview
+from inspector.feed import Flash
+from inspector.frame import EMPTY, Frame, NodeView
+from inspector.layout import Row, TokenText, block_ranges, human_count, preview_text
+from inspector.widgets.styled import Styled
 
 FLASH_S = 1.5
-_FLASH_STYLE = {
-    Flash.CREATE: Style(bgcolor="#1f4d2b"),
-    Flash.EXTEND: Style(bgcolor="#1f4d2b"),
-    Flash.SPLIT: Style(bgcolor="#5c4a12"),
-    Flash.MERGE: Style(bgcolor="#1c3f66"),
-    Flash.EVICT: Style(bgcolor="#6b1f1f"),
+
+
+class Folding(Enum):
+    """What a fold request does."""
+
+    COLLAPSE = "collapse"
+    EXPAND = "expand"
+
+_FLASH_CLASS = {
+    Flash.CREATE: "tree--create",
+    Flash.EXTEND: "tree--create",
+    Flash.SPLIT: "tree--split",
+    Flash.MERGE: "tree--merge",
+    Flash.EVICT: "tree--evict",
 }
-_COUNT = Style(color="#7fd4ff", bold=True)
-_TEXT = Style(color="#e6e6e6")
-_DIM = Style(color="#7a7a7a")
-_LOCK = Style(color="#ffb347", bold=True)
-_GONE = Style(color="#606060", strike=True)
-_CURSOR = Style(bgcolor="#2e3440")
-_SELECTED = Style(bgcolor="#3b4252", bold=True)
+PREVIEW_MIN = 8  # the preview column shrinks to this before any other column is cut
+RIGHT = 17 + 5 + 5 + 8  # blocks, ref, age, id columns
 
 
 class TreeView(ScrollView, can_focus=True):
-    """The radix tree, one row per visible node; the cursor row is the selected node."""
+    """The radix tree, one row per visible node; the cursor row is the selected node. Rows
+    come from the layout (order, depth); what a row says comes from the frame (``show``)."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "tree--count", "tree--text", "tree--dim", "tree--lock", "tree--gone", "tree--cursor",
+        "tree--selected", "tree--create", "tree--split", "tree--merge", "tree--evict"}
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("up,k", "move(-1)", "Up", show=False),
@@ -61,22 +71,31 @@ class TreeView(ScrollView, can_focus=True):
             self.node_id = node_id
 
     class Fold(Message):
-        """The user folded (``collapse=1``) or unfolded (0) the row at ``index``."""
+        """The user folded or unfolded (``Folding``) the row at ``index``."""
 
-        def __init__(self, index: int, collapse: int) -> None:
+        def __init__(self, index: int, how: Folding) -> None:
             super().__init__()
             self.index = index
-            self.collapse = collapse
+            self.how = how
 
-    def __init__(self, feed: Feed, *, id: str | None = None) -> None:
+    class Moved(Message):
+        """The window moved: the app takes a frame now so the new rows have their figures."""
+
+    def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.feed = feed
+        self.frame = EMPTY
         self.rows: list[Row] = []
         self.cursor = 0
         self.vocab: TokenText | None = None
         self.flashes: dict[int, tuple[Flash, float]] = {}
         self.collapsed: set[int] = set()
         self._preview: dict[int, str] = {}
+        self.styled = Styled(self)
+
+    def notify_style_update(self) -> None:
+        """The stylesheet changed: look the colours up again."""
+        super().notify_style_update()
+        self.styled.clear()
 
     # -- data in ---------------------------------------------------------------------------
     def set_rows(self, rows: list[Row]) -> None:
@@ -91,6 +110,20 @@ class TreeView(ScrollView, can_focus=True):
         self.cursor = min(self.cursor, max(0, len(rows) - 1))
         self.virtual_size = Size(self.size.width, len(rows))
         self.refresh()
+
+    def show(self, frame: Frame) -> None:
+        """Draw the rows with this frame's figures (only when they changed)."""
+        old, self.frame = self.frame, frame
+        if (old.rows, old.node_count, old.selection) != (frame.rows, frame.node_count,
+                                                         frame.selection):
+            self.refresh()
+
+    def window(self, margin: int) -> list[Row]:
+        """The rows on screen plus ``margin`` screens above and below (the frame copies their
+        figures, so a page key lands on rows that are already there)."""
+        h = max(1, self.size.height)
+        top = max(0, self.scroll_offset.y - margin * h)
+        return self.rows[top : self.scroll_offset.y + (margin + 1) * h]
 
     def forget_previews(self) -> None:
         """Drop every cached preview (the vocabulary learned new words)."""
@@ -122,39 +155,49 @@ class TreeView(ScrollView, can_focus=True):
         width = self.size.width
         if index >= len(self.rows):
             return Strip.blank(width)
-        strip = Strip(self._segments(self.rows[index], cursor=index == self.cursor))
-        return strip.adjust_cell_length(width, _CURSOR if index == self.cursor else None)
+        cursor = index == self.cursor
+        strip = Strip(self._segments(self.rows[index], cursor=cursor))
+        return strip.adjust_cell_length(width, self._style("cursor") if cursor else None)
+
+    def _style(self, name: str) -> Style:
+        return self.styled(f"tree--{name}")
 
     def _segments(self, row: Row, *, cursor: bool) -> list[Segment]:
-        node = row.node
-        alive = self.feed.mirror.nodes.get(node.id) is node
-        arrow = "·" if not node.children else ("▶" if node.id in self.collapsed else "▼")
-        base = _SELECTED if cursor else Style()
-        flash = self.flashes.get(node.id)
+        nid = row.node.id
+        view = self.frame.rows.get(nid)
+        leaf = view.leaf if view is not None else not row.node.children
+        arrow = "·" if leaf else ("▶" if nid in self.collapsed else "▼")
+        base = self._style("selected") if cursor else Style()
+        flash = self.flashes.get(nid)
         if flash is not None:
-            base = base + _FLASH_STYLE[flash[0]]
+            base = base + self.styled(_FLASH_CLASS[flash[0]])
         head = "  " * row.depth + arrow + " "
-        if node.parent is None:
-            count = f"root ({len(self.feed.mirror.nodes) - 1:,} nodes)"
-            return [Segment(head, base + _DIM), Segment(count, base + _TEXT)]
-        text = self._preview.get(node.id)
-        if text is None:
-            text = self._preview[node.id] = preview(node, self.vocab)
-        if not alive:
-            gone = f"[{node.num_tokens}] {text}"
-            return [Segment(head, base + _DIM), Segment(gone, base + _GONE)]
-        at = self.feed.access_time(node.clock)
-        age = human_age(None if at is None else self.feed.now() - at)
-        segs = [
-            Segment(head, base + _DIM),
-            Segment(f"[{human_count(node.num_tokens)}] ", base + _COUNT),
-            Segment(f"{text:<24}", base + _TEXT),
-            Segment(f" {block_ranges(node.blocks, 16):<16}", base + _DIM),
-            Segment(f" r{node.lock:<3}", base + (_LOCK if node.lock else _DIM)),
-            Segment(f" {age:>4}", base + _DIM),
-            Segment(f"  n{node.id}", base + _DIM),
+        dim = base + self._style("dim")
+        if row.node.parent is None and nid == 0:
+            count = f"root ({self.frame.node_count:,} nodes)"
+            return [Segment(head, dim), Segment(count, base + self._style("text"))]
+        if view is None:  # scrolled past the frame's copy: the next frame fills it in
+            return [Segment(head, dim), Segment("…", dim)]
+        room = max(PREVIEW_MIN, self.size.width - len(head) - 9 - RIGHT)
+        text = self._preview.get(nid)
+        if text is None or len(text) > room:
+            text = self._preview[nid] = preview_text(view.head, self.vocab, room)
+        if not view.alive:
+            gone = f"[{row.node.num_tokens}] {text}"
+            return [Segment(head, dim), Segment(gone, base + self._style("gone"))]
+        return self._columns(head, view, text, base, room)
+
+    def _columns(self, head: str, v: NodeView, text: str, base: Style, room: int) -> list[Segment]:
+        dim = base + self._style("dim")
+        return [
+            Segment(head, dim),
+            Segment(f"[{human_count(v.num_tokens)}] ".ljust(9), base + self._style("count")),
+            Segment(f"{text:<{room}}", base + self._style("text")),
+            Segment(f" {block_ranges(v.blocks, 16):<16}", dim),
+            Segment(f" r{v.lock:<3}", base + self._style("lock") if v.lock else dim),
+            Segment(f" {v.age:>4}", dim),
+            Segment(f"  n{v.id}", dim),
         ]
-        return segs
 
     # -- keys ------------------------------------------------------------------------------
     def action_move(self, delta: int) -> None:
@@ -168,36 +211,35 @@ class TreeView(ScrollView, can_focus=True):
     def _set_cursor(self, index: int) -> None:
         old = self.cursor
         self.cursor = max(0, min(index, len(self.rows) - 1))
-        self.key_handled_at = time.perf_counter()
         if self.cursor == old:
             return
         top, height = self.scroll_offset.y, self.size.height
         if self.cursor < top:
             self.scroll_to(y=self.cursor, animate=False)
+            self.post_message(self.Moved())
         elif self.cursor >= top + height:
             self.scroll_to(y=self.cursor - height + 1, animate=False)
-        self.refresh_lines(old)
-        self.refresh_lines(self.cursor)
+            self.post_message(self.Moved())
+        self.refresh()
         nid = self.selected_id()
         if nid is not None:
             self.post_message(self.Selected(nid))
-
-    key_handled_at = 0.0
 
     def action_fold_toggle(self) -> None:
         """Fold or unfold the node under the cursor."""
         nid = self.selected_id()
         if nid is not None:
-            self.post_message(self.Fold(self.cursor, 0 if nid in self.collapsed else 1))
+            how = Folding.EXPAND if nid in self.collapsed else Folding.COLLAPSE
+            self.post_message(self.Fold(self.cursor, how))
 
     def action_fold(self) -> None:
         """Collapse the node under the cursor."""
         nid = self.selected_id()
         if nid is not None and nid not in self.collapsed:
-            self.post_message(self.Fold(self.cursor, 1))
+            self.post_message(self.Fold(self.cursor, Folding.COLLAPSE))
 
     def action_unfold(self) -> None:
         """Expand the node under the cursor."""
         nid = self.selected_id()
         if nid is not None and nid in self.collapsed:
-            self.post_message(self.Fold(self.cursor, 0))
+            self.post_message(self.Fold(self.cursor, Folding.EXPAND))

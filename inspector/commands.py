@@ -1,0 +1,110 @@
+"""The command line's other half: send a parsed command from a worker, word the reply.
+
+Replies are worded by what was asked, not only by what came back: a workload says its unit
+(``chat 20: 20 conversations (every turn is a request): 64 requests submitted``), a paused
+engine's queue says ``queued (engine paused)``, and an ``evict`` that freed nothing says why,
+from the frame on screen when the reply came.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from functools import partial
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+from textual.widgets import Static
+
+from inspector.widgets.command_line import CommandLine, Parsed, parse
+from inspector.widgets.event_log import KINDS, NOISY, EventLog
+from radixcache.wire import commands as cmd
+
+if TYPE_CHECKING:
+    from inspector.app import InspectorApp
+
+
+class CommandReplies:
+    """Messages and replies of one app; ``command_ms`` the time from enter to reply."""
+
+    def __init__(self, app: InspectorApp) -> None:
+        self.app = app
+        self.messages: list[str] = []
+        self.replies: list[object] = []
+        self.command_ms: deque[float] = deque(maxlen=10_000)
+
+    def submit(self, value: str) -> None:
+        """Parse ``value``; say what is wrong, or send it from a worker thread."""
+        line = value.strip()
+        box = self.app.query_one("#command", CommandLine)
+        box.value = ""
+        if not line:
+            return
+        box.remember(line)
+        parsed = parse(line)
+        if parsed.error is not None:
+            self.say(f"✗ {parsed.error} — nothing sent", error=True)
+        elif parsed.local is not None:
+            self._local(parsed.local)
+        elif parsed.command is not None:
+            self.say(f"→ {line}")
+            self.app.run_worker(partial(self._send, line, parsed, time.perf_counter()),
+                                thread=True, group="send")
+
+    def _send(self, line: str, parsed: Parsed, t0: float) -> None:
+        assert parsed.command is not None
+        reply = self.app.source.send(parsed.command)
+        self.app.call_from_thread(self._replied, line, parsed, reply, t0)
+
+    def _replied(self, line: str, parsed: Parsed, reply: cmd.AnyReply, t0: float) -> None:
+        self.command_ms.append((time.perf_counter() - t0) * 1000)
+        self.replies.append(reply)
+        if isinstance(reply, cmd.Error):
+            self.say(f"✗ {line}: {reply.message}", error=True)
+            return
+        assert isinstance(reply, cmd.Ok)
+        frame = self.app.view
+        if isinstance(parsed.command, cmd.StartWorkload):
+            paused = frame.counters is not None and frame.counters.paused
+            self.say(f"✓ {line}: {parsed.note} "
+                     f"{'queued (engine paused)' if paused else 'submitted'}")
+            return
+        extra = "  ".join(f"{k}={v}" for k, v in reply.values.items() if str(v) not in
+                          reply.message)
+        text = f"✓ {reply.message} {extra}".rstrip()
+        if isinstance(parsed.command, cmd.Evict) and reply.message.startswith("evicted 0 "):
+            text += " — " + self._why_nothing(frame.node_count, len(frame.lru))
+        self.say(text)
+
+    @staticmethod
+    def _why_nothing(nodes: int, victims: int) -> str:
+        if nodes == 0:
+            return "the cache is empty"
+        if victims == 0:
+            return f"all {nodes:,} nodes are pinned by running requests (r>0)"
+        return "the victims were pinned by the time the command ran"
+
+    def _local(self, words: tuple[str, ...]) -> None:
+        head, rest = words[0], words[1:]
+        if head == "help":
+            self.app.action_help()
+        elif head == "quit":
+            self.app.exit()
+        else:
+            everything = frozenset(KINDS) - NOISY
+            kinds = everything if rest == ("all",) else frozenset(rest)
+            unknown = kinds - set(KINDS)
+            if unknown or not kinds:
+                self.say(f"✗ usage: filter KIND... or filter all; kinds: {' '.join(KINDS)}",
+                         error=True)
+                return
+            self.app.query_one("#events", EventLog).set_kinds(kinds)
+            hidden = " (heartbeats wm, counters hidden: filter wm shows them)" if (
+                rest == ("all",)) else ""
+            self.say(f"✓ showing {' '.join(k for k in KINDS if k in kinds)}{hidden}")
+
+    def say(self, text: str, *, error: bool = False) -> None:
+        """Show a one-line message above the command line (in red for an error)."""
+        self.messages.append(text)
+        style = "bold #e06c75" if error else "#98c379"
+        self.app.query_one("#message", Static).update(Text(text, style))

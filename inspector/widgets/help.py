@@ -1,0 +1,72 @@
+"""The key map: one table that the help screen shows and the README repeats (a test compares
+the README's table, this table and the widgets' bindings)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, NamedTuple
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+
+class Key(NamedTuple):
+    """One row of the key map: what to press (as shown), the binding keys, what it does."""
+
+    shown: str
+    keys: tuple[str, ...]
+    does: str
+
+
+KEYS: tuple[Key, ...] = (
+    Key("`?`", ("question_mark",), "help (esc closes it)"),
+    Key("`:` `/`", ("colon", "slash"), "focus the command line"),
+    Key("`esc`", ("escape",), "back to the tree"),
+    Key("`↑` `↓` `j` `k`", ("up", "down", "j", "k"), "move the selection in the tree"),
+    Key("`pgup` `pgdn` `home` `end`", ("pageup", "pagedown", "home", "end"), "move by pages"),
+    Key("`enter` `space`", ("enter", "space"), "fold or unfold the selected node"),
+    Key("`←` `→` `h` `l`", ("left", "right", "h", "l"), "collapse / expand the selected node"),
+    Key("`F2`…`F7`", ("f2", "f3", "f4", "f5", "f6", "f7"),
+        "show / hide tree, block map, memory, LRU, events, stats"),
+    Key("`ctrl+←` `ctrl+→`", ("ctrl+left", "ctrl+right"), "narrow / widen the tree pane"),
+    Key("`z`", ("z",), "block map: whole pool at a glance / one cell per block"),
+    Key("`p`", ("p",), "replay: play / pause"),
+    Key("`.` `,`", ("full_stop", "comma"), "replay: step forward / back one batch"),
+    Key("`>` `<`", ("greater_than_sign", "less_than_sign"), "replay: next / previous keyframe"),
+    Key("`]` `[`", ("right_square_bracket", "left_square_bracket"), "replay: faster / slower"),
+    Key("`ctrl+p`", ("ctrl+p",), "command palette"),
+    Key("`q`", ("q",), "quit (outside the command line)"),
+)
+
+
+def key_table() -> str:
+    """The key map as the Markdown table the README carries."""
+    lines = ["| key | what it does |", "| --- | --- |"]
+    lines += [f"| {k.shown} | {k.does} |" for k in KEYS]
+    return "\n".join(lines)
+
+
+def help_text() -> str:
+    """The help screen's text: the key map, then the command line's words."""
+    width = max(len(k.shown.replace("`", "")) for k in KEYS) + 2
+    rows = "\n".join(f"  {k.shown.replace('`', ''):<{width}}{k.does}" for k in KEYS)
+    return (
+        "[b]radixcache inspector[/b]\n\n" + rows.replace("[", r"\[") + "\n\n"
+        "[b]Commands[/b] (after `:`): chat 20 · tot 3 4 · system 50 · fork 8 · flood 500\n"
+        "  evict 4096 · watermark 0.9 0.8 · pause · resume · reset · stats · snapshot\n"
+        "  filter split evict cow (event kinds; `filter all`) · help · quit\n"
+        "  tab completes, ↑ ↓ history; a wrong command is explained and not sent\n\n"
+        "Press esc to close."
+    )
+
+
+class HelpScreen(ModalScreen[None]):
+    """The key map over the main screen."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q,question_mark", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        """One framed text."""
+        yield Static(help_text(), id="help")
