@@ -301,11 +301,6 @@ def _snap_app(line: str) -> tuple[InspectorApp, object]:
     return app, run_before
 
 
-def test_snapshot_tree_after_tot(snap_compare) -> None:  # type: ignore[no-untyped-def]
-    app, run_before = _snap_app("tot 2 3")
-    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
-
-
 @sync
 async def test_block_map_under_eviction_marks_freed_blocks() -> None:
     app, run_before = _snap_app("fork 8;evict 600")

@@ -267,3 +267,25 @@ def test_a_dropped_tree_is_unlinked_so_it_is_freed_without_the_collector() -> No
     finally:
         gc.enable()
     assert np.array_equal(np.array(feed.mirror.ref), np.zeros(64, dtype=np.int64))
+
+
+@sync
+async def test_an_evict_that_frees_nothing_says_why_and_filter_all_skips_heartbeats() -> None:
+    src = ManualSource(64)
+    app = app_for(src)
+    async with app.run_test(size=SIZE) as pilot:
+        src.push([*_two_children(), ev.Lock(2, 1), ev.Lock(3, 1),
+                  ev.Watermark(2, 64, 0.92, 0.85), ev.RequestFinish(3502, 16, 1.0)])
+        await wait_until(pilot, lambda: app.view.node_count == 3)
+        src.reply = cmd.Ok("evicted 0 nodes, 0 tokens, 0 blocks")
+        await type_line(pilot, "evict 4096")
+        await wait_until(pilot, lambda: len(app.replies) == 1)
+        assert app.messages[-1] == ("✓ evicted 0 nodes, 0 tokens, 0 blocks — all 3 nodes are "
+                                    "pinned by running requests (r>0)")
+        await type_line(pilot, "filter all")
+        assert app.messages[-1] == (
+            "✓ showing create extend split merge evict cow alloc free rstart rfinish snapshot "
+            "reset digest fault (heartbeats wm, counters hidden: filter wm shows them)")
+        lines = str(app.panes.events.render()).splitlines()
+        assert [line.split(" ", 1)[1] for line in lines[-2:]] == [
+            "create  n3 under n1, 2 tok from position 2", "rfinish req 3502 +16 tok"]

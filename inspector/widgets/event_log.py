@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from rich.markup import escape
 from rich.text import Text
 from textual.widget import Widget
 
@@ -69,7 +70,7 @@ class EventLog(Widget):
     def set_kinds(self, kinds: frozenset[str]) -> None:
         """Show only these kinds; the border title lists them."""
         self.kinds = kinds
-        self.border_title = f"events [{' '.join(k for k in KINDS if k in kinds)}]"
+        self.border_title = escape(f"events [{' '.join(k for k in KINDS if k in kinds)}]")
         self.refresh()
 
     def shown(self) -> list[LogEntry]:

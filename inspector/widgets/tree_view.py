@@ -40,7 +40,8 @@ _FLASH_CLASS = {
     Flash.EVICT: "tree--evict",
 }
 PREVIEW_MIN = 8  # the preview column shrinks to this before any other column is cut
-RIGHT = 17 + 5 + 5 + 8  # blocks, ref, age, id columns
+BLOCKS_W = 12
+RIGHT = 1 + BLOCKS_W + 4 + 5 + 8  # blocks, ref, age, id columns
 
 
 class TreeView(ScrollView, can_focus=True):
@@ -178,25 +179,28 @@ class TreeView(ScrollView, can_focus=True):
             return [Segment(head, dim), Segment(count, base + self._style("text"))]
         if view is None:  # scrolled past the frame's copy: the next frame fills it in
             return [Segment(head, dim), Segment("…", dim)]
-        room = max(PREVIEW_MIN, self.size.width - len(head) - 9 - RIGHT)
+        count = f"[{human_count(view.num_tokens)}] "
+        room = max(PREVIEW_MIN, self.size.width - len(head) - len(count) - RIGHT)
         text = self._preview.get(nid)
         if text is None or len(text) > room:
             text = self._preview[nid] = preview_text(view.head, self.vocab, room)
         if not view.alive:
             gone = f"[{row.node.num_tokens}] {text}"
             return [Segment(head, dim), Segment(gone, base + self._style("gone"))]
-        return self._columns(head, view, text, base, room)
+        return self._columns(head + count, view, text, base, room)
 
     def _columns(self, head: str, v: NodeView, text: str, base: Style, room: int) -> list[Segment]:
+        """``▼ [44] "pass the…"  b6-8  r0  12s  n5``: every column keeps its place; only
+        the preview gives up width."""
         dim = base + self._style("dim")
         return [
-            Segment(head, dim),
-            Segment(f"[{human_count(v.num_tokens)}] ".ljust(9), base + self._style("count")),
+            Segment(head[: -len(head.split("[")[-1]) - 1], dim),
+            Segment("[" + head.split("[")[-1], base + self._style("count")),
             Segment(f"{text:<{room}}", base + self._style("text")),
-            Segment(f" {block_ranges(v.blocks, 16):<16}", dim),
-            Segment(f" r{v.lock:<3}", base + self._style("lock") if v.lock else dim),
+            Segment(f" {block_ranges(v.blocks, BLOCKS_W):<{BLOCKS_W}}", dim),
+            Segment(f" r{v.lock:<2}", base + self._style("lock") if v.lock else dim),
             Segment(f" {v.age:>4}", dim),
-            Segment(f"  n{v.id}", dim),
+            Segment(f" n{v.id:<6}", dim),
         ]
 
     # -- keys ------------------------------------------------------------------------------
