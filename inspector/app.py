@@ -227,8 +227,11 @@ class InspectorApp(App[None]):
             d = self.feed.take_locked()
             self._layout_locked(d)
             tree = self.tree_pane
-            want = Want(tree.window(WINDOW_MARGIN), self._selected, self._candidates,
-                        LRU_ROWS, wall, self.evicted_s)
+            big = len(self.feed.mirror.nodes) > SYNC_LAYOUT_NODES
+            # a big tree is ranked by the layout worker only (none shown until its first pass)
+            cands = [] if big and self._candidates is None else self._candidates
+            want = Want(tree.window(WINDOW_MARGIN), self._selected, cands, LRU_ROWS, wall,
+                        self.evicted_s)
             frame = self.builder.build(self.feed, d, want)
             if check is not None:
                 self._show(frame, d, wall)

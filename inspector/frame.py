@@ -14,6 +14,7 @@ whose lock or selection changed) are reclassified, so a frame costs what changed
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -90,6 +91,8 @@ class Frame:
     rows: Mapping[int, NodeView]
     lru: tuple[NodeView, ...]
     selection: Selection | None
+    # blocks whose cell changed since the previous frame (None: all of them)
+    changed: frozenset[int] | None = field(default=None, compare=False)
 
     def count(self, state: Cell) -> int:
         """Blocks drawn in ``state``."""
@@ -127,6 +130,7 @@ class Builder:
         self.shared: set[int] = set()
         self.note = ""  # why the selection moved or cleared in the last frame, if it did
         self._bytes = b""
+        self._changed: frozenset[int] | None = None
 
     def build(self, feed: Feed, d: Delta, want: Want) -> Frame:
         """The frame at the feed's current seq (call with ``feed.lock`` held)."""
@@ -145,7 +149,7 @@ class Builder:
         return Frame(feed.seq, feed.epoch, feed.now(), m.num_blocks, self._bytes,
                      m.num_blocks - free, len(m.nodes) - 1, dataclasses.replace(m.stats),
                      m.counters, m.fault, m.watermark, m.high, m.low,
-                     MappingProxyType(views), tuple(lru), selection)
+                     MappingProxyType(views), tuple(lru), selection, self._changed)
 
     def _follow(self, m: Mirror, d: Delta, wanted: int | None) -> int | None:
         """The selected node at this seq: a merged parent's tokens live on in its child; an
@@ -189,9 +193,10 @@ class Builder:
         node = m.nodes.get(sel) if sel is not None else None
         selected = set(node.blocks) if node is not None else set()
         if not isinstance(dirty, range):
-            unshared = {b for b in self.shared if m.ref[b] < 2}
+            unshared = {b for b in self.shared if m.ref[b] < 2} if d.evicted else set()
             dirty = dirty | faded | unshared | (locked ^ self.locked) | (selected ^ self.selected)
         self.locked, self.selected = locked, selected
+        self._changed = None if isinstance(dirty, range) else frozenset(dirty)
         if not dirty and len(self._bytes) == n:
             return
         cells, classify, shared = self.cells, self._classify, self.shared
@@ -232,10 +237,10 @@ class Builder:
         here (still a live, unpinned leaf at the same access clock) and kept in their order;
         without candidates the whole (small) tree is ranked now."""
         if want.lru_candidates is None:
-            leaves = [n for n in m.nodes.values()
-                      if not n.children and n.lock == 0 and n.parent is not None]
-            leaves.sort(key=lambda n: (n.clock, n.id))
-            return [self._view(feed, m, n.id) for n in leaves[: want.lru_rows]]
+            leaves = (n for n in m.nodes.values()
+                      if not n.children and n.lock == 0 and n.parent is not None)
+            first = heapq.nsmallest(want.lru_rows, leaves, key=lambda n: (n.clock, n.id))
+            return [self._view(feed, m, n.id) for n in first]
         out: list[NodeView] = []
         for cand, clock in want.lru_candidates:
             n = m.nodes.get(cand.id)

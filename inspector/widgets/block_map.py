@@ -76,9 +76,14 @@ class BlockMap(ScrollView, can_focus=True):
     def show(self, frame: Frame) -> None:
         """Draw ``frame``: recompute the cells and redraw the rows whose cells changed."""
         old, self.frame = self.frame, frame
-        if frame.cells is old.cells and self._grid == (self._width(), self.per_cell):
+        grid = (self._width(), self.per_cell)
+        if frame.cells is old.cells and self._grid == grid:
             return
-        self._recode()
+        if frame.changed is not None and self._grid == grid and len(old.cells) == len(
+                frame.cells):
+            self._recode_blocks(frame.changed)
+        else:
+            self._recode()
 
     def _width(self) -> int:
         return max(1, self.size.width)
@@ -99,7 +104,28 @@ class BlockMap(ScrollView, can_focus=True):
         for r in {int(c) // w for c in changed}:
             self._rows.pop(r, None)
             if top <= r < top + h:
-                self.refresh_lines(r - top)
+                self.refresh_lines(r)
+
+    def _recode_blocks(self, blocks: frozenset[int]) -> None:
+        """Recompute only the cells holding ``blocks`` (a frame usually touches a few)."""
+        if not blocks:
+            return
+        w, k = self._grid
+        touched = sorted({b // k for b in blocks if b // k < len(self.codes)})
+        cells = np.array(touched, dtype=np.int64)
+        states = np.frombuffer(self.frame.cells, dtype=np.uint8)
+        lo = cells * k
+        idx = np.minimum(lo[:, None] + np.arange(k), len(states) - 1)
+        part = states[idx]
+        part[lo[:, None] + np.arange(k) >= len(states)] = Cell.FREE  # past the pool's end
+        new = cell_codes(part.tobytes(), k)
+        moved = cells[new != self.codes[cells]]
+        self.codes[cells] = new
+        top, h = self.scroll_offset.y, self.size.height
+        for r in {int(c) // w for c in moved}:
+            self._rows.pop(r, None)
+            if top <= r < top + h:
+                self.refresh_lines(r)
 
     def action_zoom(self) -> None:
         """Toggle between the whole pool and one cell per block."""
@@ -143,10 +169,15 @@ class BlockMap(ScrollView, can_focus=True):
 
     def drawn(self) -> dict[Cell, int]:
         """Blocks per state as the cells on screen account for them (what the fidelity check
-        compares with the mirror): each cell's blocks counted by their own states."""
+        compares with the mirror): at one block per cell the cells' own states; at k per cell
+        each cell's blocks by their states, once the cells agree with a full recount."""
         k = max(1, self._grid[1])
-        cells = np.frombuffer(self.frame.cells, dtype=np.uint8)
-        shown = cells[: len(self.codes) * k] if k > 1 else cells
+        if k == 1:
+            shown = (self.codes >> 3).astype(np.uint8)
+        else:
+            if not np.array_equal(cell_codes(self.frame.cells, k), self.codes):
+                return dict.fromkeys(Cell, -1)  # a stale cell: no count can be trusted
+            shown = np.frombuffer(self.frame.cells, dtype=np.uint8)
         counts = np.bincount(shown, minlength=len(Cell))
         return {s: int(counts[s]) for s in Cell}
 
