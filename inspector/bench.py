@@ -65,6 +65,7 @@ class TuiBench(NamedTuple):
     commands: int
     fidelity_violations: int
     fidelity_frames: int
+    resync_growth_mb: float
 
 
 def build_tree(nodes: int, progress: Progress | None = None) -> RadixTree:
@@ -255,6 +256,25 @@ async def _drive(app: InspectorApp, src: BenchSource, seconds: float,
     return Phases(scroll, change, keys, events_per_s, wm_hz, commands)
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def resync_growth(tree: RadixTree, times: int = 10) -> float:
+    """MB the process grew over the last ``times - 5`` of ``times`` resyncs of a mirror to
+    ``tree``'s snapshot, each followed by ``gc.freeze()`` as the app does after a big layout
+    (0 when a dropped tree is freed; a frozen cycle would keep each one)."""
+    feed, snapshot = Feed(), tree.snapshot()
+    base = 0.0
+    for i in range(times):
+        feed.load(snapshot, i, time.time())
+        gc.freeze()
+        if i == 4:
+            base = _rss_mb()
+    return round(_rss_mb() - base, 1)
+
+
 def run_bench(nodes: int = 100_000, seconds: float = 3.0, *,
               progress: Progress | None = None,
               step: Callable[[str], None] | None = None) -> TuiBench:
@@ -265,6 +285,7 @@ def run_bench(nodes: int = 100_000, seconds: float = 3.0, *,
     src = BenchSource(tree)
     check = Fidelity(every=1 << 30)  # off until the fidelity phase
     app = InspectorApp(src, flash_s=0, check=check)
+    growth = resync_growth(tree)
     p = asyncio.run(_drive(app, src, seconds, step if step is not None else (lambda _: None),
                            check))
     frames = p.scroll + p.change
@@ -278,4 +299,5 @@ def run_bench(nodes: int = 100_000, seconds: float = 3.0, *,
         frames=len(frames), keys=len(p.keys),
         command_ms_p50=round(_pct(p.commands, 0.5), 3),
         command_ms_p99=round(_pct(p.commands, 0.99), 3), commands=len(p.commands),
-        fidelity_violations=len(check.violations), fidelity_frames=check.checked)
+        fidelity_violations=len(check.violations), fidelity_frames=check.checked,
+        resync_growth_mb=growth)
