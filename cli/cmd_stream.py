@@ -402,6 +402,8 @@ def bench_events(
                                             "the subscriber, and compare the mirror digest with "
                                             "the tree's after every applied batch."),
     min_events: int = typer.Option(1_000_000, help="With --verify-every-batch: events to run."),
+    publishers: int = typer.Option(1, min=1, max=64, help="Instead of the figures above: N "
+                                   "engine streams followed by one process (fan-in)."),
 ) -> None:
     """Events/s from a tree driver to a mirror in another process, and what publishing costs.
 
@@ -411,6 +413,9 @@ def bench_events(
     Example: radixcache bench events --drop 0.01 --verify-every-batch --json"""
     from radixcache.tools.bench_events import run_bench, verify_drops  # torch: imported here
 
+    if publishers > 1:
+        _bench_fanin(publishers, as_json)
+        return
     if verify_every_batch:
         checked = verify_drops(min_events, drop, per_step)
         if as_json:
@@ -445,3 +450,24 @@ def _bench_table(r: BenchResult) -> Table:
     for k, v in rows:
         t.add_row(k, v)
     return t
+
+
+def _bench_fanin(publishers: int, as_json: bool) -> None:
+    from radixcache.tools.bench_fanin import run_fanin
+
+    with Progress(console=console, disable=as_json, transient=True) as progress:
+        task = progress.add_task("fan-in", total=None)
+        r = run_fanin(publishers, progress=lambda what: progress.update(task, description=what))
+    if as_json:
+        typer.echo(json.dumps(r._asdict()))
+        return
+    t = Table(title=f"bench events: {publishers} streams into one process")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for k, v in (("events (all streams)", f"{r.events:,}"),
+                 ("events/s arriving in total", f"{r.events_per_s:,.0f}"),
+                 ("batches lost", str(r.lost)),
+                 ("mirrors with the engine's digest", f"{r.digests_equal} of {r.publishers}"),
+                 ("resyncs", str(r.resyncs)), ("seconds", f"{r.seconds:.2f}")):
+        t.add_row(k, v)
+    console.print(t)
