@@ -1,0 +1,105 @@
+"""Issue 16's must-reach over real sockets: lost live batches, slow replays, unrecoverable
+history reported, lost tails found, tiers kept apart."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from radixcache.wire.kvevents import KVEventsClient, MergeLimits, Sync
+from radixcache.wire.kvevents.codec import Engine, Encoding, WireFormat
+from tests.kvevents_fakes import FlakyPublisher, sglang_batches
+from tests.test_stream_helpers import wait_for
+
+
+def follow(client: KVEventsClient, cond, timeout: float = 20.0) -> bool:
+    """Poll the client until ``cond()`` or ``timeout``."""
+    return wait_for(lambda: (client.poll(0.02), cond())[1], timeout)
+
+
+@pytest.mark.parametrize("page", [16, 1])
+def test_every_fourth_batch_lost_and_slow_replays_end_exact(page):
+    payloads, held = sglang_batches(300, page, seed=page, capacity=1000 if page == 16 else 4000)
+    assert len(held) >= (1000 if page == 16 else 4000)
+    pub = FlakyPublisher(replay_delay_s=1.0, drop=lambda seq: seq % 4 == 3)
+    client = KVEventsClient(*pub.endpoints)
+    try:
+        time.sleep(0.2)  # the SUB connects before the first batch
+        pub.start(payloads, interval_s=0.008)
+        assert follow(client, lambda: pub.done() and client.last_seq == len(payloads) - 1)
+        assert client.view.keys() == held
+        assert client.health().sync is Sync.COMPLETE
+        assert client.merger.stats.lost == 0
+        assert client.view.stats.unknown_removed == 0
+        assert client.stats.malformed == 0
+        assert client.fmt == WireFormat(Engine.SGLANG, Encoding.MAP)
+        assert len(pub.requests) >= 2  # the holes really were filled by (slow) replays
+    finally:
+        client.close()
+        pub.close()
+
+
+def test_lost_tail_is_found_by_an_idle_probe():
+    payloads, held = sglang_batches(12, 16)
+    pub = FlakyPublisher(drop=lambda seq: seq >= 9)  # the last three never arrive live
+    client = KVEventsClient(*pub.endpoints, limits=MergeLimits(idle_s=0.3))
+    try:
+        time.sleep(0.2)
+        pub.start(payloads, interval_s=0.0)
+        assert follow(client, lambda: client.last_seq == 11, timeout=5)
+        assert client.view.keys() == held
+        assert client.health().sync is Sync.COMPLETE
+    finally:
+        client.close()
+        pub.close()
+
+
+def test_replay_buffer_that_lost_the_start_is_reported_within_5_s():
+    payloads, _ = sglang_batches(30, 16)
+    pub = FlakyPublisher(ring=10)
+    pub.start(payloads, interval_s=0.0)
+    assert wait_for(pub.done)
+    client = KVEventsClient(*pub.endpoints)
+    try:
+        assert follow(client, lambda: client.health().sync is Sync.INCOMPLETE, timeout=5)
+        assert client.health().line() == "incomplete since seq 0: replay buffer starts at 20"
+        assert client.last_seq == 29
+    finally:
+        client.close()
+        pub.close()
+
+
+def test_no_replay_endpoint_late_join_is_reported_at_the_first_batch():
+    payloads, _ = sglang_batches(30, 16)
+    pub = FlakyPublisher(drop=lambda seq: seq < 5)  # joined after seq 4
+    client = KVEventsClient(pub.endpoints[0])
+    try:
+        time.sleep(0.2)
+        pub.start(payloads, interval_s=0.0)
+        assert follow(client, lambda: client.last_seq == 29, timeout=5)
+        assert client.health().line() == "incomplete since seq 0: no replay endpoint"
+        assert client.merger.stats.lost == 5
+    finally:
+        client.close()
+        pub.close()
+
+
+def test_dead_replay_endpoint_is_reported_within_5_s_and_batches_still_wait():
+    payloads, _ = sglang_batches(10, 16)
+    pub = FlakyPublisher(drop=lambda seq: seq < 3)  # joined after seq 2
+    dead = FlakyPublisher()
+    dead_replay = dead.endpoints[1]
+    dead.close()  # nothing listens there any more
+    client = KVEventsClient(pub.endpoints[0], dead_replay,
+                            limits=MergeLimits(replay_timeout_s=1.0))
+    try:
+        time.sleep(0.2)
+        pub.start(payloads, interval_s=0.0)
+        assert follow(client, lambda: client.health().sync is Sync.INCOMPLETE, timeout=5)
+        assert client.health().line().startswith("incomplete since seq 0: replay endpoint silent")
+        assert client.last_seq == -1  # nothing applied past the unfilled start
+        assert client.merger.pending_bytes == sum(len(p) + 64 for p in payloads[3:])
+    finally:
+        client.close()
+        pub.close()
