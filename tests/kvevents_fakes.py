@@ -46,7 +46,8 @@ def sglang_batches(n: int, page: int, seed: int = 0, capacity: int = 40,
         events: list[dict[str, object]] = []
         gpu = [h for h, m in held if m == "GPU"]
         under = rng.choice(gpu) if gpu and rng.random() < 0.7 else None
-        chain = [rng.randrange(-(2**63), 2**63) for _ in range(rng.randint(1, 6 if page > 1 else 40))]
+        length = rng.randint(1, 6 if page > 1 else 40)  # page size 1: one block per token
+        chain = [rng.randrange(-(2**63), 2**63) for _ in range(length)]
         for h, p in zip(chain, [under, *chain[:-1]], strict=True):
             parent_of[h] = p
         events.append(_stored(chain, under, page, "GPU"))

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from radixcache.wire.kvevents import KVEventsClient, MergeLimits, Sync
-from radixcache.wire.kvevents.codec import Engine, Encoding, WireFormat
+from radixcache.wire.kvevents.codec import Encoding, Engine, WireFormat
 from tests.kvevents_fakes import FlakyPublisher, sglang_batches
 from tests.test_stream_helpers import wait_for
 

@@ -24,7 +24,13 @@ from radixcache.wire.kvevents.codec import (
     encode_payload,
 )
 from radixcache.wire.kvevents.merge import Health, MergeLimits, SeqMerger, Sync
-from radixcache.wire.kvevents.pubsub import END_SEQ, TOPIC, KVEventPublisher, KVEventsClient
+from radixcache.wire.kvevents.pubsub import (
+    END_SEQ,
+    TOPIC,
+    KVEventPublisher,
+    KVEventsClient,
+    KVStream,
+)
 from radixcache.wire.kvevents.radix import RadixRow, hash_label, radix_rows, tree_lines
 from radixcache.wire.kvevents.translate import KVTranslator, chain_hash
 from radixcache.wire.kvevents.view import Block, BlockView, Holder
@@ -32,7 +38,7 @@ from radixcache.wire.kvevents.view import Block, BlockView, Holder
 __all__ = [
     "END_SEQ", "TOPIC", "AllBlocksCleared", "Block", "BlockRemoved", "BlockStored", "BlockView",
     "Cleared", "DecodedBatch", "Health", "Holder", "KVEventBatch", "KVEventPublisher",
-    "KVEventsClient", "KVEventsError", "KVTranslator", "MergeLimits", "RadixRow", "Removed",
-    "SeqMerger", "Stored", "Sync", "WireEvent", "chain_hash", "decode_batch", "decode_event",
-    "encode_payload", "hash_label", "radix_rows", "tree_lines",
+    "KVEventsClient", "KVEventsError", "KVStream", "KVTranslator", "MergeLimits", "RadixRow",
+    "Removed", "SeqMerger", "Stored", "Sync", "WireEvent", "chain_hash", "decode_batch",
+    "decode_event", "encode_payload", "hash_label", "radix_rows", "tree_lines",
 ]
