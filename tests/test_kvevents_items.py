@@ -209,3 +209,19 @@ def test_radix_nodes_rates_churn_and_top_prefixes():
     assert (view.stats.stored, view.stats.removed, view.stats.churned) == (9, 2, 1)
     clock.now = 122.5
     assert view.rates() == (0.0, 0.1)
+
+
+def test_batches_held_behind_a_hole_are_bounded_in_bytes():
+    link, clock = ListLink(), Clock()
+    stream = KVStream(link, clock=clock, limits=MergeLimits(pending_bytes=1_000))
+    payload = pack([stored([1], None, tokens=[1] * 100)])
+    body = len(payload) + 64  # what one held batch is counted as
+    for seq in range(1, 1 + 1_000 // body):
+        stream.merger.live(seq, payload, clock())
+    assert stream.merger.pending_bytes == (1_000 // body) * body
+    assert stream.last_seq == -1
+    stream.merger.live(99, payload, clock())  # one more would pass the bound: seq 0 is given up
+    assert stream.health().line() == (f"incomplete since seq 0: {(1_000 // body + 1) * body:,} "
+                                      "bytes buffered behind the hole")
+    assert stream.last_seq == 1_000 // body
+    assert stream.merger.pending_bytes == body  # 99 still waits for the seqs before it

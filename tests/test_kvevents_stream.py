@@ -3,6 +3,7 @@ history reported, lost tails found, tiers kept apart."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -103,3 +104,35 @@ def test_dead_replay_endpoint_is_reported_within_5_s_and_batches_still_wait():
     finally:
         client.close()
         pub.close()
+
+
+def test_tree_against_a_dead_replay_port_says_what_waits(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    payloads, _ = sglang_batches(51, 16)
+    pub = FlakyPublisher(drop=lambda seq: seq == 0)  # 50 batches arrive, behind a hole
+    dead = FlakyPublisher()
+    dead_replay = dead.endpoints[1]
+    dead.close()
+    result: list[object] = []
+
+    def later() -> None:
+        time.sleep(0.3)
+        pub.start(payloads, interval_s=0.0)
+
+    starter = threading.Thread(target=later)
+    starter.start()
+    try:
+        result.append(CliRunner().invoke(app, ["tree", "--kv-events", pub.endpoints[0],
+                                               "--replay", dead_replay, "--seconds", "1.5"]))
+    finally:
+        starter.join()
+        pub.close()
+    res = result[0]
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines() == [
+        "blocks", "format: no batch yet",
+        "history: catching up since seq 0: waiting for a replay, 50 batches held back",
+        "live blocks: 0"]

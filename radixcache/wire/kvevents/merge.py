@@ -185,7 +185,8 @@ class SeqMerger:
             return Health(Sync.INCOMPLETE, nxt,
                           f"no replay endpoint and no batch for {now - self._last_live:.0f} s")
         if self._pending or not self._confirmed:
-            return Health(Sync.CATCHING_UP, nxt, "waiting for a replay")
+            return Health(Sync.CATCHING_UP, nxt,
+                          f"waiting for a replay, {len(self._pending):,} batches held back")
         return Health(Sync.COMPLETE, None, "")
 
     def _silent_for(self, now: float) -> float | None:

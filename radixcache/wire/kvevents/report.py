@@ -11,7 +11,7 @@ def counter_lines(client: KVEventsClient) -> list[tuple[str, str]]:
     view, merge, stats = client.view, client.merger.stats, client.stats
     rates = view.rates()
     churn = view.stats.churned / view.stats.removed if view.stats.removed else 0.0
-    out = [("live blocks", f"{len(view.blocks):,}")]
+    out = [("history", client.health().sync.value), ("live blocks", f"{len(view.blocks):,}")]
     out += [(f"  {medium}", f"{n:,}") for medium, n in sorted(view.tiers.items())]
     out += [("stored/s", f"{rates.stored_per_s:,.1f}"),
             ("removed/s", f"{rates.removed_per_s:,.1f}"), ("churn", f"{churn:.1%}"),
