@@ -77,7 +77,7 @@ class FlakyPublisher:
     def __init__(self, *, ring: int = 100_000, replay_delay_s: float = 0.0,
                  drop: Callable[[int], bool] = lambda seq: False) -> None:
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.pub = ctx.socket(zmq.PUB)
+        self.pub = ctx.socket(zmq.XPUB)  # XPUB: it sees a subscriber arrive
         self.pub.setsockopt(zmq.LINGER, 0)
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
@@ -94,10 +94,13 @@ class FlakyPublisher:
         self.seq = -1
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self, payloads: list[bytes], interval_s: float) -> FlakyPublisher:
-        """Publish ``payloads`` one per ``interval_s`` on the publisher's thread."""
+    def start(self, payloads: list[bytes], interval_s: float, *,
+              subscribers: int = 1) -> FlakyPublisher:
+        """Publish ``payloads`` one per ``interval_s`` on the publisher's thread, once
+        ``subscribers`` SUB sockets have subscribed (so no test depends on connect timing)."""
         self._todo.extend(payloads)
         self.interval_s = interval_s
+        self._waiting_for = subscribers
         self._thread.start()
         return self
 
@@ -109,7 +112,10 @@ class FlakyPublisher:
         next_at = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
-            if self._todo and now >= next_at:
+            while self.pub.poll(0):
+                if self.pub.recv()[:1] == b"\x01":
+                    self._waiting_for -= 1
+            if self._todo and now >= next_at and self._waiting_for <= 0:
                 self._publish(self._todo.popleft())
                 next_at = now + self.interval_s
             if self.router.poll(2):

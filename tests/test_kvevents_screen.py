@@ -20,7 +20,8 @@ async def _until(pilot, predicate, timeout: float = 10.0) -> None:  # type: igno
 
 def test_screen_names_the_format_shows_radix_rows_and_says_complete():
     payloads, held = sglang_batches(40, 1, seed=3, capacity=200)
-    pub = FlakyPublisher(drop=lambda seq: seq % 4 == 3).start(payloads, interval_s=0.0)
+    pub = FlakyPublisher(drop=lambda seq: seq % 4 == 3).start(payloads, interval_s=0.0,
+                                                             subscribers=0)
 
     async def run() -> None:
         app = KVEventsApp(*pub.endpoints, frame_interval=0.02)
@@ -45,8 +46,7 @@ def test_screen_without_replay_joined_late_says_incomplete():
     async def run(pub: FlakyPublisher) -> None:
         app = KVEventsApp(pub.endpoints[0], frame_interval=0.02)
         async with app.run_test(size=(140, 40)) as pilot:
-            await pilot.pause(0.3)  # subscribed before the publisher starts
-            pub.start(payloads, interval_s=0.0)
+            pub.start(payloads, interval_s=0.0)  # once the screen has subscribed
             await _until(pilot, lambda: len(app.status) > 1 and "incomplete" in app.status[1])
             assert app.status[1] == "history: incomplete since seq 0: no replay endpoint"
 

@@ -3,9 +3,6 @@ history reported, lost tails found, tiers kept apart."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 
 from radixcache.wire.kvevents import KVEventsClient, MergeLimits, Sync
@@ -26,7 +23,6 @@ def test_every_fourth_batch_lost_and_slow_replays_end_exact(page):
     pub = FlakyPublisher(replay_delay_s=1.0, drop=lambda seq: seq % 4 == 3)
     client = KVEventsClient(*pub.endpoints)
     try:
-        time.sleep(0.2)  # the SUB connects before the first batch
         pub.start(payloads, interval_s=0.008)
         assert follow(client, lambda: pub.done() and client.last_seq == len(payloads) - 1)
         assert client.view.keys() == held
@@ -46,7 +42,6 @@ def test_lost_tail_is_found_by_an_idle_probe():
     pub = FlakyPublisher(drop=lambda seq: seq >= 9)  # the last three never arrive live
     client = KVEventsClient(*pub.endpoints, limits=MergeLimits(idle_s=0.3))
     try:
-        time.sleep(0.2)
         pub.start(payloads, interval_s=0.0)
         assert follow(client, lambda: client.last_seq == 11, timeout=5)
         assert client.view.keys() == held
@@ -59,7 +54,7 @@ def test_lost_tail_is_found_by_an_idle_probe():
 def test_replay_buffer_that_lost_the_start_is_reported_within_5_s():
     payloads, _ = sglang_batches(30, 16)
     pub = FlakyPublisher(ring=10)
-    pub.start(payloads, interval_s=0.0)
+    pub.start(payloads, interval_s=0.0, subscribers=0)
     assert wait_for(pub.done)
     client = KVEventsClient(*pub.endpoints)
     try:
@@ -76,7 +71,6 @@ def test_no_replay_endpoint_late_join_is_reported_at_the_first_batch():
     pub = FlakyPublisher(drop=lambda seq: seq < 5)  # joined after seq 4
     client = KVEventsClient(pub.endpoints[0])
     try:
-        time.sleep(0.2)
         pub.start(payloads, interval_s=0.0)
         assert follow(client, lambda: client.last_seq == 29, timeout=5)
         assert client.health().line() == "incomplete since seq 0: no replay endpoint"
@@ -95,7 +89,6 @@ def test_dead_replay_endpoint_is_reported_within_5_s_and_batches_still_wait():
     client = KVEventsClient(pub.endpoints[0], dead_replay,
                             limits=MergeLimits(replay_timeout_s=1.0))
     try:
-        time.sleep(0.2)
         pub.start(payloads, interval_s=0.0)
         assert follow(client, lambda: client.health().sync is Sync.INCOMPLETE, timeout=5)
         assert client.health().line().startswith("incomplete since seq 0: replay endpoint silent")
@@ -116,21 +109,13 @@ def test_tree_against_a_dead_replay_port_says_what_waits(tmp_path):
     dead = FlakyPublisher()
     dead_replay = dead.endpoints[1]
     dead.close()
-    result: list[object] = []
 
-    def later() -> None:
-        time.sleep(0.3)
-        pub.start(payloads, interval_s=0.0)
-
-    starter = threading.Thread(target=later)
-    starter.start()
+    pub.start(payloads, interval_s=0.0)  # once the command has subscribed
     try:
-        result.append(CliRunner().invoke(app, ["tree", "--kv-events", pub.endpoints[0],
-                                               "--replay", dead_replay, "--seconds", "1.5"]))
+        res = CliRunner().invoke(app, ["tree", "--kv-events", pub.endpoints[0],
+                                       "--replay", dead_replay, "--seconds", "1.5"])
     finally:
-        starter.join()
         pub.close()
-    res = result[0]
     assert res.exit_code == 0, res.output
     assert res.output.splitlines() == [
         "blocks", "format: no batch yet",
