@@ -117,9 +117,10 @@ class KVEventsApp(App[None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "Quit")]
 
     def __init__(self, endpoint: str, replay: str | None = None, *,
-                 vocab: TokenText | None = None, frame_interval: float = 1 / FRAME_HZ) -> None:
+                 vocab: TokenText | None = None, frame_interval: float = 1 / FRAME_HZ,
+                 topic: bytes = b"") -> None:
         super().__init__()
-        self.endpoint, self.replay = endpoint, replay
+        self.endpoint, self.replay, self.topic = endpoint, replay, topic
         self.vocab = vocab
         self.frame_interval = frame_interval
         self._frame: Frame | None = None
@@ -152,7 +153,7 @@ class KVEventsApp(App[None]):
         self._thread.join(5)
 
     def _follow(self) -> None:
-        client = KVEventsClient(self.endpoint, self.replay)
+        client = KVEventsClient(self.endpoint, self.replay, topic=self.topic)
         seen: tuple[int, str] | None = None
         try:
             while not self._stop.is_set():
@@ -194,6 +195,8 @@ class KVEventsApp(App[None]):
         out.append(f"● {status[0].removeprefix('format: ')}", "bold #98c379")
         if self.replay:
             out.append(f"  replay {self.replay}", "dim")
+        if self.topic:
+            out.append(f"  topic {self.topic.decode(errors='replace')}", "dim")
         out.append(f"   {blocks:,} blocks   ")
         history = status[1].removeprefix("history: ")
         out.append(history, "#98c379" if complete else "bold #e5c07b")

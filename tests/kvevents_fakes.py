@@ -34,14 +34,14 @@ def _removed(hashes: list[int], medium: str) -> dict[str, object]:
     return {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium}
 
 
-def sglang_batches(n: int, page: int, seed: int = 0, capacity: int = 40,
+def sglang_batches(n: int, page: int, seed: int = 0, capacity: int = 40, rank: int = 0,
                    ) -> tuple[list[bytes], set[Key]]:
     """``n`` payloads of an SGLang-like cache of about ``capacity`` blocks per tier and the
     (hash, medium) keys it holds after them."""
     rng = random.Random(seed)
     parent_of: dict[int, int | None] = {}
     held: set[Key] = set()
-    payloads = [msgspec.msgpack.encode([0.0, [{"type": "AllBlocksCleared"}], 0])]
+    payloads = [msgspec.msgpack.encode([0.0, [{"type": "AllBlocksCleared"}], rank])]
     for i in range(1, n):
         events: list[dict[str, object]] = []
         gpu = [h for h, m in held if m == "GPU"]
@@ -62,7 +62,7 @@ def sglang_batches(n: int, page: int, seed: int = 0, capacity: int = 40,
                 gone = rng.sample(mine, min(len(mine) - capacity + 2, 40))
                 events.append(_removed(gone, medium))
                 held.difference_update((h, medium) for h in gone)
-        payloads.append(msgspec.msgpack.encode([float(i), events, 0]))
+        payloads.append(msgspec.msgpack.encode([float(i), events, rank]))
     return payloads, held
 
 
@@ -75,7 +75,8 @@ class FlakyPublisher:
     """
 
     def __init__(self, *, ring: int = 100_000, replay_delay_s: float = 0.0,
-                 drop: Callable[[int], bool] = lambda seq: False) -> None:
+                 drop: Callable[[int], bool] = lambda seq: False, topic: bytes = TOPIC) -> None:
+        self.topic = topic
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.pub = ctx.socket(zmq.XPUB)  # XPUB: it sees a subscriber arrive
         self.pub.setsockopt(zmq.LINGER, 0)
@@ -126,14 +127,14 @@ class FlakyPublisher:
                 _, ident, first = self._due.popleft()
                 for seq, payload in list(self.ring):
                     if seq >= first:
-                        self.router.send_multipart([ident, b"", TOPIC, u64(seq), payload])
+                        self.router.send_multipart([ident, b"", self.topic, u64(seq), payload])
                 self.router.send_multipart([ident, b"", b"", END_SEQ, b""])
 
     def _publish(self, payload: bytes) -> None:
         self.seq += 1
         self.ring.append((self.seq, payload))
         if not self.drop(self.seq):
-            self.pub.send_multipart([TOPIC, u64(self.seq), payload])
+            self.pub.send_multipart([self.topic, u64(self.seq), payload])
 
     def close(self) -> None:
         """Stop the thread, close the sockets."""

@@ -121,3 +121,21 @@ def test_tree_against_a_dead_replay_port_says_what_waits(tmp_path):
         "blocks", "format: no batch yet",
         "history: catching up since seq 0: waiting for a replay, 50 batches held back",
         "live blocks: 0"]
+
+
+def test_data_parallel_rank_1_by_topic():
+    payloads, held = sglang_batches(20, 16, rank=1)
+    pub = FlakyPublisher(topic=b"kv@dp1")
+    other = KVEventsClient(pub.endpoints[0], topic=b"kv@dp0")
+    client = KVEventsClient(*pub.endpoints, topic=b"kv@dp1")
+    try:
+        pub.start(payloads, interval_s=0.0, subscribers=2)
+        assert follow(client, lambda: client.last_seq == 19, timeout=5)
+        assert client.view.keys() == held
+        assert {r for b in client.view.blocks.values() for r in b.ranks} == {1}
+        other.poll(0.1)
+        assert (other.last_seq, other.view.blocks) == (-1, {})
+    finally:
+        client.close()
+        other.close()
+        pub.close()
