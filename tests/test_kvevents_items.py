@@ -225,3 +225,26 @@ def test_batches_held_behind_a_hole_are_bounded_in_bytes():
                                       "bytes buffered behind the hole")
     assert stream.last_seq == 1_000 // body
     assert stream.merger.pending_bytes == body  # 99 still waits for the seqs before it
+
+
+def test_a_restarted_publisher_starts_the_view_over_and_its_history_is_replayed():
+    old, _ = sglang_batches(6, 16, seed=1)
+    new, _ = sglang_batches(4, 16, seed=2)
+    new = [pack([stored([77], None)]), *new[1:]]  # vLLM sends no AllBlocksCleared first
+    link, clock = ListLink(), Clock()
+    stream = KVStream(link, clock=clock)
+    stream.merger.replay_end(clock())
+    for seq in range(6):
+        stream.merger.live(seq, old[seq], clock())
+    stream.merger.live(2, new[2], clock())  # seqs went back: the engine restarted; 0-1 missed
+    assert link.requests == [0, 0]
+    assert stream.view.blocks == {}
+    for seq in range(4):
+        stream.merger.replayed(seq, new[seq], clock())
+    stream.merger.replay_end(clock())
+    clean = KVStream(None, clock=clock)
+    for seq in range(4):
+        clean.merger.live(seq, new[seq], clock())
+    assert stream.view.keys() == clean.view.keys()
+    assert 77 in stream.view.blocks
+    assert (stream.merger.stats.restarts, stream.health().sync) == (1, Sync.COMPLETE)

@@ -82,6 +82,7 @@ class MergeStats:
     replay_requests: int = 0
     gaps: int = 0
     lost: int = 0
+    restarts: int = 0
 
 
 _PENDING_OVERHEAD = 64  # bytes counted per buffered batch besides its payload
@@ -97,8 +98,11 @@ class SeqMerger:
     """
 
     def __init__(self, apply: Callable[[int, bytes], None], link: ReplayLink | None, *,
-                 start_seq: int = 0, now: float = 0.0, limits: MergeLimits | None = None) -> None:
+                 start_seq: int = 0, now: float = 0.0, limits: MergeLimits | None = None,
+                 on_restart: Callable[[], None] = lambda: None) -> None:
         self._apply = apply
+        self._on_restart = on_restart
+        self._last_live_seq: int | None = None
         self._link = link
         self.limits = limits or MergeLimits()
         self.last_seq = start_seq - 1
@@ -123,7 +127,10 @@ class SeqMerger:
         return self._pending_bytes
 
     def live(self, seq: int, payload: bytes, now: float) -> None:
-        """A batch from the PUB socket."""
+        """A batch from the PUB socket (whose seqs only grow, unless the publisher restarted)."""
+        if self._last_live_seq is not None and seq < self._last_live_seq:
+            self._restart()
+        self._last_live_seq = seq
         self._last_live = self._last_heard = now
         self._backoff = self.limits.idle_s
         self._insert(seq, payload, now)
@@ -145,6 +152,8 @@ class SeqMerger:
             return  # an answer nobody is waiting for (a peer repeating itself)
         self._confirmed = True
         self._unanswered_since = None
+        if first is not None or req.hole_at is not None:
+            self._backoff = self.limits.idle_s  # news: probe soon again; an empty probe backs off
         if first is not None and first > req.start and self.last_seq < first - 1:
             self._lose(f"replay buffer starts at {first}", first)
         elif self._pending and req.hole_at is not None and self.last_seq < req.hole_at:
@@ -168,6 +177,19 @@ class SeqMerger:
         elif now - self._last_heard >= self._backoff:
             self._ask(self.last_seq + 1, None, now)  # a lost tail shows only if we ask
             self._backoff = min(self._backoff * 2, self.limits.backoff_max_s)
+
+    def _restart(self) -> None:
+        """The publisher started over from seq 0 (an engine restart): everything held describes
+        a cache that is gone. Start again at seq 0; a hole before ``seq`` is asked for as any."""
+        self.stats.restarts += 1
+        if self._link is not None and self._inflight is not None:
+            self._link.reset()
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._inflight, self._reply_first, self._unanswered_since = None, None, None
+        self.last_seq = -1
+        self._lost = None
+        self._on_restart()
 
     def history_restarted(self) -> None:
         """The view was just emptied by the publisher: what was lost before no longer matters."""

@@ -169,7 +169,7 @@ class KVStream:
         self.fmt: WireFormat | None = None
         self._clock = clock
         self.merger = SeqMerger(self._apply, link, start_seq=start_seq, now=clock(),
-                                limits=limits)
+                                limits=limits, on_restart=self.view.reset)
 
     @property
     def blocks(self) -> dict[BlockHash, Block]:

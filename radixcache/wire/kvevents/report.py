@@ -19,6 +19,7 @@ def counter_lines(client: KVEventsClient) -> list[tuple[str, str]]:
             ("stored", f"{view.stats.stored:,}"), ("removed", f"{view.stats.removed:,}"),
             ("cleared", f"{view.stats.cleared:,}"), ("replayed", f"{merge.replayed:,}"),
             ("gaps", f"{merge.gaps:,}"), ("lost batches", f"{merge.lost:,}"),
+            ("restarts", f"{merge.restarts:,}"),
             ("unknown removed", f"{view.stats.unknown_removed:,}"),
             ("conflicts", f"{view.stats.conflicts:,}"), ("malformed", f"{stats.malformed:,}")]
     return out

@@ -75,6 +75,7 @@ class _Window:
     buckets: deque[list[int]] = field(default_factory=deque)
 
     def add(self, second: int, stored: int, removed: int) -> None:
+        """Count copies stored/removed in ``second``; forget buckets older than the window."""
         if not self.buckets or self.buckets[-1][0] != second:
             self.buckets.append([second, 0, 0])
         self.buckets[-1][1] += stored
@@ -83,6 +84,7 @@ class _Window:
             self.buckets.popleft()
 
     def rates(self, now: float) -> Rates:
+        """Per-second means over the window ending at ``now``."""
         live = [b for b in self.buckets if b[0] > now - RATE_WINDOW_S]
         return Rates(sum(b[1] for b in live) / RATE_WINDOW_S,
                      sum(b[2] for b in live) / RATE_WINDOW_S)
@@ -126,6 +128,13 @@ class BlockView:
                 self._remove(h, Holder(rank, event.medium))
         elif isinstance(event, Cleared):
             self._clear(rank)
+
+    def reset(self) -> None:
+        """Forget every block (the publisher restarted); the counters stay cumulative."""
+        self.version += 1
+        self.blocks.clear()
+        self._kids.clear()
+        self.tiers.clear()
 
     def _store(self, e: Stored, rank: int) -> None:
         now = self._clock()
