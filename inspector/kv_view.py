@@ -12,6 +12,7 @@ health changed; the UI picks the newest rows up at most ``FRAME_HZ`` times a sec
 from __future__ import annotations
 
 import threading
+import time
 from typing import ClassVar, NamedTuple
 
 from rich.segment import Segment
@@ -155,13 +156,19 @@ class KVEventsApp(App[None]):
     def _follow(self) -> None:
         client = KVEventsClient(self.endpoint, self.replay, topic=self.topic)
         seen: tuple[int, str] | None = None
+        next_at = 0.0
         try:
             while not self._stop.is_set():
                 client.poll(0.05)
                 state = (client.version, client.health().line())
-                if state != seen:  # health moves without events (a replay that stays silent)
+                # health moves without events (a replay that stays silent)
+                if state != seen and time.monotonic() >= next_at:
                     seen = state
+                    began = time.monotonic()
                     frame = make_frame(client)
+                    # a layout of 15k page-size-1 blocks takes ~0.15 s: never spend over a
+                    # third of this thread's time on it, so batches keep being applied
+                    next_at = began + max(self.frame_interval, 3 * (time.monotonic() - began))
                     with self._lock:
                         self._frame = frame
         finally:
