@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from radixcache.wire.kvevents.codec import BlockHash
 from radixcache.wire.kvevents.view import Block, BlockView
+from radixcache.wire.stream import gc_paused
 
 HASH_WIDTH = 16
 _U64 = 2**64 - 1
@@ -72,6 +73,11 @@ def radix_rows(view: BlockView) -> list[RadixRow]:
     """Depth-first radix nodes from the roots. Each block appears at most once, so a loop in
     what a peer sent cannot make this run forever; blocks on a loop are not reachable from a
     root and do not appear (``len(view.blocks)`` still counts them)."""
+    with gc_paused():  # 15k page-size-1 blocks: 238 ms with cyclic GC, 115 ms without
+        return _rows(view)
+
+
+def _rows(view: BlockView) -> list[RadixRow]:
     chains: list[list[Block]] = []
     meta: list[tuple[int, int, int]] = []  # depth, children, index of the parent row
     seen: set[BlockHash] = set()
