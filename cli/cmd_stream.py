@@ -31,7 +31,7 @@ from radixcache.core.tree import RadixTree
 from radixcache.traffic.workloads import WORKLOADS, Workload, WorkloadError, build_workload
 from radixcache.wire import commands as cmd
 from radixcache.wire.export import jsonl_lines, perfetto_json
-from radixcache.wire.kvevents import KVEventsClient
+from radixcache.wire.kvevents.pubsub import KVEventsClient
 from radixcache.wire.kvevents.report import follow_lines
 from radixcache.wire.mirror import Mirror, MirrorNode
 from radixcache.wire.recording import (

@@ -37,7 +37,8 @@ from radixcache.serving.engine import Engine, EngineConfig
 from radixcache.serving.model import ModelConfig
 from radixcache.traffic.workloads import Workload, WorkloadError, build_workload
 from radixcache.wire import commands as cmd
-from radixcache.wire.kvevents import KVEventPublisher, KVTranslator
+from radixcache.wire.kvevents.pubsub import KVEventPublisher
+from radixcache.wire.kvevents.translate import KVTranslator
 from radixcache.wire.recording import RecordingWriter
 from radixcache.wire.security import CurveServer
 from radixcache.wire.stream import (
