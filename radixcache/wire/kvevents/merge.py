@@ -180,7 +180,8 @@ class SeqMerger:
 
     def _restart(self) -> None:
         """The publisher started over from seq 0 (an engine restart): everything held describes
-        a cache that is gone. Start again at seq 0; a hole before ``seq`` is asked for as any."""
+        a cache that is gone. Start again at seq 0; the batches before the one that showed the
+        restart are a hole like any other (replayed, or reported lost)."""
         self.stats.restarts += 1
         if self._link is not None and self._inflight is not None:
             self._link.reset()
