@@ -191,7 +191,7 @@ class KVEventsApp(App[None]):
         out.append("top prefixes\n", "dim")
         for row in top_prefixes(f.rows, 5):
             out.append(f"{row.subtree:>7,} ", "bold")
-            out.append(f"{hash_label(row.blocks[0].hash)[:12]}\n", "#7fd4ff")
+            out.append(f"{hash_label(row.blocks[0].hash)}\n", "#7fd4ff")
         out.rstrip()
         self.query_one("#kvstats", Static).update(out)
 

@@ -34,36 +34,57 @@ def _removed(hashes: list[int], medium: str) -> dict[str, object]:
     return {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium}
 
 
+class _Tier:
+    """The hashes one tier holds: O(1) add, remove and random choice, in a seeded order."""
+
+    def __init__(self) -> None:
+        self.items: list[int] = []
+        self.where: dict[int, int] = {}
+
+    def add(self, h: int) -> None:
+        if h not in self.where:
+            self.where[h] = len(self.items)
+            self.items.append(h)
+
+    def remove(self, h: int) -> None:
+        i = self.where.pop(h)
+        last = self.items.pop()
+        if last != h:
+            self.items[i] = last
+            self.where[last] = i
+
+
 def sglang_batches(n: int, page: int, seed: int = 0, capacity: int = 40, rank: int = 0,
                    ) -> tuple[list[bytes], set[Key]]:
     """``n`` payloads of an SGLang-like cache of about ``capacity`` blocks per tier and the
     (hash, medium) keys it holds after them."""
     rng = random.Random(seed)
     parent_of: dict[int, int | None] = {}
-    held: set[Key] = set()
+    tiers = {"GPU": _Tier(), "CPU_PINNED": _Tier()}
     payloads = [msgspec.msgpack.encode([0.0, [{"type": "AllBlocksCleared"}], rank])]
     for i in range(1, n):
         events: list[dict[str, object]] = []
-        gpu = [h for h, m in held if m == "GPU"]
+        gpu = tiers["GPU"].items
         under = rng.choice(gpu) if gpu and rng.random() < 0.7 else None
         length = rng.randint(1, 6 if page > 1 else 40)  # page size 1: one block per token
         chain = [rng.randrange(-(2**63), 2**63) for _ in range(length)]
         for h, p in zip(chain, [under, *chain[:-1]], strict=True):
             parent_of[h] = p
         events.append(_stored(chain, under, page, "GPU"))
-        held.update((h, "GPU") for h in chain)
         if gpu and rng.random() < 0.3:  # back a GPU block up to host memory
             h = rng.choice(gpu)
             events.append(_stored([h], parent_of[h], page, "CPU_PINNED"))
-            held.add((h, "CPU_PINNED"))
-        for medium in ("GPU", "CPU_PINNED"):
-            mine = sorted(h for h, m in held if m == medium)
-            if len(mine) > capacity:  # evict one "node": a few blocks at once
-                gone = rng.sample(mine, min(len(mine) - capacity + 2, 40))
+            tiers["CPU_PINNED"].add(h)
+        for h in chain:
+            tiers["GPU"].add(h)
+        for medium, tier in tiers.items():
+            if len(tier.items) > capacity:  # evict one "node": a few blocks at once
+                gone = rng.sample(tier.items, min(len(tier.items) - capacity, 40))
                 events.append(_removed(gone, medium))
-                held.difference_update((h, medium) for h in gone)
+                for h in gone:
+                    tier.remove(h)
         payloads.append(msgspec.msgpack.encode([float(i), events, rank]))
-    return payloads, held
+    return payloads, {(h, m) for m, tier in tiers.items() for h in tier.items}
 
 
 class FlakyPublisher:
