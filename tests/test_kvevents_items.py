@@ -248,3 +248,16 @@ def test_a_restarted_publisher_starts_the_view_over_and_its_history_is_replayed(
     assert stream.view.keys() == clean.view.keys()
     assert 77 in stream.view.blocks
     assert (stream.merger.stats.restarts, stream.health().sync) == (1, Sync.COMPLETE)
+
+
+def test_two_ranks_share_one_view_and_a_restart_of_one_keeps_the_other():
+    clock = Clock()
+    view = BlockView(clock)
+    rank0, rank1 = KVStream(None, view=view, clock=clock), KVStream(None, view=view, clock=clock)
+    rank0.merger.live(0, pack([stored([1, 2], None)], rank=0), clock())
+    rank1.merger.live(0, pack([stored([1, 3], None)], rank=1), clock())
+    rank1.merger.live(1, pack([stored([4], 3)], rank=1), clock())
+    assert [r.holders() for r in radix_rows(view)] == ["GPU r0,1", "GPU", "GPU r1"]
+    rank1.merger.live(0, pack([stored([9], None)], rank=1), clock())  # rank 1 restarted
+    assert {h: b.ranks for h, b in view.blocks.items()} == {1: [0], 2: [0], 9: [1]}
+    assert rank1.merger.stats.restarts == 1

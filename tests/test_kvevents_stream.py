@@ -7,6 +7,7 @@ import pytest
 
 from radixcache.wire.kvevents import KVEventsClient, MergeLimits, Sync
 from radixcache.wire.kvevents.codec import Encoding, Engine, WireFormat
+from radixcache.wire.stream import u64
 from tests.kvevents_fakes import FlakyPublisher, sglang_batches
 from tests.test_stream_helpers import wait_for
 
@@ -140,4 +141,26 @@ def test_data_parallel_rank_1_by_topic():
     finally:
         client.close()
         other.close()
+        pub.close()
+
+
+def test_malformed_frames_are_counted_and_the_stream_goes_on():
+    payloads, held = sglang_batches(3, 16)
+    pub = FlakyPublisher()  # not started: the test thread drives its XPUB socket
+    client = KVEventsClient(pub.endpoints[0])
+    try:
+        assert pub.pub.poll(5000) and pub.pub.recv()[:1] == b"\x01"  # subscribed
+        for frames in ([b"kv-events"], [b"kv-events", b"short", b"x"],
+                       [b"kv-events", u64(0), b"\xc1"]):
+            pub.pub.send_multipart(frames)
+        for seq, payload in enumerate(payloads, start=1):
+            pub.pub.send_multipart([b"kv-events", u64(seq), payload])
+        assert follow(client, lambda: client.last_seq == 3, timeout=5)
+        assert client.stats.malformed == 3
+        assert client.stats.last_error == ("seq 0: not msgpack: MessagePack data is malformed: "
+                                           "invalid opcode '\\xc1' (byte 0)")
+        assert client.view.keys() == held
+        assert client.health().sync is Sync.COMPLETE
+    finally:
+        client.close()
         pub.close()

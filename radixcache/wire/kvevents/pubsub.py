@@ -162,14 +162,20 @@ class KVStream:
     """
 
     def __init__(self, link: ReplayLink | None, *, start_seq: int = 0,
-                 limits: MergeLimits | None = None,
+                 limits: MergeLimits | None = None, view: BlockView | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.view = BlockView(clock)
+        self.view = view if view is not None else BlockView(clock)
         self.stats = ClientStats()
         self.fmt: WireFormat | None = None
+        self.ranks: set[int] = set()  # the data-parallel ranks this stream has spoken for
         self._clock = clock
         self.merger = SeqMerger(self._apply, link, start_seq=start_seq, now=clock(),
-                                limits=limits, on_restart=self.view.reset)
+                                limits=limits, on_restart=self._restarted)
+
+    def _restarted(self) -> None:
+        # a view shared by several ranks' streams keeps the other ranks' copies
+        for rank in self.ranks:
+            self.view.drop_rank(rank)
 
     @property
     def blocks(self) -> dict[BlockHash, Block]:
@@ -206,6 +212,7 @@ class KVStream:
             self.fmt = batch.fmt
         for error in batch.errors:
             self._malformed(f"seq {seq}: {error}")
+        self.ranks.add(batch.rank)
         for e in batch.events:
             self.view.apply(e, batch.rank)
             if isinstance(e, Cleared):
@@ -218,6 +225,7 @@ class KVEventsClient(KVStream):
 
     def __init__(self, endpoint: str, replay: str | None = None, *, start_seq: int = 0,
                  topic: bytes = b"", limits: MergeLimits | None = None,
+                 view: BlockView | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         ctx: _Ctx = zmq.Context.instance()
         self._sub: zmq.Socket[bytes] = ctx.socket(zmq.SUB)
@@ -226,7 +234,7 @@ class KVEventsClient(KVStream):
         self._sub.setsockopt(zmq.SUBSCRIBE, topic)
         self._sub.connect(endpoint)
         self._link = _DealerLink(ctx, replay) if replay is not None else None
-        super().__init__(self._link, start_seq=start_seq, limits=limits, clock=clock)
+        super().__init__(self._link, start_seq=start_seq, limits=limits, view=view, clock=clock)
 
     def run_for(self, seconds: float) -> None:
         """Process batches for ``seconds``."""

@@ -129,12 +129,10 @@ class BlockView:
         elif isinstance(event, Cleared):
             self._clear(rank)
 
-    def reset(self) -> None:
-        """Forget every block (the publisher restarted); the counters stay cumulative."""
+    def drop_rank(self, rank: int) -> None:
+        """Forget every copy ``rank`` holds (its publisher restarted); counters stay cumulative."""
         self.version += 1
-        self.blocks.clear()
-        self._kids.clear()
-        self.tiers.clear()
+        self._drop_rank(rank)
 
     def _store(self, e: Stored, rank: int) -> None:
         now = self._clock()
@@ -185,6 +183,9 @@ class BlockView:
     def _clear(self, rank: int) -> None:
         """Everything ``rank`` held is gone (other ranks are separate caches)."""
         self.stats.cleared += 1
+        self._drop_rank(rank)
+
+    def _drop_rank(self, rank: int) -> None:
         for block in list(self.blocks.values()):
             for holder in [x for x in block.holders if x.rank == rank]:
                 self._drop(block, holder)
