@@ -126,6 +126,7 @@ class KVEventsApp(App[None]):
         self.frame_interval = frame_interval
         self._frame: Frame | None = None
         self.status: list[str] = []
+        self.failure: str | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._follow, name="kv-events", daemon=True)
@@ -154,6 +155,14 @@ class KVEventsApp(App[None]):
         self._thread.join(5)
 
     def _follow(self) -> None:
+        """The client's thread: nothing it meets ends it silently (the header says why)."""
+        try:
+            self._follow_client()
+        except Exception as exc:  # a bad endpoint, a closed context: shown, never lost
+            with self._lock:
+                self.failure = f"stopped: {type(exc).__name__}: {exc}"
+
+    def _follow_client(self) -> None:
         client = KVEventsClient(self.endpoint, self.replay, topic=self.topic)
         seen: tuple[int, str] | None = None
         next_at = 0.0
@@ -177,7 +186,9 @@ class KVEventsApp(App[None]):
     def frame(self) -> None:
         """Show the newest layout, if a new one was made."""
         with self._lock:
-            f, self._frame = self._frame, None
+            f, self._frame, failure = self._frame, None, self.failure
+        if failure is not None and self.status[-1:] != [failure]:
+            self._header(0, [*self.status[:2], failure], complete=False)
         if f is None:
             return
         pane = self.query_one(BlockList)

@@ -113,6 +113,8 @@ class FlakyPublisher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._todo: deque[bytes] = deque()
+        self.interval_s = 0.0
+        self._waiting_for = 0
         self.seq = -1
         self._thread = threading.Thread(target=self._run, daemon=True)
 

@@ -55,3 +55,13 @@ def test_screen_without_replay_joined_late_says_incomplete():
         asyncio.run(run(pub))
     finally:
         pub.close()
+
+
+def test_screen_with_a_bad_endpoint_says_why_it_stopped():
+    async def run() -> None:
+        app = KVEventsApp("nonsense", frame_interval=0.02)
+        async with app.run_test(size=(140, 40)) as pilot:
+            await _until(pilot, lambda: len(app.status) == 3)
+            assert app.status[2] == "stopped: ZMQError: Invalid argument (addr='nonsense')"
+
+    asyncio.run(run())
