@@ -232,8 +232,12 @@ class KVEventsClient(KVStream):
         self._sub.setsockopt(zmq.MAXMSGSIZE, MAX_BATCH_BYTES)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, topic)
-        self._sub.connect(endpoint)
-        self._link = _DealerLink(ctx, replay) if replay is not None else None
+        try:
+            self._sub.connect(endpoint)
+            self._link = _DealerLink(ctx, replay) if replay is not None else None
+        except zmq.ZMQError:
+            self._sub.close(linger=0)  # a bad endpoint: raise, leaving no socket behind
+            raise
         super().__init__(self._link, start_seq=start_seq, limits=limits, view=view, clock=clock)
 
     def run_for(self, seconds: float) -> None:
