@@ -18,8 +18,8 @@ from collections.abc import Callable
 import msgspec
 import zmq
 
+from radixcache.wire.endpoints import from_u64, u64
 from radixcache.wire.kvevents import END_SEQ, TOPIC
-from radixcache.wire.stream import from_u64, u64
 
 Key = tuple[int, str]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from radixcache.wire.endpoints import u64
 from radixcache.wire.kvevents import KVEventsClient, MergeLimits, Sync
 from radixcache.wire.kvevents.codec import Encoding, Engine, WireFormat
-from radixcache.wire.stream import u64
+from tests.helpers.stream import wait_for
 from tests.kvevents_fakes import FlakyPublisher, sglang_batches
-from tests.test_stream_helpers import wait_for
 
 
 def follow(client: KVEventsClient, cond, timeout: float = 20.0) -> bool:

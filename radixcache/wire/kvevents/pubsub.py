@@ -21,6 +21,14 @@ from dataclasses import dataclass
 
 import zmq
 
+from radixcache.wire.endpoints import (
+    MAX_BATCH_BYTES,
+    MAX_CONTROL_BYTES,
+    BindPolicy,
+    bind,
+    from_u64,
+    u64,
+)
 from radixcache.wire.kvevents.codec import (
     BlockHash,
     Cleared,
@@ -34,14 +42,6 @@ from radixcache.wire.kvevents.codec import (
 )
 from radixcache.wire.kvevents.merge import Health, MergeLimits, ReplayLink, SeqMerger
 from radixcache.wire.kvevents.view import Block, BlockView
-from radixcache.wire.stream import (
-    MAX_BATCH_BYTES,
-    MAX_CONTROL_BYTES,
-    BindPolicy,
-    bind,
-    from_u64,
-    u64,
-)
 
 TOPIC = b"kv-events"
 END_SEQ = b"\xff" * 8

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from radixcache.wire.endpoints import gc_paused
 from radixcache.wire.kvevents.codec import BlockHash
 from radixcache.wire.kvevents.view import Block, BlockView
-from radixcache.wire.stream import gc_paused
 
 HASH_WIDTH = 16
 _U64 = 2**64 - 1
