@@ -17,7 +17,7 @@ from radixcache.wire.kvevents.codec import (
 )
 from radixcache.wire.kvevents.radix import radix_rows, top_prefixes, tree_lines
 from radixcache.wire.kvevents.view import Holder
-from tests.kvevents_fakes import sglang_batches
+from tests.helpers.kvevents import sglang_batches
 
 
 class ListLink:

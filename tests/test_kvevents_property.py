@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixcache.wire.kvevents import KVStream, Sync
-from tests.kvevents_fakes import sglang_batches
+from tests.helpers.kvevents import sglang_batches
 
 _END = -1
 

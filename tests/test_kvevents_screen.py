@@ -6,8 +6,8 @@ import asyncio
 import time
 
 from inspector.kv_view import KVEventsApp
+from tests.helpers.kvevents import FlakyPublisher, sglang_batches
 from tests.helpers.stream import wait_for
-from tests.kvevents_fakes import FlakyPublisher, sglang_batches
 
 
 async def _until(pilot, predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]

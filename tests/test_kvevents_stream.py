@@ -8,8 +8,8 @@ import pytest
 from radixcache.wire.endpoints import u64
 from radixcache.wire.kvevents import KVEventsClient, MergeLimits, Sync
 from radixcache.wire.kvevents.codec import Encoding, Engine, WireFormat
+from tests.helpers.kvevents import FlakyPublisher, sglang_batches
 from tests.helpers.stream import wait_for
-from tests.kvevents_fakes import FlakyPublisher, sglang_batches
 
 
 def follow(client: KVEventsClient, cond, timeout: float = 20.0) -> bool:
