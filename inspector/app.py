@@ -29,7 +29,13 @@ from inspector.commands import CommandReplies
 from inspector.feed import Delta, Feed
 from inspector.frame import EMPTY, Builder, Frame, Want
 from inspector.layout import Row, collapse, expand, flatten
-from inspector.sources import DatasetWords, ReplayControls, Source
+from inspector.sources import (
+    DatasetWords,
+    ReplayControls,
+    ReplayPosition,
+    Source,
+    SourceStatus,
+)
 from inspector.widgets.block_map import BlockMap
 from inspector.widgets.command_line import CommandLine
 from inspector.widgets.event_log import EventLog
@@ -65,6 +71,14 @@ class Panes(NamedTuple):
     timeline: Static
     message: Static
     command: CommandLine
+
+
+class Outside(NamedTuple):
+    """What a frame shows besides the mirror, read before the feed's lock is taken."""
+
+    wall: float
+    status: SourceStatus
+    position: ReplayPosition | None
 
 
 class FrameCheck(Protocol):
@@ -221,6 +235,10 @@ class InspectorApp(App[None]):
         """Take one frame of the mirror (one lock hold) and show it on every pane."""
         t0 = time.perf_counter()
         wall = time.time()
+        # Lock order: a source's own locks before the feed's (an embedded loop applies its
+        # batches holding its lock). So ask the source now, never while holding the feed's.
+        status = self.source.status()
+        position = self.source.position() if isinstance(self.source, ReplayControls) else None
         self._apply_background()
         check = self.check if self.check is not None and self.check.due() else None
         with self.feed.lock:
@@ -234,10 +252,10 @@ class InspectorApp(App[None]):
                         self.evicted_s)
             frame = self.builder.build(self.feed, d, want)
             if check is not None:
-                self._show(frame, d, wall)
+                self._show(frame, d, Outside(wall, status, position))
                 check.check(self)
         if check is None:
-            self._show(frame, d, wall)
+            self._show(frame, d, Outside(wall, status, position))
         self._start_background(wall)
         if not d.empty:
             self.frame_ms.append((time.perf_counter() - t0) * 1000)
@@ -253,7 +271,7 @@ class InspectorApp(App[None]):
                 self.tree_pane.set_rows(flatten(self.feed.mirror, self.tree_pane.collapsed))
                 self._layout_due = False
 
-    def _show(self, frame: Frame, d: Delta, wall: float) -> None:
+    def _show(self, frame: Frame, d: Delta, out: Outside) -> None:
         """Every pane takes ``frame``; the log and the memory history take the delta. A frame
         equal to the one on screen with nothing new in the delta costs nothing."""
         p = self._panes
@@ -261,6 +279,7 @@ class InspectorApp(App[None]):
             self.view = frame
             return
         self.view = frame
+        wall = out.wall
         if d.flashes:
             p.tree.flash(d.flashes, wall, self.flash_s)
         p.tree.expire_flashes(wall)
@@ -286,7 +305,7 @@ class InspectorApp(App[None]):
         if self.builder.selected_id != self._selected:
             self._selected = self.builder.selected_id
         if d.watermarks:  # each sample, so the sparkline does not depend on the frame rate
-            note = self.source.status().memory_note
+            note = out.status.memory_note
             for sample in d.watermarks[-HISTORY:]:
                 p.memory.push(sample, note)
         p.memory.show(frame)

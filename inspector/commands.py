@@ -1,9 +1,9 @@
-"""The command line's other half: send a parsed command from a worker, word the reply.
+"""The command line's other half: send a parsed command from a worker, show the reply.
 
-Replies are worded by what was asked, not only by what came back: a workload says its unit
-(``chat 20: 20 conversations (every turn is a request): 64 requests submitted``), a paused
-engine's queue says ``queued (engine paused)``, and an ``evict`` that freed nothing says why,
-from the frame on screen when the reply came.
+The engine words its replies (``queued (engine paused)``, why an ``evict`` freed nothing);
+this adds where a workload's request count comes from, in the workload's own unit (``chat:
+64 requests submitted (...); 20 conversations (every turn is a request)``), and leaves out
+reply values the message already says.
 """
 
 from __future__ import annotations
@@ -63,26 +63,12 @@ class CommandReplies:
             self.say(f"✗ {line}: {reply.message}", error=True)
             return
         assert isinstance(reply, cmd.Ok)
-        frame = self.app.view
-        if isinstance(parsed.command, cmd.StartWorkload):
-            paused = frame.counters is not None and frame.counters.paused
-            self.say(f"✓ {line}: {parsed.note} "
-                     f"{'queued (engine paused)' if paused else 'submitted'}")
-            return
-        extra = "  ".join(f"{k}={v}" for k, v in reply.values.items() if str(v) not in
-                          reply.message)
+        extra = "  ".join(f"{k}={v}" for k, v in reply.values.items()
+                          if str(v) not in reply.message)
         text = f"✓ {reply.message} {extra}".rstrip()
-        if isinstance(parsed.command, cmd.Evict) and reply.message.startswith("evicted 0 "):
-            text += " — " + self._why_nothing(frame.node_count, len(frame.lru))
+        if isinstance(parsed.command, cmd.StartWorkload):
+            text += f"; {parsed.note}"
         self.say(text)
-
-    @staticmethod
-    def _why_nothing(nodes: int, victims: int) -> str:
-        if nodes == 0:
-            return "the cache is empty"
-        if victims == 0:
-            return f"all {nodes:,} nodes are pinned by running requests (r>0)"
-        return "the victims were pinned by the time the command ran"
 
     def _local(self, words: tuple[str, ...]) -> None:
         head, rest = words[0], words[1:]

@@ -7,7 +7,20 @@ import dataclasses
 import gc
 
 import numpy as np
-from helpers.pilot import (
+from textual import events
+
+from inspector.feed import Feed
+from inspector.fidelity import Fidelity
+from inspector.frame import Cell
+from inspector.replay import Recording, ReplaySource
+from inspector.widgets.block_map import cell_codes
+from inspector.widgets.event_log import describe
+from radixcache.core import events as ev
+from radixcache.serving.memory import MemorySource
+from radixcache.wire import commands as cmd
+from radixcache.wire.mirror import Mirror
+from tests.helpers.local import LocalSource
+from tests.helpers.pilot import (
     T0,
     Flooded,
     ManualSource,
@@ -18,22 +31,9 @@ from helpers.pilot import (
     type_line,
     wait_until,
 )
-from textual import events
-
-from inspector.feed import Feed
-from inspector.fidelity import Fidelity
-from inspector.frame import Cell
-from inspector.local import LocalSource
-from inspector.replay import Recording, ReplaySource
-from inspector.widgets.block_map import cell_codes
-from inspector.widgets.event_log import describe
-from radixcache.core import events as ev
-from radixcache.serving.memory import MemorySource
-from radixcache.wire import commands as cmd
-from radixcache.wire.mirror import Mirror
 
 SIZE = (150, 44)
-WORKLOADS = ("flood 40", "tot 2 3", "fork 8", "system 12", "chat 4")
+WORKLOADS = ("flood 40", "tot 2 3", "fork 8", "system 12", "fork 4")
 
 
 def local(num_blocks: int = 1024, recording: Recording | None = None) -> LocalSource:
@@ -157,10 +157,12 @@ async def test_the_engines_counters_are_shown_since_start_then_since_reset() -> 
         src.push([counters(generation=3, paused=True)])
         await wait_until(pilot, lambda: app.panes.stats.border_title == "stats · since reset 3")
         assert "⏸ paused" in str(app.panes.header.render())
+        src.reply = cmd.Ok("system: 55 requests queued (engine paused) (synthetic)",
+                           {"requests": 55})
         await type_line(pilot, "system 50")
         await wait_until(pilot, lambda: len(app.replies) == 1)
-        assert app.messages[-1] == ("✓ system 50: 50 users' first questions + 5 second "
-                                    "questions: 55 requests queued (engine paused)")
+        assert app.messages[-1] == ("✓ system: 55 requests queued (engine paused) (synthetic); "
+                                    "50 users' first questions + 5 second questions")
 
 
 @sync
@@ -187,8 +189,8 @@ def _clean_pass(rec: Recording, upto: int) -> Mirror:
 @sync
 async def test_replay_counters_at_the_playhead_equal_a_clean_pass() -> None:
     rec = Recording(name="t.rcx")
-    feed, src = Feed(), LocalSource(1024, clock=lambda: T0, recording=rec, keyframe_every=2,
-                                    memory=MemorySource(nvml=NoNvml()))  # type: ignore[arg-type]
+    feed, src = Feed(), local(1024, rec)
+    src.keyframe_every = 2
     src.start(feed)
     src.send(cmd.StartWorkload("fork", ["6"]))
     src.send(cmd.StartWorkload("tot", ["1", "3"]))
@@ -270,18 +272,13 @@ def test_a_dropped_tree_is_unlinked_so_it_is_freed_without_the_collector() -> No
 
 
 @sync
-async def test_an_evict_that_frees_nothing_says_why_and_filter_all_skips_heartbeats() -> None:
+async def test_filter_all_skips_heartbeats_and_event_lines_line_up() -> None:
     src = ManualSource(64)
     app = app_for(src)
     async with app.run_test(size=SIZE) as pilot:
-        src.push([*_two_children(), ev.Lock(2, 1), ev.Lock(3, 1),
-                  ev.Watermark(2, 64, 0.92, 0.85), ev.RequestFinish(3502, 16, 1.0)])
+        src.push([*_two_children(), ev.Watermark(2, 64, 0.92, 0.85),
+                  ev.RequestFinish(3502, 16, 1.0)])
         await wait_until(pilot, lambda: app.view.node_count == 3)
-        src.reply = cmd.Ok("evicted 0 nodes, 0 tokens, 0 blocks")
-        await type_line(pilot, "evict 4096")
-        await wait_until(pilot, lambda: len(app.replies) == 1)
-        assert app.messages[-1] == ("✓ evicted 0 nodes, 0 tokens, 0 blocks — all 3 nodes are "
-                                    "pinned by running requests (r>0)")
         await type_line(pilot, "filter all")
         assert app.messages[-1] == (
             "✓ showing create extend split merge evict cow alloc free rstart rfinish snapshot "

@@ -7,14 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers.pilot import T0, NoNvml, sync, type_line, wait_until
 
 from inspector.app import InspectorApp
-from inspector.local import LocalSource
 from inspector.widgets.block_map import BlockMap
 from inspector.widgets.help import KEYS, key_table
 from inspector.widgets.tree_view import TreeView
 from radixcache.serving.memory import MemorySource
+from tests.helpers.local import LocalSource
+from tests.helpers.pilot import T0, NoNvml, sync, type_line, wait_until
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SIZES = [(80, 24), (120, 40), (200, 50)]
@@ -52,7 +52,7 @@ async def test_80x24_keeps_the_header_and_a_block_map_and_120x40_every_tree_colu
     async with app.run_test(size=(80, 24)) as pilot:
         await _tot(app, src, pilot)
         assert _lines(app)[0].split() == [
-            "radixcache", "─", "local", "●", "local", "hit", "87.1%", "blocks", "43/1,024",
+            "radixcache", "─", "embedded", "●", "local", "hit", "87.1%", "blocks", "43/1,024",
             "0", "req/s", "seq", "6"]
         assert app.query_one(BlockMap).size.height == 6
         await pilot.resize_terminal(120, 40)

@@ -86,7 +86,8 @@ def parse(line: str) -> Parsed:
 
 
 def explain(name: str, params: dict[str, int], requests: int) -> str:
-    """What a workload submits, in its own unit: ``20 conversations, 64 requests``."""
+    """Where a workload's request count comes from, in its own unit (``20 conversations
+    (every turn is a request)``, ``tree of thought 1 + 4 + 16 + 64``)."""
     p = params
     match name:
         case "chat":
@@ -100,8 +101,8 @@ def explain(name: str, params: dict[str, int], requests: int) -> str:
             b, d = p.get("branching", 0), p.get("depth", 0)
             unit = "tree of thought " + " + ".join(f"{b ** i:,}" for i in range(d + 1))
         case _:
-            unit = name
-    return f"{unit}: {requests:,} requests"
+            unit = f"{requests:,} {name} requests"
+    return unit
 
 
 def complete(text: str) -> str:
