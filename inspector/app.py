@@ -310,7 +310,7 @@ class InspectorApp(App[None]):
                 p.memory.push(sample, note)
         p.memory.show(frame)
         p.lru.show(frame)
-        self._figures(frame, wall)
+        self._figures(frame, out)
 
     def _words_arrived(self) -> None:
         """Once the dataset's words are in, previews drawn with ids are drawn again."""
@@ -319,13 +319,12 @@ class InspectorApp(App[None]):
             self._words_in = True
             self.tree_pane.forget_previews()
 
-    def _figures(self, frame: Frame, wall: float) -> None:
+    def _figures(self, frame: Frame, out: Outside) -> None:
         p = self._panes
         self.req_per_s = self.rate.add(frame.now, figures(frame).requests)
-        if isinstance(self.source, ReplayControls):
-            p.timeline.update(timeline(self.source.position(), self.size.width))
-        status = self.source.status()
-        header = header_line(status, frame, self.req_per_s, wall, self.size.width)
+        if out.position is not None:
+            p.timeline.update(timeline(out.position, self.size.width))
+        header = header_line(out.status, frame, self.req_per_s, out.wall, self.size.width)
         if header.plain != self._header:
             self._header = header.plain
             p.header.update(header)
