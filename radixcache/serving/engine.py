@@ -51,6 +51,7 @@ from radixcache.traffic.workloads import Workload, WorkloadRequest
 
 TokenArray = npt.NDArray[np.uint32]
 StepHook = Callable[[list[ev.AnyEvent]], None]
+TokenHook = Callable[[int], None]
 
 
 class EngineError(Exception):
@@ -202,6 +203,7 @@ class _Request:
     output: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
     first_token_at: float = 0.0
+    on_token: TokenHook | None = None
 
     @property
     def total(self) -> int:
@@ -311,6 +313,7 @@ class Engine:
         forced_output: Sequence[int] | npt.NDArray[np.integer] | None = None,
         *,
         keep_logits: bool = False,
+        on_token: TokenHook | None = None,
     ) -> RequestHandle:
         """Queue a request (thread-safe) and return its handle at once.
 
@@ -318,6 +321,8 @@ class Engine:
         hold ``max_new_tokens`` tokens. Raises ``ValueError`` for an empty prompt, token ids
         outside the vocabulary or ``max_new_tokens < 1``. A request that needs more blocks than
         the pool holds is not queued: its handle is already failed with ``RequestRejected``.
+        ``on_token(token)`` is called with each output token as it is chosen, in order, from
+        the stepping thread with the step lock held (streaming fronts): keep it short.
         """
         vocab = self.config.model.vocab_size
         prompt = _as_tokens(prompt_tokens, vocab, "prompt")
@@ -334,7 +339,7 @@ class Engine:
             rid = self._next_id
             self._next_id += 1
             req = _Request(rid, prompt, max_new_tokens, forced, keep_logits,
-                           RequestHandle(rid), time.perf_counter())
+                           RequestHandle(rid), time.perf_counter(), on_token=on_token)
             self._totals.submitted += 1
             need = -(-req.total // self.config.block_size)
             if need > self.config.num_blocks:
@@ -549,6 +554,8 @@ class Engine:
                 r.first_token_at = now
             k = len(r.output)
             r.output.append(int(r.forced[k]) if r.forced is not None else int(greedy[i]))
+            if r.on_token is not None:
+                r.on_token(r.output[-1])
             if r.keep_logits:
                 r.logits.append(logits[i].detach().to("cpu", copy=True))
 
