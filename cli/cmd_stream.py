@@ -147,6 +147,8 @@ def serve(
     digest_every: int = typer.Option(64, help="A Digest event every N batches (0: none)."),
     curve_keys: Path | None = typer.Option(None, help=CURVE_HELP + " Every socket bound is a "
                                            "CURVE server accepting only client keys in DIR."),
+    http: int | None = typer.Option(None, help="Also serve OpenAI/SGLang HTTP on this port "
+                                    "(on --endpoint-host; needs radixcache[http])."),
 ) -> None:
     """Run the engine (model, radix cache, scheduler) in this process; serve its event stream,
     snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C."""
@@ -174,11 +176,15 @@ def serve(
             raise typer.Exit(2) from None
     for w in caught:
         console.print(f"[yellow]warning:[/] {w.message}")
-    _serve_until_stopped(server, workload, workload_args)
+    _serve_until_stopped(server, workload, workload_args, (endpoint_host, http))
 
 
-def _serve_until_stopped(server: EngineServer, workload: str | None, args: str) -> None:
+def _serve_until_stopped(server: EngineServer, workload: str | None, args: str,
+                         http: tuple[str, int | None] = ("127.0.0.1", None)) -> None:
+    from cli.cmd_cluster import start_http
+
     server.start()
+    front = start_http(server, *http)
     ep = server.publisher.endpoints
     console.print(f"serving epoch {server.publisher.epoch} on {server.engine.model.device}: "
                   f"events {ep.events}  snapshot/replay {ep.control}  commands {ep.commands}",
@@ -194,6 +200,8 @@ def _serve_until_stopped(server: EngineServer, workload: str | None, args: str) 
             pass
     except KeyboardInterrupt:
         pass
+    if front is not None:
+        front.close()
     server.close()
 
 

@@ -16,6 +16,7 @@ import sys
 import zmq
 
 import cli.cmd_bench_tree
+import cli.cmd_cluster
 import cli.cmd_demo
 import cli.cmd_doctor
 import cli.cmd_engine

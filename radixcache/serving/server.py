@@ -375,6 +375,10 @@ class EngineServer:
         if isinstance(reply, cmd.Error):  # a bad entry must not spin: stop looping
             self.loop_error = f"loop entry {line!r}: {reply.message}"
 
+    def wake(self) -> None:
+        """Tell the step thread there is work (after ``engine.submit`` from another front)."""
+        self._wake.set()
+
     # -- commands (the publisher's thread) ----------------------------------------------------
     def submit_workload(self, name: str, args: list[str]) -> int:
         """Submit a workload's requests (dependent ones follow their predecessors); returns
