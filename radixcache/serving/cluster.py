@@ -59,6 +59,7 @@ class ClusterConfig(NamedTuple):
     zmq_base: int = 0
     router_port: int = 0
     startup_s: float = 60.0
+    router_args: tuple[str, ...] = ()  # more sglang-router flags (e.g. --cache-threshold 0.5)
 
 
 class Replica(NamedTuple):
@@ -162,7 +163,8 @@ class Cluster:
                 "--policy", str(self.config.policy),
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port_run(1)),
                 "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-                "--health-success-threshold", "1", "--log-level", "warn"]
+                "--health-success-threshold", "1", "--log-level", "warn",
+                *self.config.router_args]
 
     def _spawn_replica(self, r: Replica) -> _Proc:
         argv = [sys.executable, "-m", "cli.main", "serve", "--endpoint-host", "127.0.0.1",
