@@ -3,10 +3,14 @@ front that ``serve --http`` starts beside the engine server."""
 
 from __future__ import annotations
 
+import json
+import shlex
 from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from cli.app import app, bench_app
 
@@ -40,3 +44,101 @@ def start_http(server: EngineServer, host: str, port: int | None) -> HttpFront |
     front.start()
     console.print(f"HTTP (OpenAI, SGLang) {front.url}", highlight=False)
     return front
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=err_console, transient=True)
+
+
+@app.command(rich_help_panel="Cluster")
+def load(
+    url: str = typer.Option(..., help="An OpenAI-compatible server or router, e.g. "
+                                      "http://127.0.0.1:8000"),
+    workload: str = typer.Option("chat", help="Workload name (chat, system, tot, fork, flood)."),
+    workload_args: str = typer.Option("", help="Its arguments, e.g. \"40 --seed 7\"."),
+    rate: float = typer.Option(10.0, help="Requests per second (Poisson arrivals, open loop)."),
+    max_tokens: int = typer.Option(16, help="Answer length cap per request."),
+    model: str = typer.Option("radixcache-tiny", help="The model name sent."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """Send a workload to URL over HTTP as text (next turns carry the real answers); print
+    TTFT, throughput and the cached share of prompt tokens."""
+    from radixcache.traffic.load import LoadConfig
+    from radixcache.traffic.load import load as run
+    from radixcache.traffic.workloads import WorkloadError, build_workload
+
+    if rate <= 0 or max_tokens < 1:
+        raise typer.BadParameter("--rate must be > 0 and --max-tokens >= 1")
+    try:
+        w = build_workload(workload, shlex.split(workload_args))
+    except WorkloadError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--workload") from None
+    with _progress() as bar:
+        task = bar.add_task(f"{workload} -> {url}", total=len(w.requests))
+        result = run(LoadConfig(url.rstrip("/"), rate, max_tokens, model), w,
+                     lambda _r: bar.advance(task))
+    s = result.summary()
+    if json_out:
+        console.print_json(json.dumps(s))
+    else:
+        console.print(_summary_table(s))
+    for r in result.failed[:3]:
+        err_console.print(f"request {w.requests[r.request].tag}: {r.error}", highlight=False)
+    if result.failed:
+        raise typer.Exit(1)
+
+
+def _summary_table(s: dict[str, float | int]) -> Table:
+    t = Table(title="radixcache load")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_row("requests (failed)", f"{s['requests']} ({s['failed']})")
+    t.add_row("TTFT p50 / p99", f"{s['ttft_p50_ms']:.1f} / {s['ttft_p99_ms']:.1f} ms")
+    t.add_row("throughput", f"{s['output_tokens_per_s']:.0f} tok/s, "
+                            f"{s['requests_per_s']:.1f} req/s")
+    t.add_row("cached prompt tokens", f"{100 * s['hit_rate']:.1f}%")
+    return t
+
+
+@bench_app.command("cluster")
+def bench_cluster(
+    replicas: int = typer.Option(4, min=1, max=16, help="Engine replicas."),
+    blocks: int = typer.Option(2048, min=16, help="KV blocks per replica."),
+    conversations: int = typer.Option(160, min=1, help="chat conversations sent."),
+    rate: float = typer.Option(30.0, help="Requests per second through the router."),
+    max_tokens: int = typer.Option(16, min=1, help="Answer length cap per request."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """Every sglang-router policy on the chat workload over N replicas: hit rate, load
+    imbalance, TTFT and the tokens cached on more than one replica."""
+    from radixcache.serving.cluster import ClusterError
+    from radixcache.tools import bench_cluster as bc
+
+    cfg = bc.BenchClusterConfig(replicas, blocks, conversations, rate, max_tokens)
+    w = bc.bench_workload(cfg)
+    results = {}
+    with _progress() as bar:
+        for p in cfg.policies:
+            task = bar.add_task(str(p), total=len(w.requests))
+            try:
+                results[p] = bc.run_policy(cfg, p, w, lambda _r, t=task: bar.advance(t))
+            except ClusterError as exc:
+                err_console.print(f"error: {exc}", highlight=False)
+                raise typer.Exit(1) from None
+    doc = bc.figures(cfg, results, w)
+    if json_out:
+        console.print_json(json.dumps(doc))
+        return
+    t = Table(title=f"radixcache bench cluster: {replicas} x {blocks} blocks, "
+                    f"{len(w.requests)} chat requests at {rate:g}/s through "
+                    f"sglang-router {bc.router_version()}")
+    for col in ("policy", "hit rate", "imbalance", "TTFT p50", "TTFT p99", "dup tokens",
+                "answered", "per replica"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for p, f in results.items():
+        t.add_row(str(p), f"{100 * f.hit_rate:.1f}%", f"{f.imbalance:.2f}",
+                  f"{f.ttft_p50_ms:.0f} ms", f"{f.ttft_p99_ms:.0f} ms",
+                  f"{f.duplicated_tokens:,}", f"{f.requests}/{f.requests + f.failed}",
+                  " ".join(map(str, f.requests_per_replica)))
+    console.print(t)

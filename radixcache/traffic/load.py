@@ -26,13 +26,14 @@ import httpx
 import numpy as np
 
 from radixcache.traffic.chattext import TextCodec
+from radixcache.traffic.sharegpt import TokenArray
 from radixcache.traffic.workloads import Workload, WorkloadRequest
 
 
 class Reply(NamedTuple):
     """One answered (or failed) request."""
 
-    index: int
+    request: int  # its index in the workload
     error: str | None  # why it failed; None when answered
     prompt_tokens: int
     cached_tokens: int
@@ -94,15 +95,19 @@ class _Run:
     replies: dict[int, Reply] = field(default_factory=dict)
 
 
+def _ids(tokens: TokenArray) -> list[int]:
+    return [int(t) for t in tokens]
+
+
 def _prompt(run: _Run, r: WorkloadRequest) -> list[int]:
     """``r``'s prompt with the turn it follows replaced by what was really said."""
-    prompt = r.prompt.tolist()
+    prompt = _ids(r.prompt)
     if r.after is None or r.after not in run.sent:
         return prompt
     before = run.workload.requests[r.after]
-    known = before.prompt.tolist()
+    known = _ids(before.prompt)
     if before.forced_output is not None:
-        known += before.forced_output.tolist()
+        known += _ids(before.forced_output)
     if prompt[: len(known)] != known:
         return prompt  # not a continuation: send it as built
     return run.sent[r.after] + prompt[len(known):]
@@ -157,7 +162,7 @@ async def _one(client: httpx.AsyncClient, run: _Run, i: int, due: float) -> None
 def arrivals(count: int, rate: float, seed: int) -> list[float]:
     """Seconds from the start of each of ``count`` Poisson arrivals at ``rate`` per second."""
     gaps = np.random.default_rng([7, seed]).exponential(1.0 / rate, size=count)
-    return np.cumsum(gaps).tolist()
+    return [float(t) for t in np.cumsum(gaps)]
 
 
 async def run_load(config: LoadConfig, workload: Workload,
