@@ -3,6 +3,7 @@ front that ``serve --http`` starts beside the engine server."""
 
 from __future__ import annotations
 
+import enum
 import json
 import shlex
 from typing import TYPE_CHECKING
@@ -15,8 +16,10 @@ from rich.table import Table
 from cli.app import app, bench_app
 
 if TYPE_CHECKING:
+    from inspector.cluster import ClusterControls
     from radixcache.serving.http import HttpFront
     from radixcache.serving.server import EngineServer
+    from radixcache.wire.fleet import Fleet
 
 console = Console()
 err_console = Console(stderr=True)
@@ -142,3 +145,71 @@ def bench_cluster(
                   f"{f.duplicated_tokens:,}", f"{f.requests}/{f.requests + f.failed}",
                   " ".join(map(str, f.requests_per_replica)))
     console.print(t)
+
+
+class PolicyName(enum.StrEnum):
+    """sglang-router's policies (``radixcache.serving.cluster.Policy``)."""
+
+    CACHE_AWARE = "cache_aware"
+    ROUND_ROBIN = "round_robin"
+    POWER_OF_TWO = "power_of_two"
+    RANDOM = "random"
+
+
+@app.command(rich_help_panel="Cluster")
+def cluster(
+    replicas: int = typer.Option(2, min=1, max=16, help="Engine replicas."),
+    policy: PolicyName = typer.Option(PolicyName.CACHE_AWARE, help="The router's policy."),
+    blocks: int = typer.Option(2048, min=16, help="KV blocks per replica."),
+    http_base: int = typer.Option(0, help="Rank r serves HTTP on BASE+r (0: a free run)."),
+    zmq_base: int = typer.Option(0, help="Rank r streams on BASE+3r..+2 (0: a free run)."),
+    router_port: int = typer.Option(0, help="The router's port (0: a free one)."),
+) -> None:
+    """Start N engine replicas behind sglang-router (127.0.0.1) and open the cluster screen;
+    q stops every process it started. Send load with `radixcache load --url ROUTER`."""
+    from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, Policy
+    from radixcache.wire.fleet import Fleet
+    from radixcache.wire.stream import Endpoints
+
+    config = ClusterConfig(replicas, Policy(policy.value), blocks, http_base, zmq_base,
+                           router_port)
+    try:
+        with console.status(f"starting {replicas} replicas and sglang-router ..."):
+            c = Cluster(config).start()
+    except ClusterError as exc:
+        err_console.print(f"error: {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    fleet = Fleet([Endpoints.tcp("127.0.0.1", r.zmq_port) for r in c.replicas]).start()
+    try:
+        run_cluster_screen(fleet, c.router_url, c)
+    finally:
+        fleet.close()
+        c.close()
+    console.print(f"stopped {replicas} replicas and the router", highlight=False)
+
+
+def run_cluster_screen(fleet: Fleet, router_url: str | None,
+                       controls: ClusterControls | None = None) -> None:
+    """The cluster screen until q; Enter on a replica opens its full inspector, whose q comes
+    back here."""
+    from inspector.app import InspectorApp
+    from inspector.cluster import ClusterApp
+    from inspector.live import LiveSource
+
+    while True:
+        rank = ClusterApp(fleet, router_url, controls).run()
+        if rank is None:
+            return
+        InspectorApp(LiveSource(fleet.endpoints[rank].events)).run()
+
+
+def inspect_many(endpoints: list[str]) -> None:
+    """``radixcache inspect EP1 EP2 ...``: the cluster screen over any set of engines."""
+    from radixcache.wire.fleet import Fleet
+    from radixcache.wire.stream import Endpoints
+
+    fleet = Fleet([Endpoints.from_events(e) for e in endpoints]).start()
+    try:
+        run_cluster_screen(fleet, None)
+    finally:
+        fleet.close()

@@ -42,8 +42,10 @@ def run_local(num_blocks: int = 4096) -> None:
 
 @app.command()
 def inspect(
-    endpoint: str | None = typer.Argument(None, help="An engine's event endpoint "
-                                                     "(tcp://HOST:PORT or ipc://PATH-events)."),
+    endpoint: list[str] | None = typer.Argument(None, help="An engine's event endpoint "
+                                                           "(tcp://HOST:PORT or ipc://PATH-"
+                                                           "events); several: the cluster "
+                                                           "screen."),
     kv_events: str | None = typer.Option(None, help="Attach to a vLLM-format KV-event PUB "
                                                     "(tcp://HOST:PORT) instead."),
     replay: str | None = typer.Option(None, help="With --kv-events: its replay ROUTER."),
@@ -64,10 +66,14 @@ def inspect(
         KVEventsApp(kv_events, replay, vocab=Vocabulary()).run()
     elif replay is not None:
         raise typer.BadParameter("--replay goes with --kv-events", param_hint="--replay")
-    elif endpoint is not None:
+    elif endpoint is not None and len(endpoint) > 1:
+        from cli.cmd_cluster import inspect_many
+
+        inspect_many(endpoint)
+    elif endpoint:
         if curve_keys is not None:
             _use_curve_keys(curve_keys)
-        run_live([endpoint])
+        run_live(endpoint)
     else:
         run_local(blocks)
 

@@ -81,7 +81,7 @@ def run_policy(config: BenchClusterConfig, policy: Policy, workload: Workload,
     cluster = Cluster(cc).start()
     try:
         fleet = Fleet([Endpoints.tcp("127.0.0.1", r.zmq_port) for r in cluster.replicas])
-        fleet.start()
+        fleet.start().wait_synced()
         try:
             lc = LoadConfig(cluster.router_url, config.rate, config.max_tokens, seed=config.seed)
             result = load(lc, workload, on_reply)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -29,6 +30,8 @@ from radixcache.wire.stream import Endpoints, send_command
 from radixcache.wire.subscriber import Subscriber
 
 Tokens = npt.NDArray[np.uint32]
+# an idle engine sends a watermark sample every 0.25 s: silence this long means it is down
+STALE_S = 1.5
 
 
 @dataclass(slots=True, eq=False)
@@ -142,16 +145,28 @@ class Fleet:
 
     def __init__(self, endpoints: Sequence[Endpoints]) -> None:
         self.endpoints = list(endpoints)
-        self.subscribers = [Subscriber(e) for e in self.endpoints]
+        self.last_batch = [0.0] * len(self.endpoints)  # time.monotonic() of each one's last
+        self.subscribers = [Subscriber(e, on_batch=partial(self._seen, rank))
+                            for rank, e in enumerate(self.endpoints)]
 
-    def start(self, timeout: float = 10.0) -> Fleet:
-        """Start every subscriber; ``TimeoutError`` unless all synced within ``timeout``."""
+    def _seen(self, rank: int, _batch: object) -> None:
+        self.last_batch[rank] = time.monotonic()
+
+    def up(self, rank: int, stale_s: float = STALE_S) -> bool:
+        """True when replica ``rank`` sent a batch (heartbeats included) within ``stale_s``."""
+        return time.monotonic() - self.last_batch[rank] < stale_s
+
+    def start(self) -> Fleet:
+        """Start every subscriber (each connects and syncs on its own thread)."""
         for s in self.subscribers:
             s.start()
+        return self
+
+    def wait_synced(self, timeout: float = 10.0) -> None:
+        """``TimeoutError`` unless every subscriber applied a snapshot within ``timeout``."""
         for e, s in zip(self.endpoints, self.subscribers, strict=True):
             if not s.wait_synced(timeout):
                 raise TimeoutError(f"no snapshot from {e.events} within {timeout:g} s")
-        return self
 
     def close(self) -> None:
         """Stop every subscriber."""
@@ -176,9 +191,10 @@ class Fleet:
                 time.sleep(0.02)
 
     def merged(self) -> FleetTree:
-        """The merged tree of the mirrors now."""
+        """The merged tree of the mirrors now (a replica that is down holds nothing)."""
         tree = FleetTree()
         for rank, s in enumerate(self.subscribers):
-            with s.lock:
-                tree.add_mirror(rank, s.mirror)
+            if self.up(rank):
+                with s.lock:
+                    tree.add_mirror(rank, s.mirror)
         return tree
