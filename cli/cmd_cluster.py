@@ -24,6 +24,18 @@ if TYPE_CHECKING:
 console = Console()
 err_console = Console(stderr=True)
 HTTP_HINT = "pip install 'radixcache[http]'"
+CLUSTER_HINT = "pip install 'radixcache[cluster]'"
+
+
+def _need_cluster_extra() -> None:
+    """Exit 2 with one line when the cluster extra's client libraries are missing."""
+    import importlib.util
+
+    for module in ("httpx", "starlette", "uvicorn"):
+        if importlib.util.find_spec(module) is None:
+            err_console.print(f"error: this command needs {module}: {CLUSTER_HINT}",
+                              highlight=False)
+            raise typer.Exit(2)
 
 
 def start_http(server: EngineServer, host: str, port: int | None) -> HttpFront | None:
@@ -67,6 +79,7 @@ def load(
 ) -> None:
     """Send a workload to URL over HTTP as text (next turns carry the real answers); print
     TTFT, throughput and the cached share of prompt tokens."""
+    _need_cluster_extra()
     from radixcache.traffic.load import LoadConfig
     from radixcache.traffic.load import load as run
     from radixcache.traffic.workloads import WorkloadError, build_workload
@@ -115,6 +128,7 @@ def bench_cluster(
 ) -> None:
     """Every sglang-router policy on the chat workload over N replicas: hit rate, load
     imbalance, TTFT and the tokens cached on more than one replica."""
+    _need_cluster_extra()
     from radixcache.serving.cluster import ClusterError
     from radixcache.tools import bench_cluster as bc
 
@@ -167,6 +181,7 @@ def cluster(
 ) -> None:
     """Start N engine replicas behind sglang-router (127.0.0.1) and open the cluster screen;
     q stops every process it started. Send load with `radixcache load --url ROUTER`."""
+    _need_cluster_extra()
     from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, Policy
     from radixcache.wire.fleet import Fleet
     from radixcache.wire.stream import Endpoints
