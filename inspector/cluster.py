@@ -39,7 +39,7 @@ from inspector.sources import DatasetWords
 from radixcache.wire.fleet import Fleet, FleetNode, FleetTree
 
 if TYPE_CHECKING:
-    from radixcache.traffic.workloads import Workload
+    from radixcache.traffic.workloads import TokenText, Workload
 
 TREE_ROWS = 300
 TREE_DEPTH = 8
@@ -107,7 +107,7 @@ def _marks(node: FleetNode, replicas: int) -> Text:
     return t
 
 
-def tree_lines(tree: FleetTree, replicas: int, words: DatasetWords) -> list[Text]:
+def tree_lines(tree: FleetTree, replicas: int, words: TokenText) -> list[Text]:
     """The merged tree as rows, heaviest subtrees first, ``TREE_DEPTH`` deep at most."""
     out: list[Text] = []
     stack: list[tuple[FleetNode, int]] = [(n, 0) for n in _by_weight(tree.root)]
@@ -146,11 +146,12 @@ class ClusterApp(App[int | None]):
     ]
 
     def __init__(self, fleet: Fleet, router_url: str | None = None,
-                 controls: ClusterControls | None = None, refresh_s: float = 0.5) -> None:
+                 controls: ClusterControls | None = None, *, refresh_s: float = 0.5,
+                 words: TokenText | None = None) -> None:
         super().__init__()
         self.fleet, self.router_url, self.controls = fleet, router_url, controls
         self.refresh_s = refresh_s
-        self.words = DatasetWords()
+        self.words = words if words is not None else DatasetWords()
         self.router_up: bool | None = None
         self.views: list[ReplicaView] = []
         self.duplicated = 0

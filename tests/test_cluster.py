@@ -16,9 +16,9 @@ import pytest
 from textual.widgets import DataTable
 
 from inspector.cluster import ClusterApp, replica_views, tree_lines
-from inspector.sources import DatasetWords
 from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, Policy
 from radixcache.traffic.chattext import TextCodec
+from radixcache.traffic.workloads import Vocabulary
 from radixcache.wire.fleet import Fleet
 from radixcache.wire.stream import Endpoints
 from tests.test_stream_helpers import wait_for
@@ -83,11 +83,11 @@ def test_cluster_screen_rows_and_tree(cluster: Cluster, fleet: Fleet) -> None:
     fleet.settle()
     views = replica_views(fleet)
     assert [(v.rank, v.up, v.total) for v in views] == [(0, True, 128), (1, True, 128)]
-    lines = tree_lines(fleet.merged(), 2, DatasetWords())
+    lines = tree_lines(fleet.merged(), 2, Vocabulary())
     assert lines[0].plain.startswith("[48] ") and lines[0].plain.endswith("●● x2")
 
     async def run() -> None:
-        app = ClusterApp(fleet, cluster.router_url, cluster)
+        app = ClusterApp(fleet, cluster.router_url, cluster, words=Vocabulary())
         async with app.run_test() as pilot:
             await pilot.pause(0.3)
             table = app.query_one(DataTable)
