@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from radixcache.wire.fleet import Fleet
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, markup=False, highlight=False)
 HTTP_HINT = "pip install 'radixcache[http]'"
 CLUSTER_HINT = "pip install 'radixcache[cluster]'"
 

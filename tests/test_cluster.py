@@ -13,12 +13,12 @@ from pathlib import Path
 
 import openai
 import pytest
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Static
 
 from inspector.cluster import ClusterApp, replica_views, tree_lines
 from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, Policy
 from radixcache.traffic.chattext import TextCodec
-from radixcache.traffic.workloads import Vocabulary
+from radixcache.traffic.workloads import Vocabulary, build_workload
 from radixcache.wire.fleet import Fleet
 from radixcache.wire.stream import Endpoints
 from tests.test_stream_helpers import wait_for
@@ -86,6 +86,8 @@ def test_cluster_screen_rows_and_tree(cluster: Cluster, fleet: Fleet) -> None:
     lines = tree_lines(fleet.merged(), 2, Vocabulary())
     assert lines[0].plain.startswith("[48] ") and lines[0].plain.endswith("●● x2")
 
+    n = len(build_workload("chat", {"conversations": 1}).requests)
+
     async def run() -> None:
         app = ClusterApp(fleet, cluster.router_url, cluster, words=Vocabulary())
         async with app.run_test() as pilot:
@@ -93,7 +95,14 @@ def test_cluster_screen_rows_and_tree(cluster: Cluster, fleet: Fleet) -> None:
             table = app.query_one(DataTable)
             assert table.row_count == 2
             assert "2/2 replicas up" in app.header_text().plain
-            await pilot.press("down", "enter")
+            await pilot.press("colon", *"chat 1", "enter")  # through the router
+            for _ in range(200):
+                await pilot.pause(0.05)
+                if "failed" in str(app.query_one("#message", Static).render()):
+                    break
+            assert str(app.query_one("#message", Static).render()).startswith(
+                f"{n} requests, 0 failed")
+            await pilot.press("escape", "down", "enter")
         assert app.return_value == 1  # Enter opens replica 1's full screen
 
     import asyncio
@@ -121,6 +130,37 @@ def test_a_killed_replica_is_down_routed_around_and_back_after_restart(
     fleet.settle()  # both mirrors equal their engines' trees
     s0 = fleet.subscribers[0].stats
     assert (s0.epochs, s0.snapshots) == (0, 1)  # replica 0's view was never disturbed
+
+
+def test_the_screen_says_when_the_router_is_killed(cluster: Cluster, fleet: Fleet) -> None:
+    cluster.kill_router()
+    assert not cluster.router_alive()
+
+    async def run() -> str:
+        app = ClusterApp(fleet, cluster.router_url, cluster, words=Vocabulary())
+        async with app.run_test() as pilot:
+            for _ in range(100):
+                await pilot.pause(0.05)
+                if app.router_up is not None:
+                    break
+            return app.header_text().plain
+
+    import asyncio
+
+    assert f"router {cluster.router_url} ✕ DOWN" in asyncio.run(run())
+
+
+def test_cluster_command_without_router_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    r = CliRunner().invoke(app, ["cluster", "--replicas", "1"])
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines() == [
+        "error: sglang-router is not installed: pip install 'radixcache[cluster]'"]
 
 
 def test_router_port_taken_is_one_line_and_nothing_left_running() -> None:
