@@ -18,7 +18,7 @@ from cli.app import app, bench_app
 if TYPE_CHECKING:
     from inspector.cluster import ClusterControls
     from radixcache.serving.http import HttpFront
-    from radixcache.serving.server import EngineServer
+    from radixcache.serving.server import Server
     from radixcache.wire.fleet import Fleet
 
 console = Console()
@@ -38,11 +38,18 @@ def _need_cluster_extra() -> None:
             raise typer.Exit(2)
 
 
-def start_http(server: EngineServer, host: str, port: int | None) -> HttpFront | None:
+def start_http(server: Server, host: str, port: int | None) -> HttpFront | None:
     """An HTTP front over ``server``'s engine on ``host:port`` (None when ``port`` is None).
-    Exits 2 with one line when the HTTP extra is missing or the port cannot be bound."""
+    Exits 2 with one line (and closes ``server``) when the HTTP extra is missing, the
+    port cannot be bound, or the server's service is not an engine."""
     if port is None:
         return None
+    from radixcache.serving.engine import Engine
+
+    if not isinstance(server.service, Engine):
+        server.close()
+        err_console.print("error: --http needs the engine (a model), not a model-free tree")
+        raise typer.Exit(2)
     try:
         from radixcache.serving.http import EngineBackend, HttpFront
     except ImportError as exc:
@@ -50,7 +57,7 @@ def start_http(server: EngineServer, host: str, port: int | None) -> HttpFront |
         err_console.print(f"error: --http needs {exc.name}: {HTTP_HINT}", highlight=False)
         raise typer.Exit(2) from None
     try:
-        front = HttpFront(EngineBackend(server.engine, server.wake), host, port)
+        front = HttpFront(EngineBackend(server.service, server.loop.wake), host, port)
     except OSError as exc:
         server.close()
         err_console.print(f"error: cannot bind HTTP {host}:{port}: {exc.strerror}",
@@ -183,8 +190,8 @@ def cluster(
     q stops every process it started. Send load with `radixcache load --url ROUTER`."""
     _need_cluster_extra()
     from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, Policy
+    from radixcache.wire.endpoints import Endpoints
     from radixcache.wire.fleet import Fleet
-    from radixcache.wire.stream import Endpoints
 
     config = ClusterConfig(replicas, Policy(policy.value), blocks, http_base, zmq_base,
                            router_port)
@@ -220,8 +227,8 @@ def run_cluster_screen(fleet: Fleet, router_url: str | None,
 
 def inspect_many(endpoints: list[str]) -> None:
     """``radixcache inspect EP1 EP2 ...``: the cluster screen over any set of engines."""
+    from radixcache.wire.endpoints import Endpoints
     from radixcache.wire.fleet import Fleet
-    from radixcache.wire.stream import Endpoints
 
     fleet = Fleet([Endpoints.from_events(e) for e in endpoints]).start()
     try:

@@ -19,9 +19,9 @@ from inspector.cluster import ClusterApp, replica_views, tree_lines
 from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, Policy
 from radixcache.traffic.chattext import TextCodec
 from radixcache.traffic.workloads import Vocabulary, build_workload
+from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.fleet import Fleet
-from radixcache.wire.stream import Endpoints
-from tests.test_stream_helpers import wait_for
+from tests.helpers.stream import wait_for
 
 MODEL = "radixcache-tiny"
 SHARED = list(range(100, 148))  # 48 tokens every request starts with

@@ -8,25 +8,18 @@ import numpy as np
 
 from radixcache.core.pool import KVPool
 from radixcache.core.tree import RadixTree
-from radixcache.serving.engine import Engine, EngineConfig
-from radixcache.serving.http import EngineBackend, HttpFront
-from radixcache.serving.server import tiny_model
 from radixcache.traffic.load import LoadConfig, arrivals, load
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire.fleet import merge
 from radixcache.wire.mirror import Mirror
 from tests.conftest import toks
+from tests.test_http import http_engine
 
 
 def test_next_turns_hit_everything_the_previous_turn_cached() -> None:
-    engine = Engine(EngineConfig(num_blocks=512, model=tiny_model())).start()
-    front = HttpFront(EngineBackend(engine)).start()
     w = build_workload("chat", {"conversations": 2})
-    try:
+    with http_engine(512) as front:
         result = load(LoadConfig(front.url, rate=50.0, max_tokens=4), w)
-    finally:
-        front.close()
-        engine.close()
     assert [r.error for r in result.replies] == [None] * len(w.requests)
     sent = {r.request: r.prompt_tokens + len(r.output) for r in result.replies}
     for r, req in zip(result.replies, w.requests, strict=True):

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -16,7 +17,8 @@ import pytest
 
 from radixcache.serving.engine import Engine, EngineConfig
 from radixcache.serving.http import EngineBackend, HttpFront
-from radixcache.serving.server import tiny_model
+from radixcache.serving.loop import BatchSink, ServiceLoop
+from radixcache.serving.model import tiny_model
 from radixcache.traffic.chattext import TextCodec, chat_prompt
 from radixcache.traffic.sharegpt import BOS, EOT, HDR, HDR_END, ROLE_GPT, ROLE_HUMAN, word_id
 
@@ -25,13 +27,23 @@ PROMPT = "the cache keeps every prefix it has seen"
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@contextmanager
+def http_engine(blocks: int) -> Iterator[HttpFront]:
+    """An engine stepped by a ``ServiceLoop`` (its batches dropped) behind an HTTP front."""
+    engine = Engine(EngineConfig(num_blocks=blocks, model=tiny_model()))
+    loop = ServiceLoop(engine, BatchSink(lambda _batch: None)).start()
+    f = HttpFront(EngineBackend(engine, loop.wake)).start()
+    try:
+        yield f
+    finally:
+        f.close()
+        loop.close()
+
+
 @pytest.fixture(scope="module")
 def front() -> Iterator[HttpFront]:
-    engine = Engine(EngineConfig(num_blocks=64, model=tiny_model())).start()
-    f = HttpFront(EngineBackend(engine)).start()
-    yield f
-    f.close()
-    engine.close()
+    with http_engine(64) as f:
+        yield f
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +53,7 @@ def client(front: HttpFront) -> openai.OpenAI:
 
 def greedy(front: HttpFront, ids: list[int], n: int) -> list[int]:
     """What the engine itself answers to ``ids`` (the model is deterministic)."""
-    assert isinstance(front.backend, EngineBackend)
-    return front.backend.engine.submit(ids, n).result(30).tokens
+    return front.backend.submit(ids, n, None).result(30).tokens
 
 
 def test_completion_text_round_trips_through_the_tokenizer(front: HttpFront,
@@ -141,16 +152,11 @@ def test_info_routes(front: HttpFront) -> None:
 
 
 def test_metrics_are_the_engines_counters() -> None:
-    engine = Engine(EngineConfig(num_blocks=64, model=tiny_model())).start()
-    f = HttpFront(EngineBackend(engine)).start()
-    try:
+    with http_engine(64) as f:
         for _ in range(2):
             httpx.post(f"{f.url}/v1/completions",
                        json={"model": MODEL, "prompt": [5, 6, 7, 8, 9], "max_tokens": 3})
         text = httpx.get(f"{f.url}/metrics").text
-    finally:
-        f.close()
-        engine.close()
     values = {line.split(" ")[0]: line.split(" ")[1] for line in text.splitlines()
               if not line.startswith("#")}
     labels = '{model_name="radixcache-tiny"}'

@@ -29,8 +29,8 @@ from typing import NamedTuple
 from radixcache.serving.cluster import ROUTER_EXE, Cluster, ClusterConfig, Policy
 from radixcache.traffic.load import LoadConfig, Reply, load
 from radixcache.traffic.workloads import Workload, build_workload
+from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.fleet import Fleet
-from radixcache.wire.stream import Endpoints
 
 ROUTER_ARGS = ("--cache-threshold", "0.5", "--balance-abs-threshold", "2")
 

@@ -25,8 +25,9 @@ import numpy as np
 import numpy.typing as npt
 
 from radixcache.wire import commands as cmd
+from radixcache.wire.client import send_command
+from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.mirror import Mirror, MirrorNode
-from radixcache.wire.stream import Endpoints, send_command
 from radixcache.wire.subscriber import Subscriber
 
 Tokens = npt.NDArray[np.uint32]
