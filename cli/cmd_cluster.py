@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.app import app, bench_app
+from cli.app import RUN, app, bench_app
 
 if TYPE_CHECKING:
     from inspector.cluster import ClusterControls
@@ -73,7 +73,7 @@ def _progress() -> Progress:
                     TimeElapsedColumn(), console=err_console, transient=True)
 
 
-@app.command(rich_help_panel="Cluster")
+@app.command(rich_help_panel=RUN)
 def load(
     url: str = typer.Option(..., help="An OpenAI-compatible server or router, e.g. "
                                       "http://127.0.0.1:8000"),
@@ -85,7 +85,10 @@ def load(
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ) -> None:
     """Send a workload to URL over HTTP as text (next turns carry the real answers); print
-    TTFT, throughput and the cached share of prompt tokens."""
+    TTFT, throughput and the cached share of prompt tokens.
+
+    Example: [bold]radixcache load --url http://127.0.0.1:8000 --workload chat --rate 20[/bold]
+    """
     _need_cluster_extra()
     from radixcache.traffic.load import LoadConfig
     from radixcache.traffic.load import load as run
@@ -134,7 +137,10 @@ def bench_cluster(
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ) -> None:
     """Every sglang-router policy on the chat workload over N replicas: hit rate, load
-    imbalance, TTFT and the tokens cached on more than one replica."""
+    imbalance, TTFT and the tokens cached on more than one replica.
+
+    Example: [bold]radixcache bench cluster --json[/bold]
+    """
     _need_cluster_extra()
     from radixcache.serving.cluster import ClusterError
     from radixcache.tools import bench_cluster as bc
@@ -177,7 +183,7 @@ class PolicyName(enum.StrEnum):
     RANDOM = "random"
 
 
-@app.command(rich_help_panel="Cluster")
+@app.command(rich_help_panel=RUN)
 def cluster(
     replicas: int = typer.Option(2, min=1, max=16, help="Engine replicas."),
     policy: PolicyName = typer.Option(PolicyName.CACHE_AWARE, help="The router's policy."),
@@ -187,7 +193,10 @@ def cluster(
     router_port: int = typer.Option(0, help="The router's port (0: a free one)."),
 ) -> None:
     """Start N engine replicas behind sglang-router (127.0.0.1) and open the cluster screen;
-    q stops every process it started. Send load with `radixcache load --url ROUTER`."""
+    q stops every process it started. Send load with `radixcache load --url ROUTER`.
+
+    Example: [bold]radixcache cluster --replicas 4 --policy cache_aware[/bold]
+    """
     _need_cluster_extra()
     from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, Policy
     from radixcache.wire.endpoints import Endpoints
