@@ -48,9 +48,11 @@ def inspect(
                                                            "(tcp://HOST:PORT or ipc://PATH-"
                                                            "events); several: the cluster "
                                                            "screen."),
-    kv_events: str | None = typer.Option(None, help="Attach to a vLLM-format KV-event PUB "
-                                                    "(tcp://HOST:PORT) instead."),
-    replay: str | None = typer.Option(None, help="With --kv-events: its replay ROUTER."),
+    kv_events: list[str] | None = typer.Option(None, help="Attach to a vLLM-format KV-event "
+                                                          "PUB (tcp://HOST:PORT) instead; "
+                                                          "repeated: the cluster screen."),
+    replay: list[str] | None = typer.Option(None, help="With --kv-events: its replay ROUTER "
+                                                       "(one per --kv-events)."),
     blocks: int = typer.Option(4096, help="Without ENDPOINT: blocks of the embedded tree."),
     curve_keys: Path | None = typer.Option(None, help="With ENDPOINT: a key directory from "
                                            "`radixcache keys DIR` (the engine runs with "
@@ -61,12 +63,16 @@ def inspect(
 
     Example: radixcache inspect tcp://127.0.0.1:5557   (after: radixcache serve --port 5557)
     """
-    if kv_events is not None:
+    if kv_events is not None and len(kv_events) > 1:
+        from cli.cmd_cluster import inspect_kv_many
+
+        inspect_kv_many(kv_events, replay or [])
+    elif kv_events:
         from inspector.kv_view import KVEventsApp
         from radixcache.traffic.workloads import Vocabulary
 
-        KVEventsApp(kv_events, replay, vocab=Vocabulary()).run()
-    elif replay is not None:
+        KVEventsApp(kv_events[0], replay[0] if replay else None, vocab=Vocabulary()).run()
+    elif replay:
         raise typer.BadParameter("--replay goes with --kv-events", param_hint="--replay")
     elif endpoint is not None and len(endpoint) > 1:
         from cli.cmd_cluster import inspect_many

@@ -61,16 +61,43 @@ class ClusterControls(Protocol):
 
 
 class ReplicaView(NamedTuple):
-    """One replica's row."""
+    """One replica's row (None, and a total of 0: what its stream does not say)."""
 
     rank: int
     endpoint: str
     up: bool
     used: int
     total: int
-    hit_rate: float
-    finished: int
-    queue: tuple[int, int]  # waiting, running
+    hit_rate: float | None
+    finished: int | None
+    queue: tuple[int, int] | None  # waiting, running
+
+
+class FleetView(Protocol):
+    """What the screen reads: a row per replica and the merged tree."""
+
+    def views(self) -> list[ReplicaView]:
+        """Every replica's row now."""
+        ...
+
+    def merged(self) -> FleetTree:
+        """The replicas' trees merged now."""
+        ...
+
+
+class StreamFleet:
+    """A ``FleetView`` over radixcache engines' own streams."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def views(self) -> list[ReplicaView]:
+        """``replica_views``."""
+        return replica_views(self.fleet)
+
+    def merged(self) -> FleetTree:
+        """``Fleet.merged``."""
+        return self.fleet.merged()
 
 
 def replica_views(fleet: Fleet) -> list[ReplicaView]:
@@ -94,8 +121,10 @@ def replica_views(fleet: Fleet) -> list[ReplicaView]:
 
 
 def _bar(used: int, total: int) -> str:
-    full = round(BAR * used / total) if total else 0
-    return "█" * full + "░" * (BAR - full) + f" {100 * used / total:3.0f}%" if total else ""
+    if not total:
+        return f"{used:,} blocks"
+    full = round(BAR * used / total)
+    return "█" * full + "░" * (BAR - full) + f" {100 * used / total:3.0f}%"
 
 
 def _marks(node: FleetNode, replicas: int) -> Text:
@@ -145,7 +174,7 @@ class ClusterApp(App[int | None]):
         Binding("q", "quit_cluster", "Quit"),
     ]
 
-    def __init__(self, fleet: Fleet, router_url: str | None = None,
+    def __init__(self, fleet: FleetView, router_url: str | None = None,
                  controls: ClusterControls | None = None, *, refresh_s: float = 0.5,
                  words: TokenText | None = None) -> None:
         super().__init__()
@@ -197,9 +226,11 @@ class ClusterApp(App[int | None]):
     # -- drawing --------------------------------------------------------------------------------
     def refresh_views(self) -> None:
         """Re-read every mirror and redraw the table, the tree and the header."""
-        self.views = replica_views(self.fleet)
+        self.views = self.fleet.views()
         now = time.monotonic()
         for v in self.views:
+            if v.finished is None:
+                continue
             t0, f0 = self._last.get(v.rank, (now, v.finished))
             if now - t0 >= 1.0 or v.rank not in self._rates:
                 self._rates[v.rank] = (v.finished - f0) / (now - t0) if now > t0 else 0.0
@@ -220,9 +251,11 @@ class ClusterApp(App[int | None]):
             if not v.up:
                 table.add_row(str(v.rank), v.endpoint, state, "", "", "", "")
                 continue
+            rate = self._rates.get(v.rank)
             table.add_row(str(v.rank), v.endpoint, state, _bar(v.used, v.total),
-                          f"{100 * v.hit_rate:.1f}%", f"{self._rates.get(v.rank, 0.0):.1f}",
-                          f"{v.queue[0]}+{v.queue[1]}")
+                          "n/a" if v.hit_rate is None else f"{100 * v.hit_rate:.1f}%",
+                          "n/a" if rate is None else f"{rate:.1f}",
+                          "n/a" if v.queue is None else f"{v.queue[0]}+{v.queue[1]}")
         if self.views:
             table.move_cursor(row=min(cursor, len(self.views) - 1))
 

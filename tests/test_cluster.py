@@ -15,7 +15,7 @@ import openai
 import pytest
 from textual.widgets import DataTable, Static
 
-from inspector.cluster import ClusterApp, replica_views, tree_lines
+from inspector.cluster import ClusterApp, StreamFleet, replica_views, tree_lines
 from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, Policy
 from radixcache.traffic.chattext import TextCodec
 from radixcache.traffic.workloads import Vocabulary, build_workload
@@ -89,7 +89,7 @@ def test_cluster_screen_rows_and_tree(cluster: Cluster, fleet: Fleet) -> None:
     n = len(build_workload("chat", {"conversations": 1}).requests)
 
     async def run() -> None:
-        app = ClusterApp(fleet, cluster.router_url, cluster, words=Vocabulary())
+        app = ClusterApp(StreamFleet(fleet), cluster.router_url, cluster, words=Vocabulary())
         async with app.run_test() as pilot:
             await pilot.pause(0.3)
             table = app.query_one(DataTable)
@@ -137,7 +137,7 @@ def test_the_screen_says_when_the_router_is_killed(cluster: Cluster, fleet: Flee
     assert not cluster.router_alive()
 
     async def run() -> str:
-        app = ClusterApp(fleet, cluster.router_url, cluster, words=Vocabulary())
+        app = ClusterApp(StreamFleet(fleet), cluster.router_url, cluster, words=Vocabulary())
         async with app.run_test() as pilot:
             for _ in range(100):
                 await pilot.pause(0.05)

@@ -27,6 +27,7 @@ import numpy.typing as npt
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
 from radixcache.wire.endpoints import Endpoints
+from radixcache.wire.kvevents import Block, BlockTree
 from radixcache.wire.mirror import Mirror, MirrorNode
 from radixcache.wire.subscriber import Subscriber
 
@@ -85,6 +86,16 @@ class FleetTree:
             m, at = stack.pop()
             end = self._insert(at, np.frombuffer(m.tokens, dtype="<u4"), rank)
             stack.extend((c, end) for c in m.children.values())
+
+    def add_blocks(self, rank: int, blocks: BlockTree) -> None:
+        """Insert every block chain of a foreign engine's KV events as held by ``rank``.
+        A block whose parent was never seen (stored before this view joined) starts at the
+        root: its depth is unknown, its tokens are not."""
+        stack: list[tuple[Block, FleetNode]] = [(b, self.root) for b in blocks.roots()]
+        while stack:
+            b, at = stack.pop()
+            end = self._insert(at, np.asarray(b.tokens, dtype=np.uint32), rank)
+            stack.extend((c, end) for c in blocks.children(b.hash))
 
     def _insert(self, node: FleetNode, tokens: Tokens, rank: int) -> FleetNode:
         """Insert ``tokens`` below the end of ``node``; returns the node ending where they end."""
