@@ -133,7 +133,7 @@ def _summary_table(s: dict[str, float | int]) -> Table:
 def bench_cluster(
     replicas: int = typer.Option(4, min=1, max=16, help="Engine replicas."),
     blocks: int = typer.Option(2048, min=16, help="KV blocks per replica."),
-    conversations: int = typer.Option(160, min=1, help="chat conversations sent."),
+    conversations: int = typer.Option(320, min=1, help="chat conversations sent."),
     rate: float = typer.Option(30.0, help="Requests per second through the router."),
     max_tokens: int = typer.Option(16, min=1, help="Answer length cap per request."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),

@@ -40,7 +40,7 @@ class BenchClusterConfig(NamedTuple):
 
     replicas: int = 4
     blocks: int = 2048
-    conversations: int = 160
+    conversations: int = 320
     rate: float = 30.0
     max_tokens: int = 16
     policies: tuple[Policy, ...] = tuple(Policy)
