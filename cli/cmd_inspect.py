@@ -48,11 +48,13 @@ def inspect(
                                                            "(tcp://HOST:PORT or ipc://PATH-"
                                                            "events); several: the cluster "
                                                            "screen."),
-    kv_events: list[str] | None = typer.Option(None, help="Attach to a vLLM-format KV-event "
+    kv_events: list[str] | None = typer.Option(None, help="Attach to a vLLM/SGLang KV-event "
                                                           "PUB (tcp://HOST:PORT) instead; "
                                                           "repeated: the cluster screen."),
     replay: list[str] | None = typer.Option(None, help="With --kv-events: its replay ROUTER "
                                                        "(one per --kv-events)."),
+    topic: str = typer.Option("", help="With --kv-events: only this PUB topic (SGLang can put "
+                                       "a data-parallel rank in it)."),
     blocks: int = typer.Option(4096, help="Without ENDPOINT: blocks of the embedded tree."),
     curve_keys: Path | None = typer.Option(None, help="With ENDPOINT: a key directory from "
                                            "`radixcache keys DIR` (the engine runs with "
@@ -71,7 +73,8 @@ def inspect(
         from inspector.kv_view import KVEventsApp
         from radixcache.traffic.workloads import Vocabulary
 
-        KVEventsApp(kv_events[0], replay[0] if replay else None, vocab=Vocabulary()).run()
+        KVEventsApp(kv_events[0], replay[0] if replay else None, vocab=Vocabulary(),
+                    topic=topic.encode()).run()
     elif replay:
         raise typer.BadParameter("--replay goes with --kv-events", param_hint="--replay")
     elif endpoint is not None and len(endpoint) > 1:

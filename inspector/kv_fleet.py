@@ -63,7 +63,7 @@ class KVFleet:
     def views(self) -> list[ReplicaView]:
         """A row per rank: blocks held; up once it published."""
         with self._lock:
-            return [ReplicaView(rank, e, c.tree.stats.batches > 0, len(c.blocks), 0, None,
+            return [ReplicaView(rank, e, c.stats.batches > 0, len(c.blocks), 0, None,
                                 None, None)
                     for rank, (e, c) in enumerate(zip(self.endpoints, self._clients,
                                                       strict=True))]
@@ -73,5 +73,5 @@ class KVFleet:
         tree = FleetTree()
         with self._lock:
             for rank, c in enumerate(self._clients):
-                tree.add_blocks(rank, c.tree)
+                tree.add_blocks(rank, c.view)
         return tree

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
 from radixcache.wire.endpoints import Endpoints
-from radixcache.wire.kvevents import Block, BlockTree
+from radixcache.wire.kvevents import Block, BlockView
 from radixcache.wire.mirror import Mirror, MirrorNode
 from radixcache.wire.subscriber import Subscriber
 
@@ -87,7 +87,7 @@ class FleetTree:
             end = self._insert(at, np.frombuffer(m.tokens, dtype="<u4"), rank)
             stack.extend((c, end) for c in m.children.values())
 
-    def add_blocks(self, rank: int, blocks: BlockTree) -> None:
+    def add_blocks(self, rank: int, blocks: BlockView) -> None:
         """Insert every block chain of a foreign engine's KV events as held by ``rank``.
         A block whose parent was never seen (stored before this view joined) starts at the
         root: its depth is unknown, its tokens are not."""
