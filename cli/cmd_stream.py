@@ -204,11 +204,12 @@ def _serve_until_stopped(server: Server, device: str, workload: str | None, args
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        while not stop.wait(0.2) and server.fault is None:
+        while not stop.wait(0.2) and server.fault is None \
+                and (front is None or front.fault is None):
             pass
     except KeyboardInterrupt:
         pass
-    fault = server.fault
+    fault = server.fault or (front.fault if front is not None else None)
     if front is not None:
         front.close()
     server.close()

@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from radixcache.core.guard import Guard, ThreadFault
 from radixcache.serving import openai_api as api
 from radixcache.serving.engine import (
     Engine,
@@ -159,18 +160,24 @@ class HttpFront:
         config = uvicorn.Config(self.app(), log_level="warning", access_log=False,
                                 lifespan="off", timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._serve, name="rc-http", daemon=True)
+        self.guard = Guard()  # a dead server thread is recorded, not silent
+        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         """``http://host:port``."""
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def fault(self) -> ThreadFault | None:
+        """How the server thread died, if it did."""
+        return self.guard.fault
+
     def start(self) -> HttpFront:
-        """Serve from a daemon thread; returns once the server accepts connections."""
-        self._thread.start()
+        """Serve from a guarded thread; returns once the server accepts connections."""
+        self._thread = thread = self.guard.start("rc-http", self._serve)
         deadline = time.monotonic() + 10
-        while not self._server.started and self._thread.is_alive():
+        while not self._server.started and thread.is_alive():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"HTTP front on {self.url} did not start within 10 s")
             time.sleep(0.01)
@@ -179,7 +186,7 @@ class HttpFront:
     def close(self) -> None:
         """Stop serving (open streams are cut) and release the port."""
         self._server.should_exit = True
-        if self._thread.is_alive():
+        if self._thread is not None:
             self._thread.join(5)
         self._sock.close()
 
@@ -256,12 +263,12 @@ class HttpFront:
                          parse: Callable[[dict[str, object]], api.Ask]) -> Response:
         try:
             body = await _read_json(request, self.max_body)
+            ask = parse(body)
             model = body.get("model")
-            if request.url.path != "/generate" and model not in (None, self.model):
+            if ask.dialect is not api.GENERATE and model not in (None, self.model):
                 raise api.ApiError(404, f"model '{model}' does not exist (serving "
                                    f"'{self.model}')", kind="not_found_error", param="model",
                                    code="model_not_found")
-            ask = parse(body)
             stream = _Stream(asyncio.get_running_loop())
             handle = self._submit(ask, stream)
             if ask.stream:
