@@ -30,19 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-
-class Access(NamedTuple):
-    """One request as the analysis sees it.
-
-    ``units``: the cached sequence's units (blocks), ``width`` bytes each, root first;
-    ``prompt_units``: how many leading units belong to the prompt (the hit candidates);
-    ``prompt_tokens``: the prompt's length in tokens (the hit-rate denominator). A matched
-    prompt unit at depth d is worth ``min(block_tokens, prompt_tokens - d * block_tokens)``
-    tokens (the Mooncake rule ``min(matched * block, input_length)``)."""
-
-    units: bytes
-    prompt_units: int
-    prompt_tokens: int
+from radixcache.traffic.traces import Access
 
 
 class _Fenwick:
