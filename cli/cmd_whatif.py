@@ -100,13 +100,14 @@ def _terminal_plot(fig: dict[str, object], width: int, color: bool) -> Text:
 
     caps, rates = fig["capacities_tokens"], fig["hit_rate"]
     assert isinstance(caps, list) and isinstance(rates, list)
-    pairs = [(c, 100 * r) for c, r in zip(caps, rates) if c > 0]
+    pairs = [(c, 100 * r) for c, r in zip(caps, rates, strict=True) if c > 0]
     plt.clear_figure()
     plt.plot([c for c, _ in pairs], [r for _, r in pairs], marker="braille", label="LRU")
     pol = fig["policies"]
     assert isinstance(pol, dict)
     for name, p in pol.items():
-        pts = [(c, 100 * r) for c, r in zip(p["capacities_tokens"], p["hit_rate"]) if c > 0]
+        both = zip(p["capacities_tokens"], p["hit_rate"], strict=True)
+        pts = [(c, 100 * r) for c, r in both if c > 0]
         if pts:
             plt.scatter([c for c, _ in pts], [r for _, r in pts], label=name)
     plt.xscale("log")
@@ -136,7 +137,8 @@ def _plot_file(path: Path, fig: dict[str, object]) -> None:
 
 @app.command("whatif", rich_help_panel="Data")
 def whatif(
-    source: str = typer.Argument(..., help="sharegpt, a recording (.rcx), or a JSONL trace."),
+    source: str = typer.Argument(
+        ..., metavar="SOURCE", help="sharegpt, a recording (.rcx), or a JSONL trace."),
     block_size: int = typer.Option(16, "--block-size", min=1, max=1024,
                                    help="Tokens per block for token sources."),
     hash_block_size: int = typer.Option(512, "--hash-block-size", min=1,
@@ -168,18 +170,25 @@ def whatif(
     caps_at = _ints(at, "--at")
     bpt = _bytes_per_token(kv_bytes, model)
     err = Console(stderr=True)
+    if plot is not None and plot.suffix.lower() not in (".svg", ".png"):
+        raise typer.BadParameter(f"{plot}: want a .svg or .png file name", param_hint="--plot")
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}"),
-                  TimeElapsedColumn(), console=err, transient=True) as bar:
+                  TimeElapsedColumn(), console=err, transient=True,
+                  disable=not err.is_terminal) as bar:
         task = bar.add_task("requests (one pass)", total=None)
         result = analyse(cfg, lambda n: bar.advance(task, n))
     fig = summary(result, caps_at, pool_blocks, bpt)
     if plot is not None:
         _plot_file(plot, fig)
     for note in result.notes:
-        err.print(f"note: {note}")
+        err.print(f"note: {note}", highlight=False)
     if as_json:
         typer.echo(json.dumps(fig))
-        return
+    else:
+        _print_human(fig)
+
+
+def _print_human(fig: dict[str, object]) -> None:
     out = Console()
     for line in _answers(fig):
         out.print(line)
@@ -205,8 +214,9 @@ def bench_whatif(
     from radixcache.tools.bench_whatif import run_bench
 
     err = Console(stderr=True)
-    with Progress(TextColumn("{task.description:<32}"), BarColumn(), TextColumn("{task.completed:,}"),
-                  TimeElapsedColumn(), console=err, transient=True) as bar:
+    with Progress(TextColumn("{task.description:<32}"), BarColumn(),
+                  TextColumn("{task.completed:,}"), TimeElapsedColumn(), console=err,
+                  transient=True, disable=not err.is_terminal) as bar:
         fig = run_bench(requests, limit or None, checks, seed,
                         lambda label, total: bar.add_task(label, total=total),
                         lambda task, n: bar.advance(task, n))

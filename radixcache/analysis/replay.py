@@ -15,7 +15,8 @@ import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from radixcache.analysis.stackdist import Access, _common_units
+from radixcache.analysis.stackdist import common_units
+from radixcache.traffic.traces import Access
 
 
 class Policy(enum.Enum):
@@ -80,7 +81,7 @@ class ReplayCache:
                 break
             inside = not seq.startswith(child.key, pos * w)
             if inside:
-                self._split(child, _common_units(seq, pos * w, child.key, w))
+                self._split(child, common_units(seq, pos * w, child.key, w))
             child.last, child.count = r, child.count + 1
             node, pos = child, pos + len(child.key) // w
             if inside:

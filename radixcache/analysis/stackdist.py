@@ -36,7 +36,7 @@ from radixcache.traffic.traces import Access
 class _Fenwick:
     """Prefix sums over request numbers 1..n, growing by doubling (rebuilt in O(n))."""
 
-    __slots__ = ("raw", "tree", "total")
+    __slots__ = ("raw", "total", "tree")
 
     def __init__(self) -> None:
         self.raw = array("q", [0]) * (1 << 12)
@@ -81,7 +81,7 @@ class _Node:
     children: dict[bytes, _Node] = field(default_factory=dict)
 
 
-def _common_units(seq: bytes, off: int, key: bytes, w: int) -> int:
+def common_units(seq: bytes, off: int, key: bytes, w: int) -> int:
     """Whole units shared by ``seq[off:]`` and ``key`` (galloping + bisection over slice
     compares, each a C memcmp: O(log k) compares for a k-unit run)."""
     n = min(len(seq) - off, len(key)) // w
@@ -121,7 +121,8 @@ class Curve(NamedTuple):
 
     def hits(self, units: np.ndarray) -> np.ndarray:
         """Hit tokens at each capacity in ``units`` (int64 array, any values >= 0)."""
-        return self.cum[np.minimum(units, len(self.cum) - 1)]
+        out: np.ndarray = self.cum[np.minimum(units, len(self.cum) - 1)]
+        return out
 
 
 class StackDistances:
@@ -153,7 +154,7 @@ class StackDistances:
                 break
             inside = not seq.startswith(child.key, pos * w)
             if inside:  # the sequence ends or diverges within the child: split it there
-                k = _common_units(seq, pos * w, child.key, w)
+                k = common_units(seq, pos * w, child.key, w)
                 rest = _Node(child.key[k * w :], child.last, child.children)
                 child.key, child.children = child.key[: k * w], {rest.key[:w]: rest}
             k = len(child.key) // w

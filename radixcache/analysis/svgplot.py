@@ -54,14 +54,15 @@ def render_svg(
     lo, hi = min(pos), max(pos)
     hi = max(hi, lo * 10)  # one decade at least, so a flat trace still has an axis
     body = _axes(lo, hi)
-    line = " ".join(f"{_x(c, lo, hi):.1f},{_y(r):.1f}" for c, r in zip(caps, rates) if c > 0)
+    pairs = zip(caps, rates, strict=True)
+    line = " ".join(f"{_x(c, lo, hi):.1f},{_y(r):.1f}" for c, r in pairs if c > 0)
     body.append(f'<polyline points="{line}" fill="none" stroke="{COLORS[0]}" stroke-width="2"/>')
     legend = [("LRU (one pass, exact)", COLORS[0])]
     for i, (name, (pc, pr)) in enumerate(points.items(), 1):
         color = COLORS[i % len(COLORS)]
         legend.append((f"{name} (replay)", color))
         body += [f'<circle cx="{_x(c, lo, hi):.1f}" cy="{_y(r):.1f}" r="4" fill="{color}"/>'
-                 for c, r in zip(pc, pr) if c > 0]
+                 for c, r in zip(pc, pr, strict=True) if c > 0]
     for label, cap in marks.items():
         x = _x(cap, lo, hi)
         body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{H - BOTTOM}" '

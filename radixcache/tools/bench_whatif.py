@@ -63,14 +63,14 @@ def _tree(reqs: list[TokenRequest], token_curve: Curve, caps: list[int], block: 
     runs = [tree_replay(reqs, c, block, sample_every=997) for c in caps]
     predicted = [int(h) for h in token_curve.hits(np.asarray(caps))]
     lower = [int(token_curve.hits(np.asarray([max(0, c - r.peak_waste_slots)]))[0])
-             for c, r in zip(caps, runs)]
+             for c, r in zip(caps, runs, strict=True)]
     p = max(token_curve.prompt_tokens, 1)
-    diffs = [(r.hit_tokens - h) / p for r, h in zip(runs, predicted)]
+    diffs = [(r.hit_tokens - h) / p for r, h in zip(runs, predicted, strict=True)]
     return {"capacities_tokens": caps, "curve_hits": predicted,
             "tree_hits": [r.hit_tokens for r in runs], "curve_hits_at_capacity_minus_waste": lower,
             "peak_waste_slots": [r.peak_waste_slots for r in runs],
             "max_abs_diff_points": 100 * max(abs(d) for d in diffs),
-            "equal_at": sum(r.hit_tokens == h for r, h in zip(runs, predicted))}
+            "equal_at": sum(r.hit_tokens == h for r, h in zip(runs, predicted, strict=True))}
 
 
 def _batched(pairs: list[Request], token_curve: Curve, caps: list[int]) -> Figures:
@@ -83,7 +83,7 @@ def _batched(pairs: list[Request], token_curve: Curve, caps: list[int]) -> Figur
     return {"capacities_tokens": caps, "curve_hit_rate": [h / p for h in predicted],
             "tree_hit_rate": [r.hit_rate for r in runs],
             "max_abs_diff_points": 100 * max(abs(r.hit_rate - h / p)
-                                             for r, h in zip(runs, predicted))}
+                                             for r, h in zip(runs, predicted, strict=True))}
 
 
 def sharegpt(limit: int | None, checks: int, new: NewTask, advance: Advance) -> Figures:
@@ -114,7 +114,8 @@ def sharegpt(limit: int | None, checks: int, new: NewTask, advance: Advance) -> 
     advance(task, 1)
     tree16 = _tree(reqs, token_curve, caps1, 16)
     advance(task, 1)
-    batched = _batched(pairs, token_curve, caps1)
+    # bench tree holds 8 requests' paths at once: its smallest size must fit 8 of the longest
+    batched = _batched(pairs, token_curve, _check_caps(token_curve, checks, 16 * longest))
     advance(task, 1)
     p = max(curve.prompt_tokens, 1)
     return {

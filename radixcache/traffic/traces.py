@@ -31,7 +31,7 @@ import msgspec
 import numpy as np
 
 if TYPE_CHECKING:
-    from radixcache.wire.mirror import Mirror
+    from radixcache.wire.mirror import Mirror, MirrorNode
 
 MOONCAKE_BLOCK = 512
 
@@ -229,7 +229,7 @@ def read_recording(path: Path, notes: list[str]) -> Iterator[TokenRequest]:
 def _path_tokens(mirror: Mirror, node_id: int) -> bytes:
     """The tokens from the root to the end of node ``node_id`` in ``mirror``."""
     parts = []
-    n = mirror.node(node_id)
+    n: MirrorNode | None = mirror.node(node_id)
     while n is not None:
         parts.append(n.tokens)
         n = n.parent
