@@ -17,6 +17,7 @@ from cli.app import app, bench_app
 
 if TYPE_CHECKING:
     from radixcache.analysis.replay import Policy
+    from radixcache.analysis.routing import Router
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -39,6 +40,18 @@ def _policies(text: str) -> tuple[Policy, ...]:
     except ValueError:
         names = ", ".join(p.value for p in Policy)
         raise typer.BadParameter(f"--policies: choose from {names} (or none)") from None
+
+
+def _routers(text: str) -> list[Router]:
+    from radixcache.analysis.routing import Router
+
+    if text == "all":
+        return list(Router)
+    try:
+        return [Router(r.strip()) for r in text.split(",")]
+    except ValueError:
+        names = ", ".join(r.value for r in Router)
+        raise typer.BadParameter(f"--router: choose from {names} (or all)") from None
 
 
 def _bytes_per_token(kv_bytes: int | None, model: str | None) -> int | None:
@@ -156,6 +169,10 @@ def whatif(
     samples: int = typer.Option(6, "--samples", min=1, max=64,
                                 help="Capacities each policy is replayed at."),
     plot: Path = typer.Option(None, "--plot", help="Write the chart: FILE.svg or FILE.png."),
+    replicas: int = typer.Option(0, "--replicas", min=0, max=64,
+                                 help="Also route the trace over N replicas of --pool-blocks."),
+    router: str = typer.Option("all", "--router",
+                               help="cache_aware, round_robin, power_of_two, random, or all."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The token hit rate of every cache size in one exact pass (LRU), and why requests miss.
@@ -178,6 +195,11 @@ def whatif(
         task = bar.add_task("requests (one pass)", total=None)
         result = analyse(cfg, lambda n: bar.advance(task, n))
     fig = summary(result, caps_at, pool_blocks, bpt)
+    if replicas:
+        from radixcache.analysis.routing import compare
+
+        with err.status(f"routing over {replicas} replicas"):
+            fig["routing"] = compare(cfg, _routers(router), replicas, pool_blocks)
     if plot is not None:
         _plot_file(plot, fig)
     for note in result.notes:
@@ -194,6 +216,23 @@ def _print_human(fig: dict[str, object]) -> None:
         out.print(line)
     out.print(_terminal_plot(fig, out.width, out.is_terminal))
     out.print(_table(fig))
+    routing = fig.get("routing")
+    if isinstance(routing, dict):
+        out.print(_routing_table(routing))
+
+
+def _routing_table(r: dict[str, object]) -> Table:
+    t = Table(title=f"{r['replicas']} replicas x {r['capacity_blocks']:,} blocks "
+                    f"(block {r['block_size']}), offline")
+    for col in ("router", "hit rate", "imbalance", "duplicated tokens"):
+        t.add_column(col, justify="right")
+    pol, one = r["policies"], r["shared"]
+    assert isinstance(pol, dict) and isinstance(one, dict)
+    for name, p in pol.items():
+        t.add_row(name, _pct(p["hit_rate"]), f"{p['imbalance']:.2f}",
+                  f"{p['duplicated_tokens']:,}")
+    t.add_row(f"one shared cache of {one['capacity_blocks']:,}", _pct(one["hit_rate"]), "-", "-")
+    return t
 
 
 @bench_app.command("whatif")

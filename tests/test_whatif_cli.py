@@ -200,3 +200,20 @@ def test_bench_whatif_json(capsys):
     assert set(s["tree_block_1"]) >= {"tree_hits", "curve_hits", "max_abs_diff_points"}
     assert set(fig) == {"sharegpt", "mooncake"}
     assert np.all(np.diff(s["tree_block_1"]["capacities_tokens"]) > 0)
+
+
+def test_routing_over_replicas_in_the_json(tmp_path, capsys):
+    path = write_lines(tmp_path / "t.jsonl", TOKENS)
+    fig = run_json([str(path), "--block-size", "1", "--policies", "none", "--replicas", "2",
+                    "--router", "round_robin,cache_aware", "--pool-blocks", "64"], capsys)
+    r = fig["routing"]
+    assert (r["replicas"], r["capacity_blocks"], r["block_size"]) == (2, 64, 1)
+    assert list(r["policies"]) == ["round_robin", "cache_aware"]
+    # round robin sends turn 2 to the other replica (no hit); cache_aware back to turn 1's
+    assert r["policies"]["round_robin"]["hit_rate"] == 0.0
+    assert r["policies"]["cache_aware"]["hit_rate"] == 8 / 21 == r["shared"]["hit_rate"]
+    assert r["policies"]["round_robin"]["requests"] == [2, 1]
+    assert r["policies"]["round_robin"]["duplicated_tokens"] == 8  # turn 1 on both
+    with pytest.raises(SystemExit) as exc:
+        main(["whatif", str(path), "--replicas", "2", "--router", "sticky"])
+    assert exc.value.code == 2

@@ -134,3 +134,32 @@ def test_fifo_and_lfu_replays_on_hand_worked_traces():
     # A A A B C B: C evicts the least recent A under LRU (and the first-in A under FIFO),
     # but B under LFU (1 use against A's 3), whose last B then misses
     assert hits(a, a, a, b, c, b) == {Policy.LRU: 6, Policy.FIFO: 6, Policy.LFU: 4}
+
+
+def test_routing_sends_a_conversation_back_to_its_cache_only_under_cache_aware():
+    from radixcache.analysis.routing import Router, shared, simulate
+
+    # two conversations of two turns: A's two turns, then B's
+    a1, b1 = tok(list(range(8))), tok(list(range(100, 108)))
+    a2, b2 = tok([*range(8), 50, 51]), tok([*range(100, 108), 60, 61])
+    acc = [token_access(TokenRequest(s, s), 1) for s in (a1, a2, b1, b2)]
+    rr = simulate(acc, Router.ROUND_ROBIN, 2, 100, 4, 1)
+    # round robin: A's turns land on replicas 0 and 1 -- 0 hits, both prefixes held twice
+    assert (rr.hit_tokens, rr.requests_per_replica, rr.imbalance) == (0, [2, 2], 1.0)
+    assert rr.duplicated_tokens == 16
+    ca = simulate(acc, Router.CACHE_AWARE, 2, 100, 4, 1)
+    # cache_aware: each t2 matches 8 of its 10 tokens (> 0.5) where its t1 went; B's t1
+    # matches nothing and goes to the emptier replica
+    assert (ca.hit_tokens, ca.requests_per_replica, ca.duplicated_tokens) == (16, [2, 2], 0)
+    assert shared(acc, 200, 4, 1).hit_tokens == 16
+    assert ca.hit_rate == 16 / 36
+
+
+def test_duplicated_units_count_copies_beyond_the_first():
+    from radixcache.analysis.routing import duplicated_units
+
+    caches = [ReplayCache(100, 4, 1, Policy.LRU) for _ in range(3)]
+    for c, seq in zip(caches, ([1, 2, 3], [1, 2, 4], [1, 2, 3, 5]), strict=True):
+        c.add(token_access(TokenRequest(tok(seq), tok(seq)), 1))
+    # 1 2 held 3 times (2 copies extra each), 3 held twice (1 extra): 4 + 1
+    assert duplicated_units(caches) == 5

@@ -28,17 +28,19 @@ class Policy(enum.Enum):
 
 
 @dataclass(slots=True, eq=False)
-class _Unit:
+class CachedRun:
+    """A run of cached units that share their history (inserted, touched together)."""
+
     key: bytes
-    parent: _Unit | None
+    parent: CachedRun | None
     born: int  # request that inserted these units
     last: int = 0  # request that last touched them
     count: int = 0  # touches
-    children: dict[bytes, _Unit] = field(default_factory=dict)
+    children: dict[bytes, CachedRun] = field(default_factory=dict)
     alive: bool = True
 
 
-def _priority(policy: Policy) -> Callable[[_Unit], tuple[int, int]]:
+def _priority(policy: Policy) -> Callable[[CachedRun], tuple[int, int]]:
     if policy is Policy.LRU:
         return lambda n: (n.last, 0)
     if policy is Policy.FIFO:
@@ -52,27 +54,27 @@ class ReplayCache:
     def __init__(self, capacity: int, width: int, block_tokens: int, policy: Policy) -> None:
         self.capacity, self.w, self.block_tokens = capacity, width, block_tokens
         self.prio = _priority(policy)
-        self.root = _Unit(b"", None, 0)
+        self.root = CachedRun(b"", None, 0)
         self.used = 0
         self.requests = 0
-        self.heap: list[tuple[tuple[int, int], int, _Unit]] = []
+        self.heap: list[tuple[tuple[int, int], int, CachedRun]] = []
         self._ids = 0
 
-    def _offer(self, node: _Unit) -> None:
+    def _offer(self, node: CachedRun) -> None:
         if node is not self.root and not node.children:
             self._ids += 1
             heapq.heappush(self.heap, (self.prio(node), self._ids, node))
 
-    def _split(self, node: _Unit, k: int) -> None:
+    def _split(self, node: CachedRun, k: int) -> None:
         """Keep the first ``k`` units in ``node``; the rest become its only child."""
         w = self.w
-        rest = _Unit(node.key[k * w :], node, node.born, node.last, node.count, node.children)
+        rest = CachedRun(node.key[k * w :], node, node.born, node.last, node.count, node.children)
         for c in rest.children.values():
             c.parent = rest
         node.key, node.children = node.key[: k * w], {rest.key[:w]: rest}
         self._offer(rest)  # the old entry names ``node``, which is no longer a leaf
 
-    def _touch(self, seq: bytes, r: int) -> tuple[_Unit, int]:
+    def _touch(self, seq: bytes, r: int) -> tuple[CachedRun, int]:
         """Walk ``seq``, splitting where it stops inside a node; stamp the matched nodes."""
         w, node, pos = self.w, self.root, 0
         while pos * w < len(seq):
@@ -110,6 +112,18 @@ class ReplayCache:
                     break
             self._offer(parent)
 
+    def matched(self, seq: bytes) -> int:
+        """Units of ``seq`` cached now, from its start (no state change)."""
+        w, node, pos = self.w, self.root, 0
+        while pos * w < len(seq):
+            child = node.children.get(seq[pos * w : pos * w + w])
+            if child is None:
+                break
+            if not seq.startswith(child.key, pos * w):
+                return pos + common_units(seq, pos * w, child.key, w)
+            node, pos = child, pos + len(child.key) // w
+        return pos
+
     def add(self, a: Access) -> int:
         """Serve one request; returns its prompt's hit tokens at this capacity."""
         self.requests += 1
@@ -120,7 +134,7 @@ class ReplayCache:
         n = len(a.units) // self.w
         if pos < n:
             tail = a.units[pos * self.w :]
-            leaf = _Unit(tail, node, r, r, 1)
+            leaf = CachedRun(tail, node, r, r, 1)
             node.children[tail[: self.w]] = leaf
             self.used += n - pos
             self._offer(leaf)
