@@ -21,8 +21,9 @@ from cli.main import app
 from radixcache.core import events as ev
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire import commands as cmd
+from radixcache.wire.client import send_command
+from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.recording import Keyframe, RecordingReader
-from radixcache.wire.stream import Endpoints, send_command
 from radixcache.wire.subscriber import Subscriber
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -261,6 +261,13 @@ class RadixTree:
                 self._emit = self._events.append
             return out
 
+    def emit(self, event: ev.AnyEvent) -> None:
+        """Record a caller's event (a request's start or finish) in order with the tree's own
+        (dropped when events are off)."""
+        with self.lock_:
+            if self._emit is not None:
+                self._emit(event)
+
     # -- lookup ----------------------------------------------------------------------------
     def node(self, node_id: int) -> RadixNode:
         """The live node with this id; raises ``UnknownNode``."""

@@ -30,9 +30,9 @@ import msgspec
 import zmq
 
 from radixcache.core import events as ev
+from radixcache.wire.endpoints import MAX_BATCH_BYTES, Endpoints, from_u64, gc_paused, u64
 from radixcache.wire.mirror import Mirror, MirrorError
 from radixcache.wire.security import ClientCurve, client_curve
-from radixcache.wire.stream import MAX_BATCH_BYTES, Endpoints, from_u64, gc_paused, u64
 
 MAX_BUFFERED = 100_000
 _SNAPSHOT = msgspec.msgpack.Decoder(ev.Snapshot)
