@@ -12,7 +12,7 @@ import pytest
 from cli.main import main
 from radixcache.analysis.answers import capacity_for, knee_tokens
 from radixcache.analysis.whatif import one_pass
-from radixcache.serving.server import fold_answers
+from radixcache.serving.engine import fold_answers
 from radixcache.traffic.traces import (
     Access,
     TraceError,

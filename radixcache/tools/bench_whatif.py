@@ -10,8 +10,11 @@ analysed in a fresh process, so its time and peak memory are its own.
 
 from __future__ import annotations
 
-import multiprocessing
+import itertools
+import json
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -128,31 +131,42 @@ def sharegpt(limit: int | None, checks: int, new: NewTask, advance: Advance) -> 
     }
 
 
-def _mooncake_child(path: str, checks: int, out: multiprocessing.Queue[Figures]) -> None:
-    start_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the interpreter
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory: Linux's VmHWM (ru_maxrss would carry the forking
+    parent's peak across exec), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def mooncake_figures(path: Path, checks: int) -> Figures:
+    """The one pass over a Mooncake-format file, its time and this process's peak RSS, and
+    direct LRU replays of its first 100k requests at ``checks`` capacities."""
+    start_mb = _peak_rss_mb()  # the interpreter and imports
     t0 = time.perf_counter()
-    curve = one_pass(read_mooncake(Path(path)), 8, MOONCAKE_BLOCK)
+    curve = one_pass(read_mooncake(path), 8, MOONCAKE_BLOCK)
     seconds = time.perf_counter() - t0
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    head = []
-    for i, a in enumerate(read_mooncake(Path(path))):
-        if i >= MOONCAKE_CHECK_REQUESTS:
-            break
-        head.append(a)
+    peak_mb = _peak_rss_mb()
+    head = list(itertools.islice(read_mooncake(path), MOONCAKE_CHECK_REQUESTS))
     head_curve = one_pass(head, 8, MOONCAKE_BLOCK)
     caps = _check_caps(head_curve, checks, MOONCAKE_BLOCK)
     p = max(curve.prompt_tokens, 1)
-    out.put({
+    return {
         "requests": curve.requests, "prompt_tokens": curve.prompt_tokens, "seconds": seconds,
         "peak_rss_mb": peak_mb, "rss_before_mb": start_mb, "max_hit_rate": curve.max_hits / p,
         "distinct_blocks": len(curve.cum) - 1,
         "capacity_for": {f: capacity_for(curve, float(f)) for f in FRACTIONS},
         "direct_lru_first_100k": _direct(head, head_curve, caps, 8),
-    })
+    }
 
 
 def mooncake(requests: int, seed: int, checks: int) -> Figures:
-    """Generate the trace, then analyse it in a fresh process (its own time and peak RSS)."""
+    """Generate the trace, then analyse it in a fresh interpreter (``python -m`` this module:
+    no torch, nothing of this process), so its time and peak RSS are its own."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "mooncake.jsonl"
         t0 = time.perf_counter()
@@ -161,12 +175,9 @@ def mooncake(requests: int, seed: int, checks: int) -> Figures:
             for rec in generate_mooncake(requests, seed):
                 f.write(enc.encode(rec) + b"\n")
         gen_s = time.perf_counter() - t0
-        ctx = multiprocessing.get_context("spawn")
-        q: multiprocessing.Queue[Figures] = ctx.Queue()
-        proc = ctx.Process(target=_mooncake_child, args=(str(path), checks, q))
-        proc.start()
-        fig = q.get()
-        proc.join()
+        cmd = [sys.executable, "-m", "radixcache.tools.bench_whatif", str(path), str(checks)]
+        done = subprocess.run(cmd, capture_output=True, check=True)
+    fig: Figures = json.loads(done.stdout)
     fig["generate_seconds"] = gen_s
     fig["seed"] = seed
     return fig
@@ -210,3 +221,7 @@ def table_rows(fig: Figures) -> list[tuple[str, str]]:
         ("Mooncake max hit rate", f"{100 * m['max_hit_rate']:.2f}%"),
         ("Mooncake direct LRU equal (first 100k)", str(m["direct_lru_first_100k"]["equal"])),
     ]
+
+
+if __name__ == "__main__":  # the Mooncake half, run by ``mooncake`` in a fresh interpreter
+    print(json.dumps(mooncake_figures(Path(sys.argv[1]), int(sys.argv[2]))))
