@@ -13,7 +13,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from cli.app import app, bench_app
+from cli.app import CliError, app, bench_app
+from radixcache.traffic.traces import TraceError
 
 if TYPE_CHECKING:
     from radixcache.analysis.replay import Policy
@@ -145,7 +146,10 @@ def _plot_file(path: Path, fig: dict[str, object]) -> None:
     caps, rates = fig["capacities_tokens"], fig["hit_rate"]
     assert isinstance(caps, list) and isinstance(rates, list)
     title = f"what if: {fig['source']} (block {fig['block_size']})"
-    write_plot(path, render_svg(title, caps, rates, points, marks))
+    try:
+        write_plot(path, render_svg(title, caps, rates, points, marks))
+    except (ValueError, OSError) as exc:  # cairosvg missing, or the file cannot be written
+        raise CliError(f"--plot {path}: {exc}") from exc
 
 
 @app.command("whatif", rich_help_panel="Data")
@@ -189,19 +193,21 @@ def whatif(
     err = Console(stderr=True)
     if plot is not None and plot.suffix.lower() not in (".svg", ".png"):
         raise typer.BadParameter(f"{plot}: want a .svg or .png file name", param_hint="--plot")
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}"),
-                  TimeElapsedColumn(), console=err, transient=True,
-                  disable=not err.is_terminal) as bar:
-        task = bar.add_task("requests (one pass)", total=None)
-        result = analyse(cfg, lambda n: bar.advance(task, n))
-    fig = summary(result, caps_at, pool_blocks, bpt)
-    if replicas:
-        from radixcache.analysis.routing import compare
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(),
+                      TextColumn("{task.completed:,}"), TimeElapsedColumn(), console=err,
+                      transient=True, disable=not err.is_terminal) as bar:
+            task = bar.add_task("requests (one pass)", total=None)
+            result = analyse(cfg, lambda n: bar.advance(task, n))
+        fig = summary(result, caps_at, pool_blocks, bpt)
+        if replicas:
+            from radixcache.analysis.routing import compare
 
-        with err.status(f"routing over {replicas} replicas"):
             fig["routing"] = compare(cfg, _routers(router), replicas, pool_blocks)
-    if plot is not None:
-        _plot_file(plot, fig)
+        if plot is not None:
+            _plot_file(plot, fig)
+    except TraceError as exc:  # a bad trace: one line naming the line, exit 1
+        raise CliError(str(exc)) from exc
     for note in result.notes:
         err.print(f"note: {note}", highlight=False)
     if as_json:
