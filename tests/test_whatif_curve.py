@@ -57,7 +57,8 @@ def test_curve_equals_direct_replays_on_mooncake_blocks_with_partial_last_blocks
     for _ in range(60):
         ids = [*rnd.choice(seen), *(rnd.randrange(20) for _ in range(rnd.randrange(1, 4)))]
         seen.append(ids)
-        length = len(ids) * 512 - rnd.randrange(512)  # the last block partly filled
+        # mostly a partly filled last block; sometimes an input_length that ends blocks early
+        length = len(ids) * 512 - rnd.randrange(512 if rnd.random() < 0.8 else len(ids) * 512)
         acc.append(Access(np.asarray(ids, dtype=np.int64).tobytes(), len(ids), length))
     assert curve_hits(acc, 8, 512, CAPS) == direct_hits(acc, 8, 512, CAPS)
 

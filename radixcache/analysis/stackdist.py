@@ -201,7 +201,7 @@ class StackDistances:
             self._lo.append(dist)
             self._hi.append(dist + full - lo)
             self._val.append(b)
-        if full < hi:  # the prompt's partial last unit (Mooncake's rounding)
+        if lo <= full < hi:  # the prompt's partial last unit (Mooncake's rounding)
             part = prompt_tokens - full * b
             if part > 0:
                 d = dist + full - lo
