@@ -69,6 +69,10 @@ def test_token_jsonl_curve_misses_and_answers(tmp_path, capsys):
     assert fig["misses"] == {"compulsory": [13] * 4, "capacity": [8, 4, 0, 0],
                              "alignment": [0] * 4}
     assert fig["pool"] == {"blocks": 2, "of_max": 1.0, "of_max_2x": 1.0}
+    # a capacity between blocks is listed as given and holds its whole blocks
+    fig = run_json([str(path), "--block-size", "4", "--at", "7", "--policies", "none"], capsys)
+    assert (fig["capacities_tokens"], fig["capacities_blocks"]) == ([0, 4, 7, 8], [0, 1, 1, 2])
+    assert fig["hit_rate"][2] == 4 / 21
     assert fig["policies"]["lru"]["hit_rate"] == fig["policies"]["lru"]["lru_hit_rate"]
 
 
@@ -115,6 +119,8 @@ def test_bad_lines_are_named(tmp_path, capsys):
     assert "x.jsonl:1: neither a Mooncake request" in run_error(["whatif", str(path)], capsys)
     path.write_text("\n")
     assert "empty trace" in run_error(["whatif", str(path)], capsys)
+    path.write_bytes(b"\xff\xfe{}\n")
+    assert "x.jsonl:1: not JSON" in run_error(["whatif", str(path)], capsys)
     assert "cannot open" in run_error(["whatif", str(tmp_path / "none.jsonl")], capsys)
 
 

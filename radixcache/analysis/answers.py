@@ -49,13 +49,13 @@ def knee_tokens(curve: Curve) -> int:
 
 
 def grid_tokens(curve: Curve, at: Sequence[int], points: int = 96) -> list[int]:
-    """Capacities (tokens, ascending, whole blocks) for the table and JSON: log-spaced up to
-    1.25x saturation, plus every capacity in ``at``."""
+    """Capacities (tokens, ascending) for the table and JSON: whole blocks log-spaced up to
+    1.25x saturation, plus every capacity in ``at`` exactly as given."""
     top = max(2, int(curve.saturation_units * 1.25))
     units = set(np.geomspace(1, top, points).round().astype(np.int64).tolist())
-    units.update(a // curve.block_tokens for a in at)
     units.add(0)
-    return sorted(int(u) * curve.block_tokens for u in units)
+    b = curve.block_tokens
+    return sorted({int(u) * b for u in units} | set(at))  # ``at`` as given: C holds C // b
 
 
 def misses(w: WhatIf, caps_tokens: Sequence[int]) -> dict[str, list[int]]:

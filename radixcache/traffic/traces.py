@@ -148,7 +148,7 @@ def detect_format(source: str) -> TraceFormat:
     for i, line in _lines(path):
         try:
             keys = json.loads(line)
-        except json.JSONDecodeError:
+        except ValueError:  # not JSON, or not UTF-8
             raise TraceError(f"{path}:{i}: not JSON (want a JSONL trace or a .rcx)") from None
         if isinstance(keys, dict) and "hash_ids" in keys:
             return TraceFormat.MOONCAKE
