@@ -69,11 +69,11 @@ def test_token_jsonl_curve_misses_and_answers(tmp_path, capsys):
     assert fig["misses"] == {"compulsory": [13] * 4, "capacity": [8, 4, 0, 0],
                              "alignment": [0] * 4}
     assert fig["pool"] == {"blocks": 2, "of_max": 1.0, "of_max_2x": 1.0}
+    assert fig["policies"]["lru"]["hit_rate"] == fig["policies"]["lru"]["lru_hit_rate"]
     # a capacity between blocks is listed as given and holds its whole blocks
     fig = run_json([str(path), "--block-size", "4", "--at", "7", "--policies", "none"], capsys)
     assert (fig["capacities_tokens"], fig["capacities_blocks"]) == ([0, 4, 7, 8], [0, 1, 1, 2])
     assert fig["hit_rate"][2] == 4 / 21
-    assert fig["policies"]["lru"]["hit_rate"] == fig["policies"]["lru"]["lru_hit_rate"]
 
 
 def test_alignment_misses_are_what_block_size_1_would_hit(tmp_path, capsys):
