@@ -21,7 +21,6 @@ from rich.tree import Tree
 
 from cli.app import RUN, app, bench_app
 from radixcache.core import events as ev
-from radixcache.tools.bench_events import BenchResult, run_bench, verify_drops
 from radixcache.traffic.workloads import WORKLOADS, Workload, WorkloadError, build_workload
 from radixcache.wire.endpoints import BindPolicy, Endpoints
 from radixcache.wire.export import jsonl_lines, perfetto_json
@@ -39,6 +38,7 @@ from radixcache.wire.subscriber import Subscriber
 if TYPE_CHECKING:  # these import torch (seconds): the commands import them when they run
     from radixcache.serving.engine import Answers, EngineConfig
     from radixcache.serving.server import Server
+    from radixcache.tools.bench_events import BenchResult
 
 console = Console()
 err_console = Console(stderr=True)
@@ -393,6 +393,8 @@ def bench_events(
     answer) through the radix tree with no model (``TreeSource``), as fast as the tree goes.
 
     Example: radixcache bench events --drop 0.01 --verify-every-batch --json"""
+    from radixcache.tools.bench_events import run_bench, verify_drops  # torch: imported here
+
     if verify_every_batch:
         checked = verify_drops(min_events, drop, per_step)
         if as_json:

@@ -27,6 +27,7 @@ from radixcache.core.tree import TreeError
 from radixcache.serving.service import ServiceError
 from radixcache.traffic.sharegpt import DatasetUnavailable
 from radixcache.traffic.workloads import WorkloadError
+from radixcache.wire.endpoints import EndpointError
 from radixcache.wire.mirror import MirrorError
 from radixcache.wire.recording import RecordingError
 from radixcache.wire.security import CurveError
@@ -39,7 +40,7 @@ finish_help()
 # expected by the command that raised it, so it is a bug and shows its traceback.
 RUNTIME_ERRORS: tuple[type[BaseException], ...] = (
     CliError, TreeError, PoolError, DatasetUnavailable, RecordingError, MirrorError,
-    ServiceError, WorkloadError, CurveError,
+    ServiceError, WorkloadError, CurveError, EndpointError,
 )
 
 

@@ -55,7 +55,7 @@ class EmbeddedSource:
         feed.load(snapshot, 0, self.clock())
         sink = BatchSink(self._on_batch, engine="embedded", clock=self.clock)
         self.loop = ServiceLoop(self.service, sink, self.config)
-        self.loop.command(cmd.Stats())  # a first memory and counter sample, before any step
+        self.loop.sample()  # a first memory and counter sample, before any step
         self.loop.start()
 
     def _on_batch(self, batch: ev.Batch) -> None:

@@ -141,11 +141,18 @@ class ServiceLoop:
                 self._publish([self.service.snapshot()])
                 return cmd.Ok(f"snapshot after seq {seq}", {"seq": seq})
             reply = handle(self.service, c)
-            if isinstance(c, cmd.Stats) and isinstance(reply, cmd.Ok):
-                reply = cmd.Ok(reply.message, {**reply.values, **self._stream_figures()})
+            if isinstance(c, cmd.Stats):  # reads only: publishes nothing
+                if isinstance(reply, cmd.Ok):
+                    reply = cmd.Ok(reply.message, {**reply.values, **self._stream_figures()})
+                return reply
             self._flush(sample=True)
         self._wake.set()
         return reply
+
+    def sample(self) -> None:
+        """Publish a memory and counter sample now (with any events not yet published)."""
+        with self.lock:
+            self._flush(sample=True)
 
     def command_line(self, line: str) -> str:
         """Parse and do a command typed by a person; returns what to show them."""
@@ -234,7 +241,7 @@ class ServiceLoop:
         while not self._stop.is_set():
             if self.step_once():
                 continue
-            self._wake.wait(min(0.05, self.config.sample_every_s))
+            self._wake.wait(0.01)  # a submit from outside ``command`` (HTTP) waits 10 ms at most
             self._wake.clear()
 
     def wake(self) -> None:

@@ -58,6 +58,10 @@ def new_epoch() -> int:
     return ((int(time.time() * 1000) << 20) | random.getrandbits(20)) & (2**63 - 1) or 1
 
 
+class EndpointError(ValueError):
+    """An endpoint that cannot be used as given (malformed, or refused by the bind policy)."""
+
+
 class Reach(enum.Enum):
     """Which addresses an endpoint may bind: loopback/ipc only (the default), or any."""
 
@@ -117,7 +121,7 @@ class Endpoints(NamedTuple):
             return cls.ipc(events.removesuffix("-events"))
         parts = urlsplit(events)
         if parts.scheme != "tcp" or parts.port is None:
-            raise ValueError(f"expected tcp://HOST:PORT or ipc://PATH, got {events!r}")
+            raise EndpointError(f"expected tcp://HOST:PORT or ipc://PATH, got {events!r}")
         return cls.tcp(parts.hostname or "127.0.0.1", parts.port)
 
 
@@ -130,7 +134,7 @@ def check_bind(endpoint: str, policy: BindPolicy) -> None:
     if host in LOOPBACK_HOSTS:
         return
     if policy.reach is Reach.LOCAL_ONLY:
-        raise ValueError(
+        raise EndpointError(
             f"refusing to bind {endpoint}: only 127.0.0.1 or ipc:// unless explicitly allowed"
         )
     if policy.curve is not None:
