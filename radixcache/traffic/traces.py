@@ -30,6 +30,8 @@ from typing import IO, TYPE_CHECKING, NamedTuple
 import msgspec
 import numpy as np
 
+from radixcache.core import events as ev
+
 if TYPE_CHECKING:
     from radixcache.wire.mirror import Mirror, MirrorNode
 
@@ -191,37 +193,55 @@ def generate_mooncake(n: int, seed: int) -> Iterator[dict[str, object]]:
                "output_length": rnd.randint(16, 512), "hash_ids": list(ids)}
 
 
+class RequestTracker:
+    """Rebuilds the requests an engine finished from its event stream, one event at a time
+    (a recording here; a live inspector can feed it the same way).
+
+    Call ``after(e)`` once ``e`` has been applied to ``mirror``. A finished request's
+    sequence is the path to the node its insert touched last (the ``Access`` right before
+    its ``RequestFinish``), cut to prompt + output - 1 tokens; its prompt length comes from
+    its ``RequestStart``. The path is read at the ``Access``, before a merge or an eviction
+    can change it."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self.mirror = mirror
+        self._prompts: dict[int, int] = {}
+        self._path = b""
+
+    def after(self, e: ev.AnyEvent) -> TokenRequest | None:
+        """The request ``e`` finished, if it finished one."""
+        if isinstance(e, ev.Access):
+            self._path = _path_tokens(self.mirror, e.node)
+        elif isinstance(e, ev.RequestStart):
+            self._prompts[e.req] = e.prompt_tokens
+        elif isinstance(e, ev.RequestFinish) and e.req in self._prompts:
+            p = self._prompts.pop(e.req)
+            seq = np.frombuffer(self._path, dtype="<u4")[: p + e.output_tokens - 1]
+            if len(seq) >= p:
+                return TokenRequest(seq[:p].astype(np.uint32), seq.astype(np.uint32))
+        return None
+
+
 def read_recording(path: Path, notes: list[str]) -> Iterator[TokenRequest]:
-    """The requests a recording's engine finished, in finishing order, rebuilt from its
-    events: a finished request's sequence is the path to the node its insert touched last
-    (``Access`` right before its ``RequestFinish``), cut to prompt + output - 1 tokens.
+    """The requests a recording's engine finished, in finishing order (``RequestTracker``).
     A damaged file yields the requests before the damage and says where in ``notes``."""
-    from radixcache.core import events as ev
     from radixcache.wire.mirror import Mirror
     from radixcache.wire.recording import Keyframe, RecordingReader
 
     reader = RecordingReader(path)
-    mirror = Mirror()
-    prompts: dict[int, int] = {}
-    path_now = b""
+    tracker = RequestTracker(Mirror())
     started = False
     for rec in reader.records():
         if isinstance(rec.item, Keyframe):
             if not started:
-                mirror.load_snapshot(rec.item.snapshot)
+                tracker.mirror.load_snapshot(rec.item.snapshot)
             continue
         started = True
         for e in rec.item.events:
-            mirror.apply(e)
-            if isinstance(e, ev.Access):
-                path_now = _path_tokens(mirror, e.node)
-            elif isinstance(e, ev.RequestStart):
-                prompts[e.req] = e.prompt_tokens
-            elif isinstance(e, ev.RequestFinish) and e.req in prompts:
-                p = prompts.pop(e.req)
-                seq = np.frombuffer(path_now, dtype="<u4")[: p + e.output_tokens - 1]
-                if len(seq) >= p:
-                    yield TokenRequest(seq[:p].astype(np.uint32), seq.astype(np.uint32))
+            tracker.mirror.apply(e)
+            req = tracker.after(e)
+            if req is not None:
+                yield req
     if reader.damage is not None:
         notes.append(f"{path}: read up to byte {reader.damage.offset}: {reader.damage.reason}")
 
