@@ -19,6 +19,7 @@ from radixcache.traffic.traces import TraceError
 if TYPE_CHECKING:
     from radixcache.analysis.replay import Policy
     from radixcache.analysis.routing import Router
+    from radixcache.analysis.whatif import WhatIfConfig
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -133,6 +134,12 @@ def _terminal_plot(fig: dict[str, object], width: int, color: bool) -> Text:
     return Text.from_ansi(str(plt.build()))
 
 
+def _check_plot_name(plot: Path | None) -> None:
+    """Refuse a --plot name we cannot write before any work is done."""
+    if plot is not None and plot.suffix.lower() not in (".svg", ".png"):
+        raise typer.BadParameter(f"{plot}: want a .svg or .png file name", param_hint="--plot")
+
+
 def _plot_file(path: Path, fig: dict[str, object]) -> None:
     from radixcache.analysis.svgplot import render_svg, write_plot
 
@@ -150,6 +157,27 @@ def _plot_file(path: Path, fig: dict[str, object]) -> None:
         write_plot(path, render_svg(title, caps, rates, points, marks))
     except (ValueError, OSError) as exc:  # cairosvg missing, or the file cannot be written
         raise CliError(f"--plot {path}: {exc}") from exc
+
+
+def _compute(
+    cfg: WhatIfConfig, at: list[int], pool_blocks: int, bpt: int | None,
+    routers: list[Router], replicas: int, err: Console,
+) -> tuple[dict[str, object], list[str]]:
+    """The ``--json`` object (with ``routing`` when ``replicas``) and the source's notes."""
+    from radixcache.analysis.answers import summary
+    from radixcache.analysis.whatif import analyse
+
+    with Progress(TextColumn("{task.description}"), BarColumn(),
+                  TextColumn("{task.completed:,}"), TimeElapsedColumn(), console=err,
+                  transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("requests (one pass)", total=None)
+        result = analyse(cfg, lambda n: bar.advance(task, n))
+    fig = summary(result, at, pool_blocks, bpt)
+    if replicas:
+        from radixcache.analysis.routing import compare
+
+        fig["routing"] = compare(cfg, routers, replicas, pool_blocks)
+    return fig, result.notes
 
 
 @app.command("whatif", rich_help_panel="Data")
@@ -183,32 +211,21 @@ def whatif(
 
     Example: [bold]radixcache whatif sharegpt --block-size 16 --plot curve.svg[/bold]
     """
-    from radixcache.analysis.answers import summary
-    from radixcache.analysis.whatif import WhatIfConfig, analyse
+    from radixcache.analysis.whatif import WhatIfConfig
 
     cfg = WhatIfConfig(source, block_size, hash_block_size, limit or None,
                        _policies(policies), samples)
-    caps_at = _ints(at, "--at")
-    bpt = _bytes_per_token(kv_bytes, model)
+    _check_plot_name(plot)
+    routers = _routers(router) if replicas else []
     err = Console(stderr=True)
-    if plot is not None and plot.suffix.lower() not in (".svg", ".png"):
-        raise typer.BadParameter(f"{plot}: want a .svg or .png file name", param_hint="--plot")
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(),
-                      TextColumn("{task.completed:,}"), TimeElapsedColumn(), console=err,
-                      transient=True, disable=not err.is_terminal) as bar:
-            task = bar.add_task("requests (one pass)", total=None)
-            result = analyse(cfg, lambda n: bar.advance(task, n))
-        fig = summary(result, caps_at, pool_blocks, bpt)
-        if replicas:
-            from radixcache.analysis.routing import compare
-
-            fig["routing"] = compare(cfg, _routers(router), replicas, pool_blocks)
+        fig, notes = _compute(cfg, _ints(at, "--at"), pool_blocks,
+                              _bytes_per_token(kv_bytes, model), routers, replicas, err)
         if plot is not None:
             _plot_file(plot, fig)
     except TraceError as exc:  # a bad trace: one line naming the line, exit 1
         raise CliError(str(exc)) from exc
-    for note in result.notes:
+    for note in notes:
         err.print(f"note: {note}", highlight=False)
     if as_json:
         typer.echo(json.dumps(fig))
