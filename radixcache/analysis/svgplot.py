@@ -69,7 +69,7 @@ def render_svg(
                     f'stroke="#888" stroke-dasharray="4 3"/><text x="{x + 4:.1f}" '
                     f'y="{TOP + 14}">{escape(label)}</text>')
     for i, (name, color) in enumerate(legend):
-        y = TOP + 34 + 16 * i
+        y = H - BOTTOM - 12 - 16 * (len(legend) - 1 - i)  # lower right: curves rise to the right
         body.append(f'<rect x="{W - RIGHT - 200}" y="{y - 9}" width="10" height="10" '
                     f'fill="{color}"/><text x="{W - RIGHT - 184}" y="{y}">{escape(name)}</text>')
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
