@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+import zmq
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -22,7 +23,7 @@ from rich.tree import Tree
 from cli.app import RUN, app, bench_app
 from radixcache.core import events as ev
 from radixcache.traffic.workloads import WORKLOADS, Workload, WorkloadError, build_workload
-from radixcache.wire.endpoints import BindPolicy, Endpoints
+from radixcache.wire.endpoints import BindPolicy, EndpointError, Endpoints
 from radixcache.wire.export import jsonl_lines, perfetto_json
 from radixcache.wire.kvevents import KVEventsClient
 from radixcache.wire.mirror import Mirror, MirrorNode
@@ -36,8 +37,8 @@ from radixcache.wire.security import ClientCurve, CurveError, create_keys
 from radixcache.wire.subscriber import Subscriber
 
 if TYPE_CHECKING:  # these import torch (seconds): the commands import them when they run
-    from radixcache.serving.engine import Answers, EngineConfig
-    from radixcache.serving.server import Server
+    from radixcache.serving.engine import Answers, Engine, EngineConfig
+    from radixcache.serving.server import Server, ServerConfig
     from radixcache.tools.bench_events import BenchResult
 
 console = Console()
@@ -138,31 +139,46 @@ def serve(
     snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C."""
     from radixcache.serving.engine import Answers, Engine
     from radixcache.serving.loop import DEFAULT_PROGRAM, LoopConfig
-    from radixcache.serving.server import Server, ServerConfig
+    from radixcache.serving.server import ServerConfig
 
-    policy = BindPolicy.ANY if allow_remote else BindPolicy.LOCAL_ONLY
-    kv = None
-    if kv_events is not None:
-        if kv_events != "vllm":
-            raise typer.BadParameter("only 'vllm' is supported", param_hint="--kv-events")
-        kv = (f"tcp://{endpoint_host}:{port + 3}", f"tcp://{endpoint_host}:{port + 4}")
     engine = Engine(_engine_config(model, blocks, device, threads, Answers(answers.value)))
     config = ServerConfig(LoopConfig(digest_every, program=DEFAULT_PROGRAM if loop else ()),
                           block_size=16, num_blocks=blocks)
+    server = _bind(engine, config, _endpoints(port, endpoint_host, ipc), allow_remote,
+                   _kv_endpoints(kv_events, endpoint_host, port), curve_keys)
+    _serve_until_stopped(server, str(engine.model.device), workload, workload_args)
+
+
+def _kv_endpoints(kv_events: str | None, host: str, port: int) -> tuple[str, str] | None:
+    """``--kv-events vllm``: the vLLM-format publisher on P+3, its replay on P+4."""
+    if kv_events is None:
+        return None
+    if kv_events != "vllm":
+        raise typer.BadParameter("only 'vllm' is supported", param_hint="--kv-events")
+    return f"tcp://{host}:{port + 3}", f"tcp://{host}:{port + 4}"
+
+
+def _bind(engine: Engine, config: ServerConfig, endpoints: Endpoints, allow_remote: bool,
+          kv: tuple[str, str] | None, curve_keys: Path | None) -> Server:
+    """The server bound on ``endpoints`` (and ``kv``); a refused bind or bad keys exit 2
+    with the reason; warnings are printed."""
+    from radixcache.serving.server import Server
+
+    policy = BindPolicy.ANY if allow_remote else BindPolicy.LOCAL_ONLY
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            server = Server(engine, _endpoints(port, endpoint_host, ipc), config, policy=policy,
-                            kv_endpoints=kv, curve_keys=curve_keys)
+            server = Server(engine, endpoints, config, policy=policy, kv_endpoints=kv,
+                            curve_keys=curve_keys)
         except CurveError as exc:
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None
-        except ValueError as exc:
-            console.print(f"[red]{exc}[/] (pass --allow-remote to bind it anyway)")
+        except (EndpointError, zmq.ZMQError) as exc:
+            console.print(f"[red]{exc}[/] (pass --allow-remote to bind a non-loopback address)")
             raise typer.Exit(2) from None
     for w in caught:
         console.print(f"[yellow]warning:[/] {w.message}")
-    _serve_until_stopped(server, str(engine.model.device), workload, workload_args)
+    return server
 
 
 def _serve_until_stopped(server: Server, device: str, workload: str | None, args: str) -> None:
