@@ -7,14 +7,17 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from radixcache.analysis.replay import Policy, ReplayCache, replay
 from radixcache.analysis.stackdist import Curve, StackDistances
+from radixcache.core import events as ev
 from radixcache.traffic.traces import (
     MOONCAKE_BLOCK,
     Access,
+    RequestTracker,
     TokenRequest,
     TraceFormat,
     detect_format,
@@ -23,6 +26,9 @@ from radixcache.traffic.traces import (
     read_token_jsonl,
     token_access,
 )
+
+if TYPE_CHECKING:
+    from radixcache.wire.mirror import Mirror
 
 Progress = Callable[[int], None]
 
@@ -167,3 +173,37 @@ def analyse(cfg: WhatIfConfig, progress: Progress | None = None) -> WhatIf:
     return WhatIf(
         cfg.source, src.format, curve, token_curve, points, time.perf_counter() - t0, src.notes
     )
+
+
+class RunningCurve:
+    """The block-1 curve of an engine's event stream as it grows, beside the engine's own
+    measured hits (its ``RequestStart`` events): the inspector's what-if screen.
+
+    ``apply`` each event in order (it applies it to ``mirror`` first); ``curve()`` is the
+    token-granular LRU curve of the requests finished so far."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self.mirror = mirror
+        self.tracker = RequestTracker(mirror)
+        self.stack = StackDistances(4, 1)
+        self.measured_hits = 0
+        self.measured_prompt = 0
+
+    def apply(self, e: ev.AnyEvent) -> None:
+        """Apply ``e`` to the mirror and count the request it finished or started."""
+        self.mirror.apply(e)
+        req = self.tracker.after(e)
+        if req is not None:
+            self.stack.add(token_access(req, 1))
+        if isinstance(e, ev.RequestStart):
+            self.measured_hits += e.hit_tokens
+            self.measured_prompt += e.prompt_tokens
+
+    def curve(self) -> Curve:
+        """The curve of the requests finished so far (hits at every capacity, in tokens)."""
+        return self.stack.curve()
+
+    @property
+    def capacity_tokens(self) -> int:
+        """The engine's pool: blocks x block size, as its snapshots say."""
+        return self.mirror.num_blocks * self.mirror.block_size
