@@ -25,7 +25,8 @@ from radixcache.core import events as ev
 from radixcache.traffic.workloads import WORKLOADS, Workload, WorkloadError, build_workload
 from radixcache.wire.endpoints import BindPolicy, EndpointError, Endpoints
 from radixcache.wire.export import jsonl_lines, perfetto_json
-from radixcache.wire.kvevents import KVEventsClient
+from radixcache.wire.kvevents.pubsub import KVEventsClient
+from radixcache.wire.kvevents.report import follow_lines
 from radixcache.wire.mirror import Mirror, MirrorNode
 from radixcache.wire.recording import (
     RecordingError,
@@ -374,19 +375,10 @@ def tree(
 def _kv_tree(endpoint: str, replay: str | None, seconds: float, limit: int) -> None:
     client = KVEventsClient(endpoint, replay)
     try:
-        client.run_for(seconds)
+        lines = follow_lines(client, seconds, limit)
     finally:
         client.close()
-    root = Tree("blocks")
-    nodes: dict[int, Tree] = {}
-    for shown, (depth, b) in enumerate(client.tree.walk()):
-        if shown >= limit:
-            break
-        label = b.hash.hex()[:16] if isinstance(b.hash, bytes) else f"{b.hash:016x}"
-        parent = nodes.get(depth - 1, root) if depth else root
-        nodes[depth] = parent.add(f"{label} {b.tokens[:6]}{'…' if len(b.tokens) > 6 else ''}")
-    console.print(root)
-    console.print(f"live blocks: {len(client.blocks)}")
+    typer.echo("\n".join(lines))
 
 
 @bench_app.command("events")
@@ -402,6 +394,8 @@ def bench_events(
                                             "the subscriber, and compare the mirror digest with "
                                             "the tree's after every applied batch."),
     min_events: int = typer.Option(1_000_000, help="With --verify-every-batch: events to run."),
+    publishers: int = typer.Option(1, min=1, max=64, help="Instead of the figures above: N "
+                                   "engine streams followed by one process (fan-in)."),
 ) -> None:
     """Events/s from a tree driver to a mirror in another process, and what publishing costs.
 
@@ -411,6 +405,9 @@ def bench_events(
     Example: radixcache bench events --drop 0.01 --verify-every-batch --json"""
     from radixcache.tools.bench_events import run_bench, verify_drops  # torch: imported here
 
+    if publishers > 1:
+        _bench_fanin(publishers, as_json)
+        return
     if verify_every_batch:
         checked = verify_drops(min_events, drop, per_step)
         if as_json:
@@ -445,3 +442,24 @@ def _bench_table(r: BenchResult) -> Table:
     for k, v in rows:
         t.add_row(k, v)
     return t
+
+
+def _bench_fanin(publishers: int, as_json: bool) -> None:
+    from radixcache.tools.bench_fanin import run_fanin
+
+    with Progress(console=console, disable=as_json, transient=True) as progress:
+        task = progress.add_task("fan-in", total=None)
+        r = run_fanin(publishers, progress=lambda what: progress.update(task, description=what))
+    if as_json:
+        typer.echo(json.dumps(r._asdict()))
+        return
+    t = Table(title=f"bench events: {publishers} streams into one process")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for k, v in (("events (all streams)", f"{r.events:,}"),
+                 ("events/s arriving in total", f"{r.events_per_s:,.0f}"),
+                 ("batches lost", str(r.lost)),
+                 ("mirrors with the engine's digest", f"{r.digests_equal} of {r.publishers}"),
+                 ("resyncs", str(r.resyncs)), ("seconds", f"{r.seconds:.2f}")):
+        t.add_row(k, v)
+    console.print(t)
