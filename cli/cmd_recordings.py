@@ -28,7 +28,6 @@ from radixcache.wire.subscriber import Subscriber
 from radixcache.wire.treeview import node_label, walk
 
 console = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 # 2,048 blocks of 16 tokens (32k tokens): 2,000 chat requests evict, so a recording shows
 # eviction, merges and the LRU at work (65,536 never filled up: no eviction to see)
 RECORD_BLOCKS = 2048
@@ -43,9 +42,14 @@ def _client_curve(directory: Path | None) -> ClientCurve | None:
         raise CliError(str(exc)) from None
 
 
+def _warn(line: str) -> None:
+    """One line on stderr (never wrapped: a path or an offset stays greppable)."""
+    typer.echo(line, err=True)
+
+
 def _stopped(damage: Damage | None) -> None:
     if damage is not None:
-        err.print(f"warning: stopped at byte {damage.offset:,}: {damage.reason}")
+        _warn(f"warning: stopped at byte {damage.offset:,}: {damage.reason}")
 
 
 @app.command()
@@ -108,7 +112,7 @@ def _record_live(endpoint: str, out: Path, seconds: float, every: int,
         why = f": {r.last_error}" if r.last_error else " (down, or it needs these --curve-keys)"
         raise CliError(f"no snapshot from {endpoint} in {seconds:g} s{why}")
     if r.malformed or r.resyncs:
-        err.print(f"warning: {r.malformed} malformed frames, {r.resyncs} resyncs; "
+        _warn(f"warning: {r.malformed} malformed frames, {r.resyncs} resyncs; "
                   f"last: {r.last_error}")
     console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches, "
                   f"{r.keyframes} keyframes")
@@ -184,7 +188,7 @@ def _live_mirror(source: str, curve: ClientCurve | None) -> Mirror:
         why = sub.last_error or "down, or it needs / refused these --curve-keys"
         raise CliError(f"no snapshot from {source} in 10 s ({why})")
     if sub.stats.malformed:
-        err.print(f"warning: {sub.stats.malformed} malformed frames; last: {sub.last_error}")
+        _warn(f"warning: {sub.stats.malformed} malformed frames; last: {sub.last_error}")
     return sub.mirror
 
 

@@ -68,16 +68,27 @@ class LiveRecorder:
             writer.write_keyframe(batch.seq, batch.epoch, mirror_snapshot(self.mirror))
             self.keyframes += 1
 
-    def run_for(self, seconds: float) -> RecordResult:
-        """Record for ``seconds``, then stop and close the file (index and tail written)."""
-        sub = self.subscriber.start()
-        try:
-            time.sleep(seconds)
-        finally:
-            sub.stop()
-            if self.writer is not None:
-                self.writer.close()
+    def start(self) -> LiveRecorder:
+        """Start following the engine (the subscriber's thread); returns self."""
+        self.subscriber.start()
+        return self
+
+    def stop(self) -> RecordResult:
+        """Stop following and close the file (index and tail written)."""
+        sub = self.subscriber
+        sub.stop()
         w = self.writer
+        if w is not None:
+            w.close()
         return RecordResult(w is not None, w.events if w else 0, w.batches if w else 0,
                             self.keyframes, sub.stats.malformed, sub.stats.resyncs,
                             sub.last_error)
+
+    def run_for(self, seconds: float) -> RecordResult:
+        """Record for ``seconds``, then stop and close the file."""
+        self.start()
+        try:
+            time.sleep(seconds)
+        finally:
+            result = self.stop()
+        return result

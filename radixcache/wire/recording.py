@@ -312,6 +312,17 @@ class RecordingReader:
                                  f"{events}{where}")
         return mirror, self._play(mirror, refs[-1].offset, count, at, events)
 
+    def play_all(self) -> tuple[Mirror, int]:
+        """A mirror after every batch of the file, played from the first keyframe (every
+        Digest event checked on the way; ``damage`` says where a batch did not fit). Returns
+        (mirror, events applied); raises ``RecordingError`` when the first keyframe is bad."""
+        mirror = Mirror()
+        count, at = self._load_keyframe(mirror, self._first)
+        if count < 0:
+            raise RecordingError(f"{self.path}: first keyframe unreadable "
+                                 f"({self.damage.reason if self.damage else ''})")
+        return mirror, self._play(mirror, self._first, count, at, 2**62)
+
     def _load_keyframe(self, mirror: Mirror, offset: int) -> tuple[int, tuple[int, int]]:
         """Load the keyframe at ``offset``: (events before it, (epoch, seq)); (-1, ...) and
         ``damage`` set when it cannot be read or loaded."""
