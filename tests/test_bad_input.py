@@ -27,6 +27,7 @@ from radixcache.wire import commands as cmd
 from radixcache.wire.recording import RecordingError, RecordingReader, RecordingWriter
 from radixcache.wire.stream import Endpoints, send_command, serve_request
 from radixcache.wire.subscriber import Subscriber
+from tests.hostile_peers import FakeEngine, TreeFeed
 from tests.test_stream_helpers import prompts, wait_for
 
 ENC = msgspec.msgpack.encode
@@ -213,27 +214,30 @@ def _batch_with_unknown_kind(seq: int, epoch: int) -> bytes:
     return ENC([seq, epoch, 1.0, "radixcache", [["bogus-kind", 1, 2]]])
 
 
-def test_malformed_and_unknown_event_kinds_on_the_event_socket(server):
-    sub = Subscriber(server.publisher.endpoints, request_timeout_s=0.5).start()
+def test_malformed_and_unknown_event_kinds_on_the_event_socket():
+    engine, feed = FakeEngine(), TreeFeed()  # a raw peer: no test hook in the Publisher
+    sub = Subscriber(engine.endpoints, request_timeout_s=0.5).start()
     try:
+        engine.wait_subscribed()
+        ident, (_, req) = engine.request()
+        engine.reply(ident, *feed.snapshot_frames(req))
         assert sub.wait_synced(5)
         garbage = [b"\xc1\xc1", b"", b"\x95\x01", ENC({"seq": 1}), b"\xff" * 100,
-                   _batch_with_unknown_kind(server.publisher.seq + 1, server.publisher.epoch),
+                   _batch_with_unknown_kind(feed.seq + 1, feed.epoch),
                    ENC([1, 2, 3.0, "x", [["node", "not-an-int"]]])]
         for raw in garbage:
-            server.publisher.inject_raw(raw)
-        server.submit_workload("flood", ["20", "--seed", "4"])
-        assert wait_for(lambda: sub.seq >= server.publisher.seq and sub.stats.malformed == 7)
-        assert wait_for(lambda: server.stats()["queued"] == 0)
-        server.source.flush()
-        assert wait_for(lambda: sub.seq >= server.publisher.seq)
-        with sub.lock, server.source.step_lock:
-            assert sub.mirror.digest() == server.tree.digest()
+            engine.publish(raw)
+        for _ in range(20):
+            engine.publish(feed.batch())
+        assert wait_for(lambda: sub.seq == feed.seq and sub.stats.malformed == 7)
+        with sub.lock:
+            assert sub.mirror.digest() == feed.tree.digest()
         assert sub.stats.malformed == len(garbage)
         assert (sub.stats.snapshots, sub.stats.resyncs) == (1, 0)
     finally:
         sub.stop()
-    server.tree.check()
+        engine.close()
+    feed.tree.check()
 
 
 # -- recordings -------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from radixcache.wire.stream import (
     send_command,
 )
 from radixcache.wire.subscriber import Subscriber, drop_one_percent
+from tests.hostile_peers import FakeEngine, TreeFeed
 from tests.test_stream_helpers import caught_up, drive, make_source, prompts, serving, wait_for
 
 
@@ -97,21 +98,25 @@ def test_engine_restart_new_epoch_is_detected_and_resynced(tmp_path):
 
 
 def test_malformed_frames_are_counted_and_skipped():
-    source = make_source()
-    with serving(source) as pub:
-        sub = Subscriber(pub.endpoints).start()
-        try:
-            assert sub.wait_synced(5)
-            for garbage in (b"\x93garbage", b"", b"\xc1", b"\x95\x01\x02"):
-                pub.inject_raw(garbage)
-            drive(source, prompts(30, seed=7))
-            assert wait_for(caught_up(sub, pub))
-            with sub.lock:
-                assert sub.mirror.digest() == source.tree.digest()
-            assert sub.stats.malformed == 4
-            assert sub.stats.snapshots == 1
-        finally:
-            sub.stop()
+    engine, feed = FakeEngine(), TreeFeed()  # a raw peer: no test hook in the Publisher
+    sub = Subscriber(engine.endpoints).start()
+    try:
+        engine.wait_subscribed()
+        ident, (_, req) = engine.request()
+        engine.reply(ident, *feed.snapshot_frames(req))
+        assert sub.wait_synced(5)
+        for garbage in (b"\x93garbage", b"", b"\xc1", b"\x95\x01\x02"):
+            engine.publish(garbage)
+        for _ in range(10):
+            engine.publish(feed.batch())
+        assert wait_for(lambda: sub.seq == feed.seq)
+        with sub.lock:
+            assert sub.mirror.digest() == feed.tree.digest()
+        assert sub.stats.malformed == 4
+        assert sub.stats.snapshots == 1
+    finally:
+        sub.stop()
+        engine.close()
 
 
 def test_commands_are_typed_and_anything_else_is_an_error():
