@@ -28,6 +28,7 @@ from rich.table import Table
 from cli.app import RUN, app, bench_app
 from radixcache.core import events as ev
 from radixcache.core.tree import RadixTree
+from radixcache.tools.bench_hostile import hostile_rows, run_hostile
 from radixcache.traffic.workloads import WORKLOADS, Workload, build_workload
 from radixcache.wire import commands as cmd
 from radixcache.wire.mirror import Mirror
@@ -243,10 +244,16 @@ def bench_events(
             raise typer.Exit(1)
         return
     result = _bench(requests, per_step, late_join_nodes, quiet=as_json)
+    with Progress(console=console, disable=as_json, transient=True) as progress:
+        progress.add_task("hostile peer: a clean run, then a hostile one", total=None)
+        hostile = run_hostile()
     if as_json:
-        typer.echo(json.dumps(result._asdict()))
+        typer.echo(json.dumps({**result._asdict(), "hostile": hostile._asdict()}))
     else:
-        console.print(_bench_table(result))
+        table = _bench_table(result)
+        for row in hostile_rows(hostile):
+            table.add_row(*row)
+        console.print(table)
 
 
 # -- bench events -------------------------------------------------------------------------------

@@ -179,7 +179,7 @@ def test_the_buffer_while_waiting_is_capped_in_bytes(peer, monkeypatch):
     for seq in range(1, 11):
         engine.publish(ev.encode_batch(ev.Batch(seq, feed.epoch, 0.0, "x" * 2**20, [])))
     assert wait_for(lambda: sub.stats.buffer_dropped == 7)
-    assert len(sub._held) == 3
+    assert len(sub._held.items) == 3
 
 
 def test_a_300m_block_pool_is_refused_before_any_allocation():

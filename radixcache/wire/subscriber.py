@@ -26,106 +26,37 @@ mirror take ``lock``. ``stop()`` makes ``run`` return within ~50 ms.
 from __future__ import annotations
 
 import contextlib
-import enum
 import itertools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import zmq
 
 from radixcache.core import events as ev
+from radixcache.wire import validate
 from radixcache.wire.mirror import Malformed, Mirror, MirrorError
-from radixcache.wire.security import ClientCurve, client_curve
-from radixcache.wire.stream import Endpoints, from_u64, gc_paused, u64
-from radixcache.wire.validate import (
-    MAX_BATCH_BYTES,
-    MAX_INT,
-    MAX_SNAPSHOT_BYTES,
-    decode_batch,
-    decode_head,
-    decode_snapshot,
+from radixcache.wire.resync import (
+    Backoff,
+    DropHook,
+    HashDrop,
+    Held,
+    HeldBatches,
+    State,
+    SubscriberStats,
+    SubscriberStatus,
+    drop_one_percent,
+    u63,
 )
+from radixcache.wire.security import ClientCurve, client_curve
+from radixcache.wire.stream import Endpoints, gc_paused, u64
 
+__all__ = ["MAX_BUFFER_BYTES", "HashDrop", "State", "Subscriber", "SubscriberStats",
+           "SubscriberStatus", "drop_one_percent"]
+
+SnapshotHook = Callable[[int, int, ev.Snapshot], None]
 MAX_BUFFER_BYTES = 32 * 1024 * 1024  # raw batches held while a snapshot or replay is pending
 _LIVE_BUDGET_S = 0.02  # time one poll round may spend on live frames (stop() stays prompt)
-
-
-@dataclass(slots=True)
-class SubscriberStats:
-    """What the subscriber received and how it recovered."""
-
-    batches: int = 0
-    events: int = 0
-    gaps: int = 0
-    replayed_batches: int = 0
-    snapshots: int = 0
-    epochs: int = 0
-    malformed: int = 0
-    too_old: int = 0
-    resyncs: int = 0
-    dropped_by_hook: int = 0
-    digest_checks: int = 0
-    digest_ok: int = 0
-    requests: int = 0  # snapshot and replay requests sent
-    buffer_dropped: int = 0  # live batches not buffered (byte cap), recovered by replay later
-    internal_errors: int = 0  # exceptions that are bugs of ours, not of the input (must stay 0)
-
-
-class State(enum.Enum):
-    """Where the subscriber is in its protocol."""
-
-    WAIT_SNAPSHOT = "snapshot"
-    WAIT_REPLAY = "replay"
-    LIVE = "live"
-
-
-class SubscriberStatus(NamedTuple):
-    """What a UI shows about the stream: ``unsyncable`` once it stayed out of sync past the
-    deadline; ``last_error`` the latest malformed frame or failed recovery, as one line."""
-
-    state: State
-    synced: bool
-    malformed: int
-    last_error: str
-    out_of_sync_s: float
-    unsyncable: bool
-
-
-class _Held(NamedTuple):
-    """A live batch held as raw bytes; ``tag``: the last request id sent when it arrived."""
-
-    epoch: int
-    seq: int
-    tag: int
-    data: bytes
-
-
-DropHook = Callable[[int], bool]
-SnapshotHook = Callable[[int, int, ev.Snapshot], None]
-
-
-def drop_one_percent(seq: int) -> bool:
-    """A deterministic pseudo-random 1% of seqs (a test hook): multiplicative hashing."""
-    return (seq * 2654435761) % 2**32 % 100 == 0
-
-
-class HashDrop:
-    """A deterministic pseudo-random ``fraction`` of seqs (a test hook): multiplicative hashing
-    of the seq into [0, 2**32), dropped below ``fraction * 2**32``. Records what it dropped."""
-
-    def __init__(self, fraction: float) -> None:
-        self.threshold = int(fraction * 2**32)
-        self.dropped: set[int] = set()
-
-    def __call__(self, seq: int) -> bool:
-        """True when ``seq`` is to be dropped (and remembered in ``dropped``)."""
-        if (seq * 2654435761) % 2**32 < self.threshold:
-            self.dropped.add(seq)
-            return True
-        return False
 
 
 class Subscriber:
@@ -149,6 +80,7 @@ class Subscriber:
         backoff_s: float = 0.05,
         backoff_cap_s: float = 2.0,
         sync_deadline_s: float = 10.0,
+        silence_s: float = 3.0,
     ) -> None:
         self.endpoints = endpoints
         # CURVE client keys (default: $RADIXCACHE_CURVE_KEYS); without keys a CURVE server
@@ -165,15 +97,16 @@ class Subscriber:
         self.synced = threading.Event()  # set once the first snapshot is applied
         self._drop, self._on_batch, self._on_snapshot = drop, on_batch, on_snapshot
         self._timeout = request_timeout_s
-        self._backoff, self._cap, self._deadline = backoff_s, backoff_cap_s, sync_deadline_s
-        self._held: list[_Held] = []
-        self._held_bytes = 0
+        self._backoff, self._deadline = Backoff(backoff_s, backoff_cap_s), sync_deadline_s
+        self._silence = silence_s
+        self._heard = time.monotonic()
+        self._poller = zmq.Poller()
+        self._held = HeldBatches(MAX_BUFFER_BYTES)
         self._req_ids = itertools.count(1)
         self._req_id = 0  # the last request id sent (tags held batches)
         self._req = b""  # the request whose answer we wait for (b"": none)
         self._sent_at = -1e9
         self._next_at = 0.0
-        self._failures = 0
         self._replay_from = 0
         self._out_since: float | None = time.monotonic()
         self._stop = threading.Event()
@@ -208,23 +141,44 @@ class Subscriber:
 
     def run(self) -> None:
         """Connect, sync and follow until ``stop()``; closes its sockets on return."""
-        self._sub = self._socket(zmq.SUB, MAX_BATCH_BYTES)
-        self._sub.setsockopt(zmq.RCVHWM, 100_000)
-        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self._dealer = self._socket(zmq.DEALER, MAX_SNAPSHOT_BYTES)
-        self._sub.connect(self.endpoints.events)
+        self._connect_events()
+        self._dealer = self._socket(zmq.DEALER, validate.MAX_SNAPSHOT_BYTES)
         self._dealer.connect(self.endpoints.control)
-        poller = zmq.Poller()
-        poller.register(self._sub, zmq.POLLIN)
-        poller.register(self._dealer, zmq.POLLIN)
+        self._poller.register(self._dealer, zmq.POLLIN)
         try:
             self._ask(State.WAIT_SNAPSHOT)
             while not self._stop.is_set():
-                ready = dict(poller.poll(50))
+                ready = dict(self._poller.poll(50))
                 self._guarded(ready)
         finally:
-            self._sub.close(linger=0)
+            if self._sub is not None:
+                self._sub.close(linger=0)
             self._dealer.close(linger=0)
+
+    def _connect_events(self) -> None:
+        """(Re)make the SUB socket. ZeroMQ drops a connection that delivers a frame over
+        MAXMSGSIZE and, measured with libzmq 4.3.5, never reconnects it: without this the
+        mirror would freeze at the last good batch with no word."""
+        if self._sub is not None:
+            self._poller.unregister(self._sub)
+            self._sub.close(linger=0)
+        self._sub = self._socket(zmq.SUB, validate.MAX_BATCH_BYTES)
+        self._sub.setsockopt(zmq.RCVHWM, 100_000)
+        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sub.connect(self.endpoints.events)
+        self._poller.register(self._sub, zmq.POLLIN)
+        self._heard = time.monotonic()
+
+    def _check_silence(self) -> None:
+        """No frame at all (an engine sends heartbeats) for ``silence_s``: re-make the event
+        socket, and when live ask for what we may have missed."""
+        if time.monotonic() - self._heard < self._silence:
+            return
+        self.stats.reconnects += 1
+        self.last_error = f"no frame in {self._silence:g} s: reconnected the event socket"
+        self._connect_events()
+        if self.state is State.LIVE:
+            self._ask(State.WAIT_REPLAY, self.seq + 1)
 
     def _socket(self, kind: int, max_bytes: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self._ctx.socket(kind)
@@ -242,18 +196,16 @@ class Subscriber:
                 self._on_control()
             if self._sub in ready:
                 self._on_live()
+            self._check_silence()
             self._send_due()
         except Exception as exc:  # the guard of this thread; see the docstring
             self.stats.internal_errors += 1
-            self._error(f"internal error: {exc!r}")
+            self.last_error = f"internal error: {exc!r}"
             self._ask(State.WAIT_SNAPSHOT)
-
-    def _error(self, line: str) -> None:
-        self.last_error = line
 
     def _malformed(self, exc: Exception) -> None:
         self.stats.malformed += 1
-        self._error(f"malformed: {exc}")
+        self.last_error = f"malformed: {exc}"
 
     # -- requests -----------------------------------------------------------------------------
     def _ask(self, state: State, start: int = 0) -> None:
@@ -262,12 +214,7 @@ class Subscriber:
         if self.state is State.LIVE:
             self._out_since = time.monotonic()
         self.state, self._replay_from, self._req = state, start, b""
-        now = time.monotonic()
-        if now - self._sent_at > 2 * self._cap:
-            self._failures = 0  # quiet for a while: start the backoff over
-        delay = self._backoff * 2 ** (self._failures - 1) if self._failures else 0.0
-        self._next_at = self._sent_at + min(self._cap, delay)
-        self._failures = min(self._failures + 1, 32)
+        self._next_at = self._backoff.next_at(time.monotonic(), self._sent_at)
 
     def _send_due(self) -> None:
         if self.state is State.LIVE:
@@ -276,7 +223,7 @@ class Subscriber:
         if self._req:
             if now - self._sent_at < self._timeout:
                 return
-            self._error(f"no answer to a {self.state.value} request in {self._timeout:g} s")
+            self.last_error = f"no answer to a {self.state.value} request in {self._timeout:g} s"
             self._ask(self.state, self._replay_from)
         if now < self._next_at:
             return
@@ -305,6 +252,7 @@ class Subscriber:
                 data = self._sub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self._heard = time.monotonic()
             try:
                 self._live_frame(data)
             except Malformed as exc:
@@ -312,24 +260,22 @@ class Subscriber:
 
     def _live_frame(self, data: bytes) -> None:
         if self.state is not State.LIVE:
-            head = decode_head(data)
+            head = validate.decode_head(data)
             if not (self._drop is not None and self._drop(head.seq)):
                 self._hold(head.epoch, head.seq, data)
             else:
                 self.stats.dropped_by_hook += 1
             return
-        batch = decode_batch(data)
+        batch = validate.decode_batch(data)
         if self._drop is not None and self._drop(batch.seq):
             self.stats.dropped_by_hook += 1
             return
         self._handle(batch, data)
 
     def _hold(self, epoch: int, seq: int, data: bytes) -> None:
-        if self._held_bytes + len(data) > MAX_BUFFER_BYTES:
+        self._held.limit = MAX_BUFFER_BYTES  # read at each call (tests lower it)
+        if not self._held.add(Held(epoch, seq, self._req_id, data)):
             self.stats.buffer_dropped += 1  # the gap it leaves is replayed once live
-            return
-        self._held.append(_Held(epoch, seq, self._req_id, data))
-        self._held_bytes += len(data)
 
     def _on_control(self) -> None:
         assert self._dealer is not None
@@ -348,14 +294,14 @@ class Subscriber:
 
     def _control_reply(self, kind: bytes, rest: list[bytes]) -> None:
         if kind == b"snap" and self.state is State.WAIT_SNAPSHOT and len(rest) == 3:
-            self._on_snap(_u63(rest[0]), _u63(rest[1]), rest[2])
+            self._on_snap(u63(rest[0]), u63(rest[1]), rest[2])
         elif kind == b"batch" and self.state is State.WAIT_REPLAY and len(rest) == 1:
-            batch = decode_batch(rest[0])
+            batch = validate.decode_batch(rest[0])
             if batch.epoch == self.epoch and batch.seq == self.seq + 1:
                 self.stats.replayed_batches += 1
                 self._apply(batch)
         elif kind == b"end" and self.state is State.WAIT_REPLAY and len(rest) == 1:
-            self._on_end(_u63(rest[0]))
+            self._on_end(u63(rest[0]))
         elif kind == b"too-old" and self.state is State.WAIT_REPLAY:
             self.stats.too_old += 1
             self._ask(State.WAIT_SNAPSHOT)
@@ -368,7 +314,7 @@ class Subscriber:
 
     def _on_snap(self, epoch: int, seq: int, data: bytes) -> None:
         with gc_paused():
-            snapshot = decode_snapshot(data)
+            snapshot = validate.decode_snapshot(data)
             with self.lock:
                 self.mirror.load_snapshot(snapshot)
         if self.epoch and epoch != self.epoch:
@@ -384,40 +330,30 @@ class Subscriber:
     def _on_end(self, last: int) -> None:
         self._drop_ahead(self.epoch, last)
         if self.seq < last:  # the replay skipped or broke a batch it had
-            self._error(f"replay ended at seq {self.seq}, short of {last}")
+            self.last_error = f"replay ended at seq {self.seq}, short of {last}"
             self._ask(State.WAIT_SNAPSHOT)
             return
         self._go_live()
 
     def _drop_ahead(self, epoch: int, last: int) -> None:
-        """Drop held batches that arrived before the current request was sent yet claim to be
-        past what the engine answered (``epoch``, ``last``): no engine publishes them, and
-        kept they would re-open the same gap forever."""
-        keep: list[_Held] = []
-        for h in self._held:
-            if h.tag < self._req_id and (h.epoch, h.seq) > (epoch, last):
-                self._malformed(Malformed(f"batch {h.epoch}/{h.seq} ahead of the engine's "
-                                          f"{epoch}/{last}"))
-                self._held_bytes -= len(h.data)
-            else:
-                keep.append(h)
-        self._held = keep
+        for h in self._held.drop_ahead(self._req_id, epoch, last):
+            self._malformed(Malformed(f"batch {h.epoch}/{h.seq} ahead of the engine's "
+                                      f"{epoch}/{last}"))
 
     def _go_live(self) -> None:
         """Apply the held live batches in order (they may reveal another gap)."""
         self.state, self._req, self._out_since = State.LIVE, b"", None
-        pending, self._held, self._held_bytes = self._held, [], 0
-        pending.sort(key=lambda h: (h.epoch, h.seq))
+        pending = self._held.take()
         for i, h in enumerate(pending):
             try:
-                self._handle(decode_batch(h.data), h.data)
+                self._handle(validate.decode_batch(h.data), h.data)
             except Malformed as exc:
                 self._malformed(exc)
             if self.state is not State.LIVE:
                 for rest in pending[i + 1:]:
                     self._hold(rest.epoch, rest.seq, rest.data)
                 return
-        self._failures = 0  # recovered: the next gap is asked about at once
+        self._backoff.reset()  # recovered: the next gap is asked about at once
 
     def _handle(self, batch: ev.Batch, data: bytes) -> None:
         if batch.epoch != self.epoch:
@@ -444,7 +380,7 @@ class Subscriber:
             self._resync()
             return
         except MirrorError as exc:
-            self._error(f"out of sync at seq {batch.seq}: {exc}")
+            self.last_error = f"out of sync at seq {batch.seq}: {exc}"
             self._resync()
             return
         if self.mirror.stats.digest_checks != checks:
@@ -460,16 +396,5 @@ class Subscriber:
 
     def _resync(self) -> None:
         self.stats.resyncs += 1
-        self._held, self._held_bytes = [], 0
+        self._held.take()
         self._ask(State.WAIT_SNAPSHOT)
-
-
-def _u63(data: bytes) -> int:
-    """A non-negative u64 field of a control reply; raises ``Malformed``."""
-    try:
-        value = from_u64(data)
-    except ValueError as exc:
-        raise Malformed(f"control field: {exc}") from None
-    if not 0 <= value <= MAX_INT:
-        raise Malformed(f"control field {value} out of range")
-    return value
