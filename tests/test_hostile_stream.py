@@ -11,6 +11,7 @@ import pytest
 
 from radixcache.core import events as ev
 from radixcache.wire import subscriber as subscriber_mod
+from radixcache.wire import validate
 from radixcache.wire.mirror import Malformed, Mirror
 from radixcache.wire.stream import u64
 from radixcache.wire.subscriber import State, Subscriber
@@ -215,3 +216,23 @@ def test_stop_returns_promptly_under_a_flood(peer):
         engine.publish(frame)
     sub.stop(timeout=5.0)
     assert sub._thread is not None and not sub._thread.is_alive()
+
+
+def test_an_oversized_frame_kills_the_connection_and_the_subscriber_remakes_it(monkeypatch):
+    monkeypatch.setattr(validate, "MAX_BATCH_BYTES", 2**20)  # read when the SUB is made
+    engine, feed = FakeEngine(), TreeFeed()
+    sub = Subscriber(engine.endpoints, silence_s=0.3).start()
+    try:
+        engine.wait_subscribed()
+        sync(engine, feed, sub)
+        engine.publish(b"\x00" * 2**21)  # libzmq drops this connection for good
+        engine.wait_subscribed()  # ... and the subscriber's new SUB subscribes again
+        ident, (kind, req, start) = engine.request()  # what did we miss?
+        assert (kind, int.from_bytes(start, "big")) == (b"replay", feed.seq + 1)
+        engine.reply(ident, b"end", req, u64(feed.seq))
+        live_batch_applies(engine, feed, sub)
+        assert (sub.stats.reconnects, sub.stats.malformed, sub.stats.internal_errors) == (1, 0, 0)
+        assert sub.last_error == "no frame in 0.3 s: reconnected the event socket"
+    finally:
+        sub.stop()
+        engine.close()
