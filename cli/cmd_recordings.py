@@ -16,6 +16,7 @@ from rich.tree import Tree
 
 from cli.app import CliError, app
 from cli.cmd_stream import CURVE_HELP, AnswerMode, ModelSize, _engine_config, _sized_workload
+from inspector.sources import DatasetWords
 from radixcache.traffic.workloads import Vocabulary, WorkloadError
 from radixcache.wire.export import jsonl_lines, perfetto_json
 from radixcache.wire.kvevents import KVEventsClient
@@ -25,7 +26,7 @@ from radixcache.wire.recording import Damage, RecordingReader, RecordingWriter
 from radixcache.wire.security import ClientCurve, CurveError
 from radixcache.wire.stream import Endpoints
 from radixcache.wire.subscriber import Subscriber
-from radixcache.wire.treeview import node_label, walk
+from radixcache.wire.treeview import Line, TokenText, node_label, preview, walk
 
 console = Console(highlight=False)
 # 2,048 blocks of 16 tokens (32k tokens): 2,000 chat requests evict, so a recording shows
@@ -140,11 +141,24 @@ def export(
     console.print(f"wrote {target}")
 
 
+def _words(lines: list[Line]) -> TokenText:
+    """The synthetic words, or, when a preview needs more (trace workloads), the ShareGPT
+    words too: loaded once, waited for at most 15 s (ids render as #id without them)."""
+    synthetic = Vocabulary()
+    if all("#" not in preview(line.node, synthetic) for line in lines):
+        return synthetic
+    words = DatasetWords()
+    words.load()
+    words.ready.wait(15)
+    return words
+
+
 def _rich_tree(mirror: Mirror, limit: int) -> Tree:
     root = Tree(f"root ({len(mirror.nodes) - 1} nodes)")
-    vocab = Vocabulary()
+    lines = list(walk(mirror, limit))
+    vocab = _words(lines)
     branches: dict[int, Tree] = {0: root}
-    for line in walk(mirror, limit):
+    for line in lines:
         parent = line.node.parent
         assert parent is not None
         branches[line.node.id] = branches[parent.id].add(node_label(line.node, vocab))
