@@ -36,7 +36,8 @@ from rich.table import Table
 from cli.app import CliError, app
 from radixcache.traffic.workloads import WorkloadError, build_workload
 from radixcache.wire import commands as cmd
-from radixcache.wire.stream import Endpoints, send_command
+from radixcache.wire.client import send_command
+from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.subscriber import Subscriber
 
 DEFAULT_MIX = ("chat 8", "system 30 256", "tot 3 3", "fork 8")
@@ -126,8 +127,11 @@ class EngineProcess:
         return reply.values if isinstance(reply, cmd.Ok) else {}
 
     def stop(self) -> int | None:
-        """SIGTERM, then SIGKILL after ``grace_s``; remove the temp dir. Returns the exit code."""
+        """SIGTERM, then SIGKILL after ``grace_s``; remove the temp dir. Returns the exit code.
+        When the engine had died on its own, or exited with a failure, its log is kept (moved
+        next to the temp dir) and its path printed on stderr."""
         code = None
+        died = self.proc is not None and self.proc.poll() is not None
         if self.proc is not None:
             if self.proc.poll() is None:
                 self.proc.send_signal(signal.SIGTERM)
@@ -137,8 +141,16 @@ class EngineProcess:
                     self.proc.kill()
                     self.proc.wait()
             code = self.proc.returncode
+        if died or code not in (0, None, -signal.SIGTERM, -signal.SIGKILL):
+            self._keep_log(code)
         shutil.rmtree(self.dir, ignore_errors=True)
         return code
+
+    def _keep_log(self, code: int | None) -> None:
+        kept = self.dir.parent / f"{self.dir.name}-engine.log"
+        with contextlib.suppress(OSError):
+            shutil.move(self.log, kept)
+            print(f"the engine exited with status {code}; its log: {kept}", file=sys.stderr)
 
     def _last_log_line(self) -> str:
         with contextlib.suppress(OSError):
@@ -295,12 +307,14 @@ def _run_inspector(engine: EngineProcess) -> None:
 
 
 def _interrupt_on_sigterm() -> None:
-    """Turn SIGTERM into KeyboardInterrupt, so that a killed demo still stops its engine."""
+    """Turn SIGTERM and SIGHUP (the terminal closed) into KeyboardInterrupt, so that a killed
+    demo still stops its engine and removes its temp folder."""
 
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)
 
 
 def _parse_mix(mix: str) -> tuple[str, ...]:

@@ -4,8 +4,7 @@ that `radixcache doctor --gpu` runs."""
 from __future__ import annotations
 
 import json
-import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -13,85 +12,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cli.app import bench_app
-from radixcache.traffic.workloads import Workload, WorkloadError, build_workload
+from radixcache.traffic.workloads import WorkloadError, build_workload
 
 if TYPE_CHECKING:  # the engine and the GPU check import torch: imported in the commands
-    from radixcache.serving.engine import EngineConfig
+    pass
 
 console = Console(stderr=True)
-
-
-class ModeFigures(NamedTuple):
-    """One pass of the workload (cache on or off)."""
-
-    requests: int
-    failed: int
-    prompt_tokens: int
-    hit_tokens: int
-    prefill_tokens: int
-    output_tokens: int
-    ttft_p50_ms: float
-    ttft_p99_ms: float
-    decode_tokens_per_s: float  # output tokens / wall time of the pass
-    wall_s: float
-    device: str
-
-
-def _serve_pass(workload: Workload, limit: int, cfg: EngineConfig, label: str) -> ModeFigures:
-    from radixcache.serving.engine import Engine, RequestResult, percentiles
-
-    engine = Engine(cfg).start()
-    t0 = time.perf_counter()
-    run = engine.run_workload(workload, limit)
-    columns = (TextColumn(f"cache {label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task(label, total=len(run.handles))
-        while not all(h.done() for h in run.handles):
-            bar.update(task, completed=sum(h.done() for h in run.handles))
-            time.sleep(0.1)
-    wall = time.perf_counter() - t0
-    outcomes = run.wait(0)
-    device = str(engine.model.device)
-    engine.close()
-    done = [r.metrics for r in outcomes if isinstance(r, RequestResult)]
-    p50, p99 = percentiles([m.ttft_ms for m in done])
-    out = sum(m.output_tokens for m in done)
-    return ModeFigures(
-        len(outcomes), len(outcomes) - len(done), sum(m.prompt_tokens for m in done),
-        sum(m.hit_tokens for m in done), sum(m.prefill_tokens for m in done), out, p50, p99,
-        out / wall if wall else 0.0, wall, device,
-    )
-
-
-def _ratio(a: float, b: float) -> float:
-    return round(a / b, 2) if b else 0.0
-
-
-def _report(name: str, on: ModeFigures, off: ModeFigures) -> dict[str, float | int | str | bool]:
-    hit_rate = on.hit_tokens / on.prompt_tokens if on.prompt_tokens else 0.0
-    reduction = 1 - on.prefill_tokens / off.prefill_tokens if off.prefill_tokens else 0.0
-    return {
-        "workload": name,
-        "requests": on.requests,
-        "failed": on.failed + off.failed,
-        "prompt_tokens": on.prompt_tokens,
-        "hit_rate": round(hit_rate, 4),
-        "prefill_tokens_on": on.prefill_tokens,
-        "prefill_tokens_off": off.prefill_tokens,
-        "prefill_reduction": round(reduction, 4),
-        "prefill_reduction_at_least_hit_rate": reduction >= hit_rate - 1e-9,
-        "ttft_p50_on_ms": round(on.ttft_p50_ms, 2),
-        "ttft_p50_off_ms": round(off.ttft_p50_ms, 2),
-        "ttft_p99_on_ms": round(on.ttft_p99_ms, 2),
-        "ttft_p99_off_ms": round(off.ttft_p99_ms, 2),
-        "ttft_p50_ratio_off_on": _ratio(off.ttft_p50_ms, on.ttft_p50_ms),
-        "ttft_p99_ratio_off_on": _ratio(off.ttft_p99_ms, on.ttft_p99_ms),
-        "decode_tokens_per_s_on": round(on.decode_tokens_per_s, 1),
-        "decode_tokens_per_s_off": round(off.decode_tokens_per_s, 1),
-        "wall_s_on": round(on.wall_s, 2),
-        "wall_s_off": round(off.wall_s, 2),
-        "device": on.device,
-    }
 
 
 def _print_table(r: dict[str, float | int | str | bool]) -> None:
@@ -122,6 +48,8 @@ def bench_engine(
     import torch
 
     from radixcache.serving.engine import EngineConfig
+    from radixcache.tools.bench_engine import report as make_report
+    from radixcache.tools.bench_engine import serve_pass
 
     torch.set_num_threads(1)  # measured faster than 2 threads for this model size
     try:
@@ -130,13 +58,17 @@ def bench_engine(
         console.print(f"[red]{err}[/red]")
         raise typer.Exit(2) from err
     limit = len(w.requests) if requests is None else max(0, min(requests, len(w.requests)))
-    figures = [
-        _serve_pass(w, limit, EngineConfig(num_blocks=blocks, cache=cache,
-                                           max_step_tokens=step_tokens, record_events=False),
-                    "on" if cache else "off")
-        for cache in (True, False)
-    ]
-    report = _report(workload, *figures)
+    figures = []
+    for cache in (True, False):
+        cfg = EngineConfig(num_blocks=blocks, cache=cache, max_step_tokens=step_tokens,
+                           record_events=False)
+        columns = (TextColumn(f"cache {'on' if cache else 'off'}"), BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task("requests", total=limit)
+            figures.append(serve_pass(w, limit, cfg,
+                                      lambda done, _, t=task: bar.update(t, completed=done)))
+    report = make_report(workload, *figures)
     if as_json:
         typer.echo(json.dumps(report))
     else:

@@ -32,12 +32,14 @@ def run_live(endpoints: list[str]) -> None:
 
 
 def run_local(num_blocks: int = 4096) -> None:
-    """Open the inspector on an in-process tree of ``num_blocks`` blocks (no model, no
-    sockets), steered from its command line. Blocks until the user quits."""
+    """Open the inspector on an embedded cache of ``num_blocks`` blocks with no model (the
+    tree driver, in the same service loop as ``serve``), steered from its command line.
+    Blocks until the user quits."""
     from inspector.app import InspectorApp
-    from inspector.local import LocalSource
+    from inspector.embedded import EmbeddedSource
+    from radixcache.serving.driver import TreeDriver
 
-    InspectorApp(LocalSource(num_blocks)).run()
+    InspectorApp(EmbeddedSource(TreeDriver(num_blocks))).run()
 
 
 @app.command()

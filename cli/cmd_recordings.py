@@ -7,6 +7,7 @@ and warning goes to stderr; results to stdout.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -18,13 +19,13 @@ from cli.app import CliError, app
 from cli.cmd_stream import CURVE_HELP, AnswerMode, ModelSize, _engine_config, _sized_workload
 from inspector.sources import DatasetWords
 from radixcache.traffic.workloads import Vocabulary, WorkloadError
+from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.export import jsonl_lines, perfetto_json
 from radixcache.wire.kvevents import KVEventsClient
 from radixcache.wire.mirror import Mirror
 from radixcache.wire.recorder import LiveRecorder
 from radixcache.wire.recording import Damage, RecordingReader, RecordingWriter
 from radixcache.wire.security import ClientCurve, CurveError
-from radixcache.wire.stream import Endpoints
 from radixcache.wire.subscriber import Subscriber
 from radixcache.wire.treeview import Line, TokenText, node_label, preview, walk
 
@@ -81,27 +82,27 @@ def record(
     if from_ is not None:
         _record_live(from_, out, seconds, keyframe_every, _client_curve(curve_keys))
         return
-    from radixcache.serving.engine import Engine
-    from radixcache.serving.server import fold_answers, record_workload
+    from radixcache.serving.engine import Answers, Engine
+    from radixcache.serving.server import record_service
 
     try:
         w = _sized_workload(workload, workload_args, requests)
     except WorkloadError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workload") from None
-    if answers is AnswerMode.PREFILL:
-        w = fold_answers(w)
     n = min(requests, len(w.requests))
-    engine = Engine(_engine_config(model, blocks, device, threads))
+    w = dataclasses.replace(w, requests=w.requests[:n])
+    engine = Engine(_engine_config(model, blocks, device, threads, Answers(answers.value)))
     header: dict[str, str | int | float] = {
         "num_blocks": blocks, "block_size": 16, "model": model.value, "answers": answers.value,
         "workload": f"{workload} {workload_args}".strip(), "requests": n,
         "device": str(engine.model.device)}
     t0 = time.perf_counter()
     with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer:
-        r = record_workload(engine, w, writer, limit=n)
+        r = record_service(engine, w, writer)
     engine.close()
-    console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {r.finished:,} of "
-                  f"{n:,} requests finished ({r.rejected} rejected) in {r.steps:,} steps, "
+    c = r.counters
+    console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
+                  f"{n:,} requests finished ({c.rejected} rejected) in {r.steps:,} steps, "
                   f"{time.perf_counter() - t0:.1f} s")
 
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import sys
 
-import zmq
-
 import cli.cmd_bench_tree
 import cli.cmd_demo
 import cli.cmd_doctor
@@ -26,17 +24,23 @@ import cli.cmd_stream  # noqa: F401
 from cli.app import CliError, app, finish_help
 from radixcache.core.blocks import PoolError
 from radixcache.core.tree import TreeError
+from radixcache.serving.service import ServiceError
 from radixcache.traffic.sharegpt import DatasetUnavailable
+from radixcache.traffic.workloads import WorkloadError
+from radixcache.wire.endpoints import EndpointError
 from radixcache.wire.mirror import MirrorError
 from radixcache.wire.recording import RecordingError
+from radixcache.wire.security import CurveError
 
 finish_help()
 
 # Failures a user can cause (a bad file, a busy port, a dataset not installed, a bad value):
 # reported in one line. Anything else is a bug and keeps its traceback.
+# Only the project's own error types: a ValueError or OSError that reaches here was not
+# expected by the command that raised it, so it is a bug and shows its traceback.
 RUNTIME_ERRORS: tuple[type[BaseException], ...] = (
-    CliError, TreeError, PoolError, ValueError, DatasetUnavailable, RecordingError,
-    MirrorError, OSError, zmq.ZMQError,
+    CliError, TreeError, PoolError, DatasetUnavailable, RecordingError, MirrorError,
+    ServiceError, WorkloadError, CurveError, EndpointError,
 )
 
 

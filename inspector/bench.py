@@ -32,9 +32,9 @@ from inspector.sources import ConnState, SourceStatus
 from radixcache.core import events as ev
 from radixcache.core.pool import KVPool
 from radixcache.core.tree import RadixTree, TreeError
+from radixcache.serving.driver import serve_request
 from radixcache.traffic.workloads import Vocabulary
 from radixcache.wire import commands as cmd
-from radixcache.wire.stream import serve_request
 
 Progress = Callable[[int, int], None]  # (done, total)
 

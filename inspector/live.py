@@ -12,7 +12,8 @@ import time
 from inspector.feed import Feed
 from inspector.sources import ConnState, DatasetWords, SourceStatus
 from radixcache.wire import commands as cmd
-from radixcache.wire.stream import Endpoints, send_command
+from radixcache.wire.client import send_command
+from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.subscriber import State, Subscriber
 
 STALE_S = 3.0  # no batch (heartbeats included) for this long: shown as disconnected

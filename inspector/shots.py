@@ -1,30 +1,30 @@
 """Screenshots of the inspector (``radixcache screenshot``): SVG from Textual, PNG via cairosvg.
 
 Four scenes, each driven headless by the Pilot until an explicit condition holds. Three follow
-a real engine process (``radixcache serve`` with the tiny model on free loopback ports, its
-answers folded into the prefill so a CPU keeps up) and are shot while it is busy:
+a real engine served in this process (the same ``Server`` as ``radixcache serve``, the tiny
+model on free loopback ports, its answers folded into the prefill so a CPU keeps up) and are
+shot while it is busy:
 
 - ``live_tree``: a ShareGPT chat workload (synthetic chat without the dataset), once requests
   flow, hits are counted, the memory pane has samples and the dataset's words are loaded;
 - ``block_map_eviction``: chat on a small pool, once the engine evicts (just-evicted kept red);
 - ``kv_events``: the block-hash view attached to the engine's vLLM-format publisher;
 
-and ``replay`` replays, to its end, a recording that ``radixcache record`` made
-of a tree-of-thought workload on the same engine.
+and ``replay`` replays, to its end, a recording of a tree-of-thought workload made as
+``radixcache record`` makes it (``record_service``) on the same engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import socket
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 from textual.app import App
 
 from inspector.app import InspectorApp
@@ -34,13 +34,9 @@ from inspector.live import LiveSource
 from inspector.replay import ReplaySource, load_recording
 from inspector.sources import DatasetWords
 from inspector.widgets.memory import MemoryPane
-from radixcache.core import events as ev
-from radixcache.core.pool import KVPool
-from radixcache.core.tree import RadixTree
+from radixcache.serving.server import Server, record_file, tiny_engine_server
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire import commands as cmd
-from radixcache.wire.recording import RecordingWriter
-from radixcache.wire.stream import Endpoints, send_command, serve_request
 
 SIZE = (160, 48)
 Check = Callable[[], bool]
@@ -100,48 +96,15 @@ async def _shoot(app: App[None], lines: list[str], ready: Check, out: Path, name
     return [out / f"{name}.svg", out / f"{name}.png"]
 
 
-class EngineProcess:
-    """``radixcache serve`` in a child process on ``free_ports(5)``: events on ``port``,
-    snapshot/replay +1, commands +2, vLLM KV events +3 (replay +4). A context manager: the
-    process is up and answering commands inside the block, and gone after it."""
-
-    def __init__(self, blocks: int, ready_s: float = 120.0) -> None:
-        self.blocks = blocks
-        self.ready_s = ready_s
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def events(self) -> str:
-        """The engine's event endpoint (what a ``LiveSource`` follows)."""
-        return f"tcp://127.0.0.1:{self.port}"
-
-    def kv(self) -> tuple[str, str]:
-        """The vLLM-format publisher's event and replay endpoints."""
-        return f"tcp://127.0.0.1:{self.port + 3}", f"tcp://127.0.0.1:{self.port + 4}"
-
-    def __enter__(self) -> EngineProcess:
-        self.port = free_ports(5)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "serve", "--port", str(self.port),
-             "--blocks", str(self.blocks), "--answers", "prefill", "--kv-events", "vllm"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        commands = Endpoints.from_events(self.events).commands
-        deadline = time.monotonic() + self.ready_s
-        while not isinstance(send_command(commands, cmd.Stats(), timeout_s=0.5), cmd.Ok):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.__exit__()
-                raise RuntimeError(f"the engine on port {self.port} did not come up")
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+@contextlib.contextmanager
+def served_engine(blocks: int) -> Iterator[Server]:
+    """A tiny-model engine served in this process on free loopback ports (events, snapshot,
+    commands, and a vLLM-format KV publisher), running inside the block."""
+    server = tiny_engine_server(blocks, kv_events=True).start()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 def _words_ready(vocab: TokenText | None) -> bool:
@@ -161,8 +124,8 @@ def _engine_scene(out: Path, name: str, blocks: int, ready: Callable[[InspectorA
                   *, evicted_s: float = 2.0) -> list[Path]:
     """Follow a fresh engine of ``blocks`` blocks running ``chat 30`` until ``ready(app)``;
     the dataset's words are loaded first, so no preview is drawn before they are known."""
-    with EngineProcess(blocks) as engine:
-        source = LiveSource(engine.events)
+    with served_engine(blocks) as engine:
+        source = LiveSource(engine.publisher.endpoints.events)
         source.vocabulary().load().wait(120)
         app = InspectorApp(source, flash_s=0, evicted_s=evicted_s)
         return asyncio.run(_shoot(app, ["chat 30"], lambda: ready(app), out, name,
@@ -181,33 +144,21 @@ def _eviction(out: Path) -> list[Path]:
 
 
 def record_demo(path: Path, requests: int = 60) -> Path:
-    """A small recording of a tree-of-thought workload (keyframe every 100 events)."""
-    tree = RadixTree(KVPool(2048, 16))
-    prompts = []
-    for r in build_workload("tot", ["3", "3"]).requests:
-        extra = r.forced_output if r.forced_output is not None else np.zeros(0, np.uint32)
-        prompts.append(np.concatenate([r.prompt, extra]).astype(np.uint32))
-    with RecordingWriter(path, {"num_blocks": 2048}, keyframe_every=100) as w:
-        w.write_keyframe(0, 1, tree.snapshot())
-        for seq, tokens in enumerate(prompts[:requests], start=1):
-            serve_request(tree, tokens)
-            w.write_batch(ev.Batch(seq, 1, 1_700_000_000.0 + seq, "radixcache",
-                                   tree.take_events()))
-            if w.needs_keyframe:
-                w.write_keyframe(seq, 1, tree.snapshot())
+    """A small recording of a tree-of-thought workload with no model (the tree driver, one
+    request a batch; keyframe every 100 events)."""
+    w = build_workload("tot", ["3", "3"])
+    record_file(path, dataclasses.replace(w, requests=w.requests[:requests]), model=False,
+                keyframe_every=100)
     return path
 
 
 def record_engine(path: Path, workload: str, args: str, requests: int) -> Path:
-    """``radixcache record`` of ``requests`` requests of ``workload`` on the tiny-model
-    engine (answers decoded token by token), its only keyframe the empty tree (so a replay
-    from the start counts every request)."""
-    subprocess.run([sys.executable, "-m", "cli.main", "record", "--out", str(path),
-                    "--workload", workload, "--workload-args", args, "--requests",
-                    str(requests), "--blocks", "2048", "--keyframe-every", "1000000",
-                    "--answers", "decode"],
-                   check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                   timeout=300)
+    """A recording of ``requests`` requests of ``workload`` on the tiny-model engine (answers
+    decoded token by token), its only keyframe the empty tree (so a replay from the start
+    counts every request)."""
+    w = build_workload(workload, args.split())
+    record_file(path, dataclasses.replace(w, requests=w.requests[:requests]), model=True,
+                keyframe_every=1_000_000)
     return path
 
 
@@ -226,16 +177,16 @@ def _replay(out: Path) -> list[Path]:
 
 
 def _kv_events(out: Path) -> list[Path]:
-    with EngineProcess(4096) as engine:
+    with served_engine(4096) as engine:
         words = DatasetWords()
         words.load().wait(120)  # rows keep the text they were first drawn with
-        app = KVEventsApp(*engine.kv(), vocab=words)
-        commands = Endpoints.from_events(engine.events).commands
+        assert engine.kv is not None
+        app = KVEventsApp(*engine.kv.endpoints, vocab=words)
         started: list[cmd.AnyReply] = []
 
         def ready() -> bool:  # the workload starts once the view is up, so it sees it all
             if not started:
-                started.append(send_command(commands, cmd.StartWorkload("chat", ["30"])))
+                started.append(engine.loop.command(cmd.StartWorkload("chat", ["30"])))
             return len(app.shown_rows()) > 40
 
         return asyncio.run(_shoot(app, [], ready, out, "kv_events", timeout=180))

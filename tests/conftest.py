@@ -2,18 +2,21 @@
 
 Profiles (select with ``HYPOTHESIS_PROFILE``):
 
-- ``ci`` (default): deterministic (derandomized, no example database), no deadline; the
-  state machine runs a modest number of steps so ``tests/test_tree_state_machine.py`` stays
-  well under 60 s on two cores.
+- ``ci`` (default): a fresh random seed every run (so each CI run explores new cases), printed
+  in the session header and reused with ``HYPOTHESIS_SEED=N``; no example database, no
+  deadline; the state machine runs a modest number of steps so
+  ``tests/test_tree_state_machine.py`` stays well under 60 s on two cores.
 - ``long``: random seeds, 2,000 state-machine runs of 50 steps = 100,000 steps in total.
 """
 
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Sequence
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -22,7 +25,6 @@ from radixcache.core.pool import KVPool
 settings.register_profile(
     "ci",
     deadline=None,
-    derandomize=True,
     database=None,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -37,9 +39,22 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+SEED = int(os.environ.get("HYPOTHESIS_SEED") or random.SystemRandom().randrange(2**32))
 settings.load_profile(PROFILE)
 # runs of each of the two tree state machines (50 steps each): 2 x 1,000 x 50 = 100,000 steps
 STATE_MACHINE_RUNS = 1_000 if PROFILE == "long" else 40
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every hypothesis test of this run uses ``SEED`` (unless --hypothesis-seed is given)."""
+    if config.getoption("hypothesis_seed", None) is None:
+        config.option.hypothesis_seed = SEED
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The seed, on top of the run (a failure is reproduced with it)."""
+    return (f"hypothesis seed {config.getoption('hypothesis_seed')} "
+            f"(rerun with HYPOTHESIS_SEED=<seed>; profile {PROFILE})")
 
 
 def toks(seq: Sequence[int]) -> np.ndarray:
@@ -75,3 +90,11 @@ def read_kv(pool: KVPool, table: Sequence[int], n: int) -> tuple[list[int], list
     assert bool((k == k0[None, :, None, None]).all()), "K differs across layers/heads"
     assert bool((v == v0[None, :, None, None]).all()), "V differs across layers/heads"
     return [int(x) for x in k0.tolist()], [int(x - 0.5) for x in v0.tolist()]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int) -> None:
+    """On a failed run, say which hypothesis seed it ran with (the header is hidden by -q)."""
+    if exitstatus != 0:
+        seed = terminalreporter.config.getoption("hypothesis_seed")
+        terminalreporter.write_line(f"hypothesis seed of this run: {seed} "
+                                    f"(HYPOTHESIS_SEED={seed} reruns the same cases)")

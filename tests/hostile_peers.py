@@ -17,7 +17,8 @@ import zmq
 from radixcache.core import events as ev
 from radixcache.core.pool import KVPool
 from radixcache.core.tree import RadixTree
-from radixcache.wire.stream import Endpoints, serve_request, u64
+from radixcache.serving.driver import serve_request
+from radixcache.wire.endpoints import Endpoints, u64
 
 _ENC = msgspec.msgpack.Encoder(enc_hook=ev.enc_hook)
 

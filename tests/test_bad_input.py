@@ -19,16 +19,16 @@ import zmq
 from radixcache.core import events as ev
 from radixcache.core.pool import KVPool
 from radixcache.core.tree import InvalidTokens, PromptTooLarge, RadixTree
+from radixcache.serving.driver import serve_request
 from radixcache.serving.engine import Engine, EngineConfig, RequestRejected
 from radixcache.serving.model import ModelConfig
-from radixcache.serving.server import ServerConfig, TreeServer
+from radixcache.serving.server import Server
 from radixcache.traffic.sharegpt import decode_records
 from radixcache.wire import commands as cmd
+from radixcache.wire.client import send_command
 from radixcache.wire.recording import RecordingError, RecordingReader, RecordingWriter
-from radixcache.wire.stream import Endpoints, send_command, serve_request
 from radixcache.wire.subscriber import Subscriber
-from tests.hostile_peers import FakeEngine, TreeFeed
-from tests.test_stream_helpers import prompts, wait_for
+from tests.helpers.stream import Relay, prompts, tree_server, wait_for
 
 ENC = msgspec.msgpack.encode
 
@@ -115,19 +115,25 @@ def test_typed_command_line_errors(line, message):
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[TreeServer]:
-    srv = TreeServer(Endpoints.tcp("127.0.0.1", 0), ServerConfig(num_blocks=128)).start()
+def server() -> Iterator[Server]:
+    srv = tree_server(128).start()
+    srv.tree = srv.service.tree  # type: ignore[attr-defined]  # the tests read it directly
     srv.publisher.heartbeat_s = 0.05
-    with srv.source.step() as tree:
+    with srv.loop.changing():
         for tokens in prompts(30, seed=11):
-            serve_request(tree, tokens)
+            serve_request(srv.tree, tokens)
     yield srv
     srv.close()
 
 
-def _state(srv: TreeServer) -> tuple[str, int, float, float]:
-    with srv.source.step_lock:
-        return srv.tree.digest(), srv._served, srv.tree.high, srv.tree.low
+def _waiting(srv: Server) -> int:
+    return int(srv.loop.command(cmd.Stats()).values["waiting"])  # type: ignore[union-attr]
+
+
+def _state(srv: Server) -> tuple[str, int, float, float]:
+    with srv.loop.lock:
+        finished = srv.service.counters().finished
+        return srv.tree.digest(), finished, srv.tree.high, srv.tree.low
 
 
 def _raw_command(endpoint: str, frames: list[bytes], timeout_ms: int = 3000) -> list[bytes] | None:
@@ -138,7 +144,7 @@ def _raw_command(endpoint: str, frames: list[bytes], timeout_ms: int = 3000) -> 
         return sock.recv_multipart() if sock.poll(timeout_ms) else None
 
 
-def _assert_still_serving(srv: TreeServer) -> None:
+def _assert_still_serving(srv: Server) -> None:
     reply = send_command(srv.publisher.endpoints.commands, cmd.Stats())
     assert isinstance(reply, cmd.Ok)
     assert reply.values["nodes"] == len(srv.tree)
@@ -170,7 +176,7 @@ def test_server_refuses_out_of_range_commands(server, command, message):
     assert isinstance(reply, cmd.Error)
     assert message in reply.message
     assert _state(server) == before
-    assert server.stats()["queued"] == 0
+    assert _waiting(server) == 0
     server.tree.check()
 
 
@@ -214,30 +220,28 @@ def _batch_with_unknown_kind(seq: int, epoch: int) -> bytes:
     return ENC([seq, epoch, 1.0, "radixcache", [["bogus-kind", 1, 2]]])
 
 
-def test_malformed_and_unknown_event_kinds_on_the_event_socket():
-    engine, feed = FakeEngine(), TreeFeed()  # a raw peer: no test hook in the Publisher
-    sub = Subscriber(engine.endpoints, request_timeout_s=0.5).start()
-    try:
-        engine.wait_subscribed()
-        ident, (_, req) = engine.request()
-        engine.reply(ident, *feed.snapshot_frames(req))
-        assert sub.wait_synced(5)
-        garbage = [b"\xc1\xc1", b"", b"\x95\x01", ENC({"seq": 1}), b"\xff" * 100,
-                   _batch_with_unknown_kind(feed.seq + 1, feed.epoch),
-                   ENC([1, 2, 3.0, "x", [["node", "not-an-int"]]])]
-        for raw in garbage:
-            engine.publish(raw)
-        for _ in range(20):
-            engine.publish(feed.batch())
-        assert wait_for(lambda: sub.seq == feed.seq and sub.stats.malformed == 7)
-        with sub.lock:
-            assert sub.mirror.digest() == feed.tree.digest()
-        assert sub.stats.malformed == len(garbage)
-        assert (sub.stats.snapshots, sub.stats.resyncs) == (1, 0)
-    finally:
-        sub.stop()
-        engine.close()
-    feed.tree.check()
+def test_malformed_and_unknown_event_kinds_on_the_event_socket(server):
+    with Relay(server.publisher.endpoints) as relay:
+        sub = Subscriber(relay.endpoints, request_timeout_s=0.5).start()
+        try:
+            assert sub.wait_synced(5)
+            garbage = [b"\xc1\xc1", b"", b"\x95\x01", ENC({"seq": 1}), b"\xff" * 100,
+                       _batch_with_unknown_kind(server.publisher.seq + 1,
+                                                server.publisher.epoch),
+                       ENC([1, 2, 3.0, "x", [["node", "not-an-int"]]])]
+            for raw in garbage:
+                relay.inject(raw)
+            server.loop.command(cmd.StartWorkload("flood", ["20", "--seed", "4"]))
+            assert wait_for(lambda: sub.seq >= server.publisher.seq and sub.stats.malformed == 7)
+            assert wait_for(lambda: _waiting(server) == 0)
+            assert wait_for(lambda: sub.seq >= server.publisher.seq)
+            with sub.lock, server.loop.lock:
+                assert sub.mirror.digest() == server.tree.digest()
+            assert sub.stats.malformed == len(garbage)
+            assert (sub.stats.snapshots, sub.stats.resyncs) == (1, 0)
+        finally:
+            sub.stop()
+    server.tree.check()
 
 
 # -- recordings -------------------------------------------------------------------------------

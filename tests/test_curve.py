@@ -1,4 +1,4 @@
-"""CURVE authentication: real sockets on 127.0.0.1, a TreeServer with a key directory."""
+"""CURVE authentication: real sockets on 127.0.0.1, a tree-driver Server with a key directory."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import zmq
 
-from radixcache.serving.server import ServerConfig, TreeServer
 from radixcache.wire import commands as cmd
+from radixcache.wire.endpoints import BindPolicy, check_bind
 from radixcache.wire.mirror import Mirror
 from radixcache.wire.security import KEYS_ENV, ClientCurve, CurveError, CurveServer, create_keys
-from radixcache.wire.stream import BindPolicy, Endpoints, check_bind
 from radixcache.wire.subscriber import Subscriber
+from tests.helpers.stream import tree_server
 
 pytestmark = pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
 
@@ -63,9 +63,8 @@ def test_only_the_client_key_in_the_directory_is_served(
     good = ClientCurve.load(tmp_path / "keys")
     other = ClientCurve.load(tmp_path / "other")
     wrong = ClientCurve(good.server_public, other.public, other.secret)  # right server, bad key
-    server = TreeServer(Endpoints.tcp("127.0.0.1", 0), ServerConfig(num_blocks=512),
-                        curve_keys=tmp_path / "keys",
-                        kv_endpoints=("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")).start()
+    server = tree_server(512, curve_keys=tmp_path / "keys",
+                         kv_endpoints=("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")).start()
     ep = server.publisher.endpoints
     assert server.kv is not None
     bound = [server.publisher._pub, server.publisher._control, server.publisher._command,
@@ -76,18 +75,19 @@ def test_only_the_client_key_in_the_directory_is_served(
     try:
         reply = send(ep.commands, cmd.StartWorkload("chat", ["6", "--seed", "3"]), good)
         assert isinstance(reply, cmd.Ok)
-        assert reply.message == f"chat: {reply.values['requests']} requests queued"
+        assert reply.message.startswith(f"chat: {reply.values['requests']} requests submitted (")
         for keys in (None, wrong):
             bad = send(ep.commands, cmd.Stats(), keys, timeout_s=1.0)
             assert isinstance(bad, cmd.Error)
             assert bad.message.startswith(f"no reply from {ep.commands} within 1 s")
-        assert _wait(lambda: server.stats()["queued"] == 0, 10)
+        assert _wait(lambda: server.loop.command(cmd.Stats()).values["waiting"] == 0, 10)
         assert subs["good"].wait_synced(5)
-        assert _wait(lambda: subs["good"].mirror.digest() == server.tree.digest(), 5)
+        assert _wait(lambda: subs["good"].mirror.digest() == server.service.tree.digest(), 5)
         assert not subs["none"].synced.is_set() and not subs["wrong"].synced.is_set()
         assert subs["none"].stats.batches == 0 and subs["wrong"].stats.batches == 0
         stats = send(ep.commands, cmd.Stats(), good)  # still serving the good client
-        assert isinstance(stats, cmd.Ok) and stats.values["served"] == server.stats()["served"]
+        assert isinstance(stats, cmd.Ok) and (
+            stats.values["finished"] == server.service.counters().finished)
     finally:
         for s in subs.values():
             s.stop()
@@ -96,6 +96,6 @@ def test_only_the_client_key_in_the_directory_is_served(
 
 def send(endpoint: str, c: cmd.AnyCommand, keys: ClientCurve | None,
          timeout_s: float = 5.0) -> cmd.AnyReply:
-    from radixcache.wire.stream import send_command
+    from radixcache.wire.client import send_command
 
     return send_command(endpoint, c, timeout_s, curve=keys)

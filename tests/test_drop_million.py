@@ -3,7 +3,7 @@ the tree's after every applied batch, with 1% of batches dropped at the subscrib
 
 from __future__ import annotations
 
-from cli.cmd_stream import verify_drops
+from radixcache.tools.bench_events import verify_drops
 from radixcache.wire.subscriber import HashDrop
 
 

@@ -4,6 +4,7 @@ workload ordering, exact metrics, cache off, reset, pause and the event stream."
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from radixcache.serving.engine import (
     RequestHandle,
     RequestRejected,
 )
+from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
 from radixcache.serving.model import ModelConfig
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire.mirror import Mirror
@@ -48,8 +50,15 @@ def _assert_idle_and_consistent(engine: Engine) -> None:
     assert engine.pool.allocator.used_count == len(held)
 
 
+def _stepped(engine: Engine, on_batch: Callable[[ev.Batch], None] | None = None) -> ServiceLoop:
+    """``engine`` stepped on a thread by the one service loop (as ``serve`` steps it)."""
+    sink = BatchSink(on_batch if on_batch is not None else (lambda _: None))
+    return ServiceLoop(engine, sink, LoopConfig(0, float("inf"))).start()
+
+
 def test_eight_threads_submitting_at_once_leave_a_clean_tree() -> None:
-    engine = _engine(96).start()
+    engine = _engine(96)
+    loop = _stepped(engine)
     system = _words(1, 40)
     prompts = [[system + _words(100 + 10 * t + i, 3 + i) for i in range(4)] for t in range(8)]
     handles: list[list[RequestHandle]] = [[] for _ in range(8)]
@@ -65,7 +74,7 @@ def test_eight_threads_submitting_at_once_leave_a_clean_tree() -> None:
     for th in threads:
         th.join()
     results = [[h.result(60) for h in hs] for hs in handles]
-    engine.stop()
+    loop.stop()
     _assert_idle_and_consistent(engine)
     m = engine.metrics()
     assert (m.submitted, m.finished, m.waiting, m.running) == (32, 32, 0, 0)
@@ -120,11 +129,12 @@ def test_a_request_that_only_its_own_match_blocks_is_served_without_it() -> None
 
 def test_workload_after_ordering_and_forced_outputs() -> None:
     seen: list[ev.AnyEvent] = []
-    engine = Engine(EngineConfig(num_blocks=256, model=SMALL), on_step=seen.extend).start()
+    engine = Engine(EngineConfig(num_blocks=256, model=SMALL))
+    loop = _stepped(engine, lambda batch: seen.extend(batch.events))
     w = build_workload("tot", ["2", "2"])
     run = engine.run_workload(w)
     outcomes = run.wait(60)
-    engine.stop()
+    loop.stop()
     order = [(type(e).__name__, e.req) for e in seen
              if isinstance(e, ev.RequestStart | ev.RequestFinish)]
     for i, r in enumerate(w.requests):

@@ -17,7 +17,7 @@ BATCHES = [
         ev.Watermark(2, 8, 0.92, 0.85),
     ]),
     ev.Batch(2, 5, 100.5, "t", [
-        ev.Split(1, 1, 2, [0], [0]), ev.Cow(0, 3, 1), ev.Evict(1, 1, [3]), ev.Merge(2, 1, -1),
+        ev.Split(1, 1, 2, [0], [0]), ev.Cow(0, 3, 1), ev.Evict(1, 1, [3]), ev.Merge(2, 1, None),
         ev.RequestFinish(1, 4, 12.5),
     ]),
 ]

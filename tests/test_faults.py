@@ -23,10 +23,12 @@ from radixcache.core.tree import RadixTree
 from radixcache.serving.engine import Engine, EngineConfig
 from radixcache.serving.model import ModelConfig
 from radixcache.wire import commands as cmd
+from radixcache.wire.client import send_command
+from radixcache.wire.endpoints import Endpoints, u64
 from radixcache.wire.mirror import Mirror
-from radixcache.wire.stream import Endpoints, Publisher, send_command, u64
+from radixcache.wire.publisher import Publisher, SnapshotAt
 from radixcache.wire.subscriber import Subscriber
-from tests.test_stream_helpers import caught_up, drive, make_source, prompts, serving, wait_for
+from tests.helpers.stream import caught_up, drive, make_source, prompts, serving, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,8 +114,8 @@ def test_sigkill_mid_stream_then_restart_resyncs_within_two_seconds():
 def test_frozen_subscriber_never_blocks_the_engine():
     """A SUB that never reads: the PUB drops past SNDHWM, the engine side holds nothing."""
     source = make_source()
-    pub = Publisher(Endpoints.tcp("127.0.0.1", 0), source.snapshot_at, hwm=50, ring=64)
-    source.publisher = pub
+    pub = Publisher(Endpoints.tcp("127.0.0.1", 0), lambda: SnapshotAt(source.tree.snapshot(), 0),
+                    hwm=50, ring=64)
     with pub, zmq.Context.instance().socket(zmq.SUB) as frozen:
         frozen.setsockopt(zmq.RCVHWM, 50)
         frozen.setsockopt(zmq.SUBSCRIBE, b"")
@@ -203,7 +205,7 @@ def test_engine_waits_while_the_pool_is_locked_then_serves():
 
 _WATCHER = """
 import sys, time
-from radixcache.wire.stream import Endpoints
+from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.subscriber import Subscriber
 sub = Subscriber(Endpoints.tcp("127.0.0.1", int(sys.argv[1]))).start()
 assert sub.wait_synced(10)

@@ -11,12 +11,12 @@ import pytest
 
 from cli.main import main
 from radixcache.core import events as ev
+from radixcache.wire.endpoints import Endpoints, u64
 from radixcache.wire.mirror import Mirror
 from radixcache.wire.recorder import LiveRecorder
 from radixcache.wire.recording import Keyframe, RecordingError, RecordingReader, RecordingWriter
-from radixcache.wire.stream import Endpoints, u64
+from tests.helpers.stream import drive, make_source, prompts, serving, wait_for
 from tests.hostile_peers import FakeEngine, encode
-from tests.test_stream_helpers import drive, make_source, prompts, serving, wait_for
 
 
 def read_back(path: Path) -> tuple[Mirror, RecordingReader]:

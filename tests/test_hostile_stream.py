@@ -12,11 +12,11 @@ import pytest
 from radixcache.core import events as ev
 from radixcache.wire import subscriber as subscriber_mod
 from radixcache.wire import validate
+from radixcache.wire.endpoints import u64
 from radixcache.wire.mirror import Malformed, Mirror
-from radixcache.wire.stream import u64
 from radixcache.wire.subscriber import State, Subscriber
+from tests.helpers.stream import wait_for
 from tests.hostile_peers import FakeEngine, TreeFeed, encode
-from tests.test_stream_helpers import wait_for
 
 ROOT = ev.NodeState(0, -1, 0, b"", [], 0, 0)
 TOK = b"\x01\x00\x00\x00"

@@ -14,18 +14,22 @@ from collections.abc import Callable, Coroutine
 import pytest
 
 from inspector.app import InspectorApp
+from inspector.embedded import EmbeddedSource
 from inspector.feed import Feed
 from inspector.layout import block_ranges, flatten
 from inspector.live import LiveSource
-from inspector.local import LocalSource
 from inspector.replay import Recording, ReplaySource, load_recording
 from inspector.shots import free_ports, record_demo
+from inspector.sources import ConnState, SourceStatus
 from inspector.widgets.command_line import complete, parse
 from inspector.widgets.lru import next_victims
 from radixcache.core import events as ev
+from radixcache.serving.driver import TreeDriver
 from radixcache.serving.memory import MemorySource
+from radixcache.traffic.workloads import build_workload
 from radixcache.wire import commands as cmd
 from radixcache.wire.mirror import Mirror
+from tests.helpers.local import LocalSource
 
 T0 = 1_700_000_000.0
 STATES_AFTER_EVICT = {"SELECTED": 16, "EVICTED": 41, "FREE": 967}
@@ -54,7 +58,7 @@ async def wait_until(pilot, predicate: Callable[[], bool], timeout: float = 10.0
         await pilot.pause(0.01)
 
 
-async def settle(app: InspectorApp, pilot, source: LocalSource, replies: int) -> None:  # type: ignore[no-untyped-def]
+async def settle(app: InspectorApp, pilot, source: EmbeddedSource, replies: int) -> None:  # type: ignore[no-untyped-def]
     """Wait for ``replies`` command replies, an idle source and every batch on screen."""
     await wait_until(pilot, lambda: len(app.replies) >= replies and source.idle()
                      and app.caught_up())
@@ -110,10 +114,11 @@ def test_feed_follows_a_local_tree_exactly() -> None:
     src.start(feed)
     try:
         assert src.send(cmd.StartWorkload("tot", ["2", "3"])) == cmd.Ok(
-            "tot: 13 requests queued (synthetic tree of thought, depth 2, branching 3)")
+            "tot: 13 requests submitted (synthetic tree of thought, depth 2, branching 3)",
+            {"requests": 13})
         while not src.idle():
             time.sleep(0.01)
-        assert feed.mirror.digest() == src.tree.digest()
+        assert feed.mirror.digest() == src.service.tree.digest()  # type: ignore[attr-defined]
         assert [r.node.id for r in flatten(feed.mirror, set())] == [
             0, 2, 5, 1, 6, 7, 8, 3, 9, 10, 11, 4, 12, 13]  # the first branches grew in place
         assert [n.id for n in next_victims(feed.mirror, 20)] == [
@@ -134,7 +139,8 @@ async def test_typed_command_is_sent_and_tree_and_stats_show_the_workload() -> N
         await settle(app, pilot, src, 1)
         assert src.sent == [cmd.StartWorkload("tot", ["2", "3"])]
         assert app.messages[-1] == (
-            "✓ tot: 13 requests queued (synthetic tree of thought, depth 2, branching 3)")
+            "✓ tot: 13 requests submitted (synthetic tree of thought, depth 2, branching 3)"
+            " requests=13")
         assert [r.node.id for r in app.tree_pane.rows] == [
             0, 2, 5, 1, 6, 7, 8, 3, 9, 10, 11, 4, 12, 13]
         s = app.feed.mirror.stats
@@ -165,7 +171,8 @@ async def test_evict_empties_the_lru_queue() -> None:
         assert [n.id for n in app.query_one("LruPane").victims] == [1, 6, 7, 3, 9, 10, 4, 12, 13]
         await type_line(pilot, "evict 100000")
         await settle(app, pilot, src, 2)
-        assert app.messages[-1] == "✓ evicted 9 nodes, 562 tokens, 43 blocks"
+        assert app.messages[-1] == ("✓ evicted 9 nodes, 562 tokens, 43 blocks (all that was "
+                                    "evictable) nodes=9  tokens=562  blocks=43")
         assert app.query_one("LruPane").victims == []
         assert [r.node.id for r in app.tree_pane.rows] == [0]
         assert (app.feed.mirror.stats.evictions, app.feed.mirror.used_blocks) == (9, 0)
@@ -224,17 +231,21 @@ async def test_replay_step_applies_exactly_the_next_batch() -> None:
         assert len(app.tree_pane.rows) == 1
 
 
-class FastSource(LocalSource):
-    """Streams 50,000 Access events per second (batches of 500 every 10 ms) from its thread."""
+class FastSource:
+    """Streams 50,000 Access events per second (batches of 500 every 10 ms) from its thread,
+    over a small tree-of-thought tree."""
+
+    def __init__(self) -> None:
+        self.driver = TreeDriver(256, memory=MemorySource(nvml=NoNvml()))  # type: ignore[arg-type]
+        self.streamed = 0
 
     def start(self, feed: Feed) -> None:
         self.feed_ = feed
-        self._execute(cmd.StartWorkload("tot", ["1", "3"]))
-        while self._pending:
-            self._serve(self._pending.popleft(), [])
-        self.tree.take_events()
-        feed.load(self.tree.snapshot(), 0, T0)
-        self.streamed = 0
+        self.driver.submit_workload(build_workload("tot", ["1", "3"]))
+        while self.driver.busy():
+            self.driver.step()
+        self.driver.take_events()
+        feed.load(self.driver.snapshot(), 0, T0)
         self._halt = threading.Event()
         self._t = threading.Thread(target=self._flood, daemon=True)
         self._t.start()
@@ -255,10 +266,19 @@ class FastSource(LocalSource):
         self._halt.set()
         self._t.join(5)
 
+    def status(self) -> SourceStatus:
+        return SourceStatus(ConnState.LOCAL, "fast", T0)
+
+    def send(self, command: cmd.AnyCommand) -> cmd.AnyReply:
+        return cmd.Error("the fast source takes no commands")
+
+    def vocabulary(self) -> None:
+        return None
+
 
 @sync
 async def test_key_press_is_handled_while_a_fast_source_streams() -> None:
-    src = FastSource(256, memory=MemorySource(nvml=NoNvml()))  # type: ignore[arg-type]
+    src = FastSource()
     app = InspectorApp(src)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause(0.2)
@@ -306,7 +326,8 @@ async def test_block_map_under_eviction_marks_freed_blocks() -> None:
         await run_before(pilot)
         bm = app.blocks
         states = Counter(bm.state(b).name for b in range(1024))
-        assert app.messages[-1] == "✓ evicted 8 nodes, 549 tokens, 42 blocks"
+        assert app.messages[-1] == ("✓ evicted 8 nodes, 549 tokens, 42 blocks (all that was "
+                                    "evictable) nodes=8  tokens=549  blocks=42")
         assert states == STATES_AFTER_EVICT
 
 
@@ -333,7 +354,8 @@ async def test_help_command_opens_help(line: str) -> None:
 def test_load_recording_reads_record_files_and_stops_at_damage(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = record_demo(tmp_path / "tot.rcx", requests=30)
     rec = load_recording(path)
-    assert (len(rec.batches), [i for i, _ in rec.keyframes], rec.damage) == (30, [0, 15, 30], "")
+    # 30 one-request steps and the closing batch (a memory and counter sample, a digest)
+    assert (len(rec.batches), [i for i, _ in rec.keyframes], rec.damage) == (31, [0, 12, 24], "")
     data = path.read_bytes()
     (tmp_path / "cut.rcx").write_bytes(data[: len(data) * 2 // 3])
     cut = load_recording(tmp_path / "cut.rcx")
@@ -349,13 +371,13 @@ async def test_replay_of_a_record_file_seeks_by_its_keyframes(tmp_path) -> None:
     rec = load_recording(record_demo(tmp_path / "tot.rcx", requests=30))
     expected = Mirror()
     expected.load_snapshot(rec.keyframes[0][1])
-    for b in rec.batches[:15]:
+    for b in rec.batches[:12]:
         expected.apply_batch(b)
     app = InspectorApp(ReplaySource(rec), flash_s=0, frame_interval=FRAME_S)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("greater_than_sign")
         assert app.feed.mirror.digest() == expected.digest()
-        assert app.source.position().index == 15  # type: ignore[attr-defined]
+        assert app.source.position().index == 12  # type: ignore[attr-defined]
 
 
 @sync
@@ -371,7 +393,8 @@ async def test_against_a_real_engine_process() -> None:
             await wait_until(pilot, lambda: app.feed.seq > 0, timeout=30)
             await type_line(pilot, "tot 2 2")
             await wait_until(pilot, lambda: len(app.replies) == 1)
-            assert app.messages[-1] == "✓ tot: 7 requests submitted requests=7"
+            assert app.messages[-1] == ("✓ tot: 7 requests submitted (synthetic tree of "
+                                        "thought, depth 2, branching 2) requests=7")
             await wait_until(pilot, lambda: len(app.feed.mirror.nodes) == 8 and app.caught_up())
             assert [r.node.num_tokens for r in app.tree_pane.rows][:1] == [0]
             assert len(app.query_one("LruPane").victims) == 4

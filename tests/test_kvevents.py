@@ -5,10 +5,11 @@ from __future__ import annotations
 import msgspec
 import zmq
 
+from radixcache.serving.driver import serve_request
 from radixcache.wire import kvevents as kv
+from radixcache.wire.endpoints import u64
 from radixcache.wire.kvevents import BlockTree, KVEventPublisher, KVEventsClient, KVTranslator
-from radixcache.wire.stream import serve_request, u64
-from tests.test_stream_helpers import make_source, prompts, wait_for
+from tests.helpers.stream import make_source, prompts, wait_for
 
 
 def expected_blocks(tree) -> dict[int, list[int]]:

@@ -123,7 +123,7 @@ def test_stats_follow_the_events() -> None:
         ev.Lock(999, 1),
         ev.NodeCreated(1000, 999, 0, toks([1]).tobytes(), [5], False),
         ev.Split(999, 3, 1000, [1], [1]),
-        ev.Merge(999, 1, -1),
+        ev.Merge(999, 1, None),
         ev.Evict(999, 4, []),
         ev.BlockAlloc([32]),
     ],
@@ -146,7 +146,7 @@ def test_structurally_wrong_events_raise() -> None:
     with pytest.raises(MirrorError):
         m.apply(ev.Split(running.node.id, running.node.num_tokens, 777, [], []))
     with pytest.raises(MirrorError):
-        m.apply(ev.Merge(running.node.id, parent.id, -1))  # child/parent swapped
+        m.apply(ev.Merge(running.node.id, parent.id, None))  # child/parent swapped
     with pytest.raises(MirrorError, match="digest mismatch"):
         m.apply(ev.Digest("0" * 32))
     assert (m.stats.digest_checks, m.stats.digest_mismatches) == (1, 1)

@@ -8,6 +8,7 @@ import struct
 import pytest
 
 from radixcache.core import events as ev
+from radixcache.serving.driver import serve_request
 from radixcache.wire.mirror import Mirror
 from radixcache.wire.recording import (
     Keyframe,
@@ -16,8 +17,7 @@ from radixcache.wire.recording import (
     RecordingWriter,
     mirror_snapshot,
 )
-from radixcache.wire.stream import serve_request
-from tests.test_stream_helpers import make_source, prompts
+from tests.helpers.stream import make_source, prompts
 
 
 def record(path, n=300, keyframe_every=200):

@@ -5,17 +5,11 @@ from __future__ import annotations
 import zmq
 
 from radixcache.wire import commands as cmd
-from radixcache.wire.stream import (
-    BindPolicy,
-    Endpoints,
-    Publisher,
-    SnapshotAt,
-    check_bind,
-    send_command,
-)
+from radixcache.wire.client import send_command
+from radixcache.wire.endpoints import BindPolicy, Endpoints, check_bind
+from radixcache.wire.publisher import Publisher, SnapshotAt
 from radixcache.wire.subscriber import Subscriber, drop_one_percent
-from tests.hostile_peers import FakeEngine, TreeFeed
-from tests.test_stream_helpers import caught_up, drive, make_source, prompts, serving, wait_for
+from tests.helpers.stream import Relay, caught_up, drive, make_source, prompts, serving, wait_for
 
 
 def test_late_joiner_converges_by_snapshot():
@@ -98,25 +92,21 @@ def test_engine_restart_new_epoch_is_detected_and_resynced(tmp_path):
 
 
 def test_malformed_frames_are_counted_and_skipped():
-    engine, feed = FakeEngine(), TreeFeed()  # a raw peer: no test hook in the Publisher
-    sub = Subscriber(engine.endpoints).start()
-    try:
-        engine.wait_subscribed()
-        ident, (_, req) = engine.request()
-        engine.reply(ident, *feed.snapshot_frames(req))
-        assert sub.wait_synced(5)
-        for garbage in (b"\x93garbage", b"", b"\xc1", b"\x95\x01\x02"):
-            engine.publish(garbage)
-        for _ in range(10):
-            engine.publish(feed.batch())
-        assert wait_for(lambda: sub.seq == feed.seq)
-        with sub.lock:
-            assert sub.mirror.digest() == feed.tree.digest()
-        assert sub.stats.malformed == 4
-        assert sub.stats.snapshots == 1
-    finally:
-        sub.stop()
-        engine.close()
+    source = make_source()
+    with serving(source) as pub, Relay(pub.endpoints) as relay:
+        sub = Subscriber(relay.endpoints).start()
+        try:
+            assert sub.wait_synced(5)
+            for garbage in (b"\x93garbage", b"", b"\xc1", b"\x95\x01\x02"):
+                relay.inject(garbage)
+            drive(source, prompts(30, seed=7))
+            assert wait_for(caught_up(sub, pub))
+            with sub.lock:
+                assert sub.mirror.digest() == source.tree.digest()
+            assert sub.stats.malformed == 4
+            assert sub.stats.snapshots == 1
+        finally:
+            sub.stop()
 
 
 def test_commands_are_typed_and_anything_else_is_an_error():
@@ -127,8 +117,8 @@ def test_commands_are_typed_and_anything_else_is_an_error():
         return cmd.Ok(f"did {type(c).__name__}", {"n": len(seen)})
 
     source = make_source()
-    pub = Publisher(Endpoints.tcp("127.0.0.1", 0), source.snapshot_at, commands=handle)
-    source.publisher = pub
+    pub = Publisher(Endpoints.tcp("127.0.0.1", 0), lambda: SnapshotAt(source.tree.snapshot(), 0),
+                    commands=handle)
     with pub:
         ep = pub.endpoints.commands
         assert send_command(ep, cmd.Evict(64)) == cmd.Ok("did Evict", {"n": 1})
@@ -147,7 +137,8 @@ def test_snapshot_at_counts_only_published_batches():
     source = make_source()
     with serving(source) as pub:
         drive(source, prompts(5, seed=8))
-        at = source.snapshot_at()
+        assert source.loop is not None
+        at = source.loop.snapshot_at()
         assert isinstance(at, SnapshotAt)
         assert at.seq == pub.seq
         assert len(at.snapshot.nodes) == len(source.tree) + 1

@@ -98,7 +98,7 @@ def test_worked_example_split_and_cow() -> None:
     assert (m.length, m.node.id, m.block_table.tolist()) == (40, a_id, [1, 2, 3])
     lease = tree.allocate(m, len(FORK))
     assert lease.table.tolist() == [1, 2, 8, 9, 10]
-    assert (lease.private_from, lease.inplace, lease.matched, lease.total) == (2, -1, 40, 70)
+    assert (lease.private_from, lease.inplace, lease.matched, lease.total) == (2, None, 40, 70)
     # the copy holds block 3's first 8 slots (positions 32..39 = tokens 33..40)
     assert read_kv(pool, [8], 8)[0] == A[32:40]
     assert read_kv(pool, [8], 8)[1] == A[32:40]
@@ -210,7 +210,7 @@ def test_second_continuation_of_same_node_copies() -> None:
     mx, my = tree.match_and_lock(toks(x)), tree.match_and_lock(toks(y))
     lx, ly = tree.allocate(mx, 23), tree.allocate(my, 22)
     assert (lx.table.tolist(), lx.inplace) == ([0, 1], 1)
-    assert (ly.table.tolist(), ly.inplace) == ([0, 2], -1)
+    assert (ly.table.tolist(), ly.inplace) == ([0, 2], None)
     assert tree.stats.cow_copies == 1 and tree.stats.slots_copied == 4
     assert read_kv(pool, [2], 4)[0] == list(range(17, 21))
     write_kv(pool, lx.table, 20, x)
@@ -635,7 +635,7 @@ def test_insert_after_a_racing_fork_copies_out_of_the_inplace_block() -> None:
     m2 = tree.match_and_lock(toks(r2))
     l2 = tree.allocate(m2, 18)
     # block 0 is reserved by R1: copy 10 slots
-    assert (l2.table.tolist(), l2.inplace) == ([2, 3], -1)
+    assert (l2.table.tolist(), l2.inplace) == ([2, 3], None)
     write_kv(pool, l2.table, 10, r2)
     leaf2 = tree.insert(toks(r2), l2).node
     tree.unlock(m2.node)
@@ -665,7 +665,8 @@ def test_evicting_an_inplace_leaf_gives_the_slots_back() -> None:
     serve(tree, x)  # blocks [0, 1], block 1 claimed to slot 4
     my, mz = tree.match_and_lock(toks(y)), tree.match_and_lock(toks(z))
     ly, lz = tree.allocate(my, 30), tree.allocate(mz, 25)
-    assert (ly.table.tolist(), ly.inplace, lz.table.tolist(), lz.inplace) == ([0, 1], 1, [0, 2], -1)
+    assert (ly.table.tolist(), ly.inplace, lz.table.tolist(), lz.inplace) == (
+        [0, 1], 1, [0, 2], None)
     write_kv(pool, ly.table, 20, y)
     write_kv(pool, lz.table, 20, z)
     ny, nz = tree.insert(toks(y), ly).node, tree.insert(toks(z), lz).node
@@ -722,7 +723,7 @@ def test_fork_on_a_block_boundary_shares_no_block() -> None:
     assert a is not None and s.result.node is not None
     assert (s.match.length, s.match.block_table.tolist()) == (32, [0, 1])
     assert s.lease.table.tolist() == [0, 1, 7]
-    assert (s.lease.private_from, s.lease.inplace) == (2, -1)
+    assert (s.lease.private_from, s.lease.inplace) == (2, None)
     prefix = a.parent
     assert prefix is not None and list(prefix.blocks) == [0, 1]
     assert list(a.blocks) == [2, 3, 4, 5, 6]

@@ -70,11 +70,12 @@ class Split(Event, tag="split", frozen=True):
 
 class Merge(Event, tag="merge", frozen=True):
     """``child`` absorbed its only-child ``parent`` (path compression); ``dropped`` is the
-    boundary block reference the parent held that the joined node no longer holds (or -1)."""
+    boundary block reference the parent held that the joined node no longer holds, or None
+    (schema 3; streams of schema 2 said -1, which readers still take as none)."""
 
     parent: int
     child: int
-    dropped: int
+    dropped: int | None
 
 
 class Evict(Event, tag="evict", frozen=True):

@@ -131,7 +131,7 @@ class Lease:
     total: int
     table: array[int]
     private_from: int
-    inplace: int = -1
+    inplace: int | None = None  # the tree-owned block continued in place, if any
     prev_claim: int = 0
     done: bool = False
 
@@ -260,6 +260,13 @@ class RadixTree:
             if self._emit is not None:
                 self._emit = self._events.append
             return out
+
+    def emit(self, event: ev.AnyEvent) -> None:
+        """Record a caller's event (a request's start or finish) in order with the tree's own
+        (dropped when events are off)."""
+        with self.lock_:
+            if self._emit is not None:
+                self._emit(event)
 
     # -- lookup ----------------------------------------------------------------------------
     def node(self, node_id: int) -> RadixNode:
@@ -446,7 +453,7 @@ class RadixTree:
         else:
             lease = Lease(match.node, m, total, table, j0)
         blocks = self.alloc.alloc(new)
-        if partial and lease.inplace < 0:
+        if partial and lease.inplace is None:
             src = table[j0]
             table[j0] = blocks[0]
             self.pool.copy_slots(src, blocks[0], partial)
@@ -564,8 +571,9 @@ class RadixTree:
             if node.blocks[(pos - 1) // B - node.start // B] == lease.inplace:
                 shared = True
             else:
+                assert lease.inplace is not None  # a leaf starts inside a tree block only so
                 copy = self._copy_out(lease.inplace, min(B, n - j_first * B), node)
-                if copy < 0:
+                if copy is None:
                     return None
                 blocks[0] = copy
         if pos < node.end:
@@ -581,8 +589,8 @@ class RadixTree:
             self._emit(ev.NodeCreated(leaf.id, node.id, pos, leaf.tokens, blocks, shared))
         return leaf
 
-    def _copy_out(self, src: int, slots: int, keep: RadixNode) -> int:
-        """A private copy of ``src``'s first ``slots`` slots, or -1 when no block can be had.
+    def _copy_out(self, src: int, slots: int, keep: RadixNode) -> int | None:
+        """A private copy of ``src``'s first ``slots`` slots, or None when no block can be had.
 
         With the pool full it evicts one LRU leaf, holding ``keep``'s path (where the copy's
         leaf will hang) for the duration; the hold nets to zero, so it emits no Lock event."""
@@ -594,7 +602,7 @@ class RadixTree:
                 keep.pins -= 1
             self._offer(keep)  # its entry was dropped if it came up during the hold
             if self.alloc.free_count == 0:
-                return -1
+                return None
         dst = self.alloc.alloc(1)[0]
         self.pool.copy_slots(src, dst, slots)
         self.alloc.set_claim(dst, slots)  # the leaf being attached takes it at once
@@ -619,7 +627,7 @@ class RadixTree:
         else:
             pos, n = taken
             dup = table[first : max(first, pos // self.B)] + table[(n - 1) // self.B + 1 :]
-        if lease.inplace >= 0:
+        if lease.inplace is not None:
             self._inplace.discard(lease.inplace)
             if not inplace_used:
                 self.alloc.set_claim(lease.inplace, lease.prev_claim)
@@ -677,7 +685,8 @@ class RadixTree:
         if parent.pins:  # a request locked the parent itself
             return 0
         B = self.B
-        dropped, freed = -1, False
+        dropped: int | None = None
+        freed = False
         if child.start % B:
             dropped = parent.blocks[-1]
             freed = self.alloc.decref(dropped)

@@ -29,11 +29,13 @@ happen under the tree's lock (inside the tree), model compute outside it.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
@@ -47,10 +49,10 @@ from radixcache.core.pool import KVPool, PoolExhausted
 from radixcache.core.tree import EvictResult, Lease, MatchResult, PromptTooLarge, RadixTree
 from radixcache.serving.memory import MemorySource
 from radixcache.serving.model import ModelConfig, SeqInput, TinyTransformer
+from radixcache.serving.service import MAX_WAITING, QueueFull, Submitted
 from radixcache.traffic.workloads import Workload, WorkloadRequest
 
 TokenArray = npt.NDArray[np.uint32]
-StepHook = Callable[[list[ev.AnyEvent]], None]
 
 
 class EngineError(Exception):
@@ -63,6 +65,32 @@ class RequestRejected(EngineError):
 
 class RequestCancelled(EngineError):
     """The request was dropped by ``reset()`` or ``close()`` before it finished."""
+
+
+class Answers(Enum):
+    """How forced answers (trace outputs) are computed.
+
+    DECODE: token by token, as a server decodes (requests stay running, pinned).
+    PREFILL: teacher forcing in one pass -- the request's prompt becomes prompt + answer[:-1]
+    and it decodes one token. The engine inserts the same sequence, so the tree ends the same;
+    ``RequestStart.prompt_tokens`` then counts the answer. Tens of times faster on a CPU.
+    """
+
+    DECODE = "decode"
+    PREFILL = "prefill"
+
+
+def fold_answers(workload: Workload) -> Workload:
+    """``workload`` with each forced answer moved into its prompt (see ``Answers.PREFILL``);
+    requests without a forced answer, or with a one-token answer, are kept as they are."""
+    out = []
+    for r in workload.requests:
+        f = r.forced_output
+        if f is not None and len(f) > 1:
+            r = r._replace(prompt=np.concatenate([r.prompt, f[:-1]]).astype(np.uint32),
+                           max_new_tokens=1, forced_output=f[-1:])
+        out.append(r)
+    return dataclasses.replace(workload, requests=out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +107,7 @@ class EngineConfig:
     high: float = 0.92
     low: float = 0.85
     record_events: bool = True
-    watermark_every_s: float = 0.25
+    answers: Answers = Answers.DECODE  # how workloads' forced answers are computed
     device: str | None = None
 
 
@@ -137,53 +165,24 @@ class StepReport(NamedTuple):
     finished: int
 
 
-class RequestHandle:
-    """A future for one request: ``result(timeout)`` blocks until it finishes or fails."""
+class RequestHandle(Future[RequestResult]):
+    """A ``concurrent.futures.Future`` of one request's ``RequestResult``; it fails with the
+    request's ``EngineError`` (rejected, cancelled). It cannot be cancelled by the caller
+    (the engine owns the request once submitted: ``reset()`` cancels). ``id`` is the engine's
+    request id, ``None`` until a workload's dependent request is submitted."""
 
-    def __init__(self, request_id: int) -> None:
+    def __init__(self, request_id: int | None = None) -> None:
+        super().__init__()
         self.id = request_id
-        self._done = threading.Event()
-        self._result: RequestResult | None = None
-        self._error: EngineError | None = None
-        self._callbacks: list[Callable[[RequestHandle], None]] = []
-        self._lock = threading.Lock()
+        self.set_running_or_notify_cancel()  # from now on ``cancel()`` is refused
 
-    def done(self) -> bool:
-        """True once the request finished, was rejected or cancelled."""
-        return self._done.is_set()
-
-    def result(self, timeout: float | None = None) -> RequestResult:
-        """The generated tokens and metrics. Raises ``TimeoutError`` when not done within
-        ``timeout`` seconds, or the request's ``EngineError`` (rejected, cancelled)."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"request {self.id} not done after {timeout} s")
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
-
-    def exception(self, timeout: float | None = None) -> EngineError | None:
-        """The error the request failed with, or None when it succeeded (waits like result)."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"request {self.id} not done after {timeout} s")
-        return self._error
-
-    def add_done_callback(self, fn: Callable[[RequestHandle], None]) -> None:
-        """Call ``fn(handle)`` once done (at once when already done; else from the thread that
-        finishes the request, usually the scheduler's: keep it short)."""
-        with self._lock:
-            if not self._done.is_set():
-                self._callbacks.append(fn)
-                return
-        fn(self)
-
-    def _settle(self, result: RequestResult | None, error: EngineError | None) -> None:
-        with self._lock:
-            self._result, self._error = result, error
-            self._done.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            fn(self)
+    def settle(self, result: RequestResult | None, error: EngineError | None) -> None:
+        """Finish the future with ``result``, or fail it with ``error`` (the engine's side)."""
+        if error is not None:
+            self.set_exception(error)
+        else:
+            assert result is not None
+            self.set_result(result)
 
 
 @dataclass(slots=True, eq=False)
@@ -248,7 +247,11 @@ class WorkloadRun(NamedTuple):
         for h in self.handles:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             err = h.exception(left)
-            out.append(err if err is not None else h.result(0))
+            if err is None:
+                out.append(h.result(0))
+            else:
+                assert isinstance(err, EngineError)  # the engine fails handles with no other
+                out.append(err)
         return out
 
 
@@ -279,7 +282,6 @@ class Engine:
         self,
         config: EngineConfig | None = None,
         *,
-        on_step: StepHook | None = None,
         memory: MemorySource | None = None,
     ) -> None:
         self.config = cfg = config or EngineConfig()
@@ -288,7 +290,6 @@ class Engine:
         self.tree = RadixTree(
             self.pool, high=cfg.high, low=cfg.low, record_events=cfg.record_events
         )
-        self.on_step = on_step
         self._memory = memory if memory is not None else MemorySource(device=self.model.device)
         self._step_lock = threading.Lock()
         self._queue = threading.Condition()
@@ -299,9 +300,8 @@ class Engine:
         self._totals = _Totals()
         self._next_id = 0
         self._paused = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._last_watermark = 0.0
+        self._generation = 0
+        self._evicted_base = (0, 0, 0)  # tree counters (nodes, tokens, COW) at the last reset
 
     # -- submitting --------------------------------------------------------------------------
     def submit(
@@ -343,7 +343,7 @@ class Engine:
                 self._waiting.append(req)
                 self._queue.notify()
         if need > self.config.num_blocks:
-            req.handle._settle(None, RequestRejected(
+            req.handle.settle(None, RequestRejected(
                 f"request {rid}: {req.total} positions need {need} blocks;"
                 f" the pool has {self.config.num_blocks}"))
         return req.handle
@@ -353,7 +353,7 @@ class Engine:
         ``after = i`` is submitted when request ``i`` is done (from the thread finishing it).
         Returns at once; ``run.wait()`` waits for all."""
         reqs = workload.requests[:limit] if limit is not None else workload.requests
-        proxies = [RequestHandle(-1) for _ in reqs]
+        proxies = [RequestHandle() for _ in reqs]
         for r, proxy in zip(reqs, proxies, strict=True):
             feed = _Feed(self, r, proxy)
             if r.after is None:
@@ -362,53 +362,21 @@ class Engine:
                 proxies[r.after].add_done_callback(feed.after_done)
         return WorkloadRun(proxies)
 
-    # -- the scheduler thread ------------------------------------------------------------------
-    def start(self) -> Engine:
-        """Start the scheduler thread (idempotent). It steps while there is work."""
-        if self._thread is None or not self._thread.is_alive():
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="rc-engine", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop the scheduler thread after its current step. Requests stay queued/running;
-        ``start()`` or ``step()`` carries on with them."""
-        self._stop.set()
-        with self._queue:
-            self._queue.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-
     def close(self) -> None:
-        """Stop, cancel every unfinished request, and close the memory source."""
-        self.stop()
+        """Cancel every unfinished request and close the memory source."""
         with self._step_lock:
             self._cancel_all()
         self._memory.close()
 
-    def _has_work(self) -> bool:
+    def busy(self) -> bool:
+        """True when ``step`` has work: running requests, or waiting ones while not paused."""
         return bool(self._running) or (bool(self._waiting) and not self._paused)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            with self._queue:
-                if not self._has_work():
-                    self._queue.wait(0.05)
-                    continue
-            report = self.step()
-            if report.sequences == 0 and report.admitted == 0:
-                time.sleep(0.001)  # the head is blocked by locks held outside the engine
 
     # -- one step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
         """Admit what fits, run one batched forward (or two, see the module doc), advance
-        every request in it, finish the done ones; then call ``on_step`` with the drained
-        events when set. Thread-safe (serialized with other steps and ``reset``).
-
-        ``on_step`` runs after the step lock is released: a publisher that must order its
-        batches with snapshots calls ``step()`` under its own lock (as ``EngineServer`` does)."""
+        every request in it, finish the done ones. Thread-safe (serialized with other steps
+        and ``reset``); ``ServiceLoop`` calls it and publishes the events it recorded."""
         with self._step_lock:
             t0 = time.perf_counter()
             admitted = self._admit()
@@ -418,7 +386,6 @@ class Engine:
             self._totals.steps += 1
             if forwards:
                 self._totals.busy_s += time.perf_counter() - t0
-            self._maybe_watermark()
             report = StepReport(
                 admitted,
                 len(decodes) + len(prefills),
@@ -427,8 +394,6 @@ class Engine:
                 forwards,
                 finished,
             )
-        if self.on_step is not None:
-            self.on_step(self.take_events())
         return report
 
     # -- admission -----------------------------------------------------------------------------
@@ -566,7 +531,7 @@ class Engine:
             metrics = self._metrics_of(r, now)
             self._emit(ev.RequestFinish(r.id, len(r.output), metrics.ttft_ms))
             logits = torch.stack(r.logits) if r.keep_logits else None
-            r.handle._settle(RequestResult(list(r.output), metrics, logits), None)
+            r.handle.settle(RequestResult(list(r.output), metrics, logits), None)
         return len(done)
 
     def _settle_blocks(self, r: _Request) -> None:
@@ -602,7 +567,7 @@ class Engine:
             self._totals.rejected += 1
         else:
             self._totals.cancelled += 1
-        req.handle._settle(None, error)
+        req.handle.settle(None, error)
 
     def _cancel_all(self) -> None:
         """Fail every waiting and running request with ``RequestCancelled`` (step lock held)."""
@@ -628,8 +593,7 @@ class Engine:
 
     def take_events(self) -> list[ev.AnyEvent]:
         """Drain every event since the last call, in order: the tree's, ``RequestStart`` /
-        ``RequestFinish`` and ``Watermark`` samples (one every ``watermark_every_s`` of
-        stepping). Thread-safe."""
+        ``RequestFinish``. Thread-safe."""
         with self._events_lock:
             out = self._events
             out.extend(self.tree.take_events())
@@ -643,12 +607,6 @@ class Engine:
         s = self._memory.sample(a.used_count, a.num_blocks, nbytes)
         return ev.Watermark(a.used_count, a.num_blocks, self.tree.high, self.tree.low,
                             s.device_used_bytes, s.device_total_bytes, s.nvml_error)
-
-    def _maybe_watermark(self) -> None:
-        now, every = time.monotonic(), self.config.watermark_every_s
-        if self.config.record_events and now - self._last_watermark >= every:
-            self._last_watermark = now
-            self._emit(self.watermark())
 
     # -- commands ------------------------------------------------------------------------------
     def pause(self) -> None:
@@ -676,14 +634,50 @@ class Engine:
         """Evict at least ``tokens`` tokens of unlocked LRU leaves (or as many as can go)."""
         return self.tree.evict(tokens)
 
-    def reset(self) -> None:
+    def reset(self) -> int:
         """Cancel every waiting and running request (their handles fail with
-        ``RequestCancelled``), then empty the tree and zero the metrics. Waits for the step in
+        ``RequestCancelled``), then empty the tree, zero the metrics and start a new counter
+        generation; returns how many requests were cancelled. Waits for the step in
         progress; the pool is entirely free afterwards."""
         with self._step_lock:
+            cancelled = len(self._running) + len(self._waiting)
             self._cancel_all()
             self.tree.reset()
             self._totals = _Totals()
+            self._generation += 1
+            s = self.tree.stats
+            self._evicted_base = (s.evicted_nodes, s.evicted_tokens, s.cow_copies)
+        return cancelled
+
+    # -- the rest of the cache service (``serving.service.CacheService``) -----------------------
+    def submit_workload(self, workload: Workload) -> Submitted:
+        """Submit a workload's requests (dependent ones follow their predecessors), its
+        answers folded into prompts under ``Answers.PREFILL``. Raises ``QueueFull`` and
+        submits nothing when the waiting queue would pass ``MAX_WAITING``."""
+        if self.config.answers is Answers.PREFILL:
+            workload = fold_answers(workload)
+        n = len(workload.requests)
+        if len(self._waiting) + n > MAX_WAITING:
+            raise QueueFull(f"queue full: {len(self._waiting)} requests waiting, {n} more would "
+                            f"pass the limit of {MAX_WAITING}")
+        self.run_workload(workload)
+        return Submitted(n, self._paused)
+
+    def snapshot(self) -> ev.Snapshot:
+        """The tree's snapshot (running requests' blocks included)."""
+        return self.tree.snapshot()
+
+    def digest(self) -> str:
+        """The tree's digest."""
+        return self.tree.digest()
+
+    def counters(self) -> ev.Counters:
+        """Counters since start or the last reset (``generation`` counts resets)."""
+        t, s, (nodes0, tokens0, cows0) = self._totals, self.tree.stats, self._evicted_base
+        return ev.Counters(self._generation, t.submitted, t.finished, t.rejected,
+                           t.prompt_tokens, t.hit_tokens, s.evicted_nodes - nodes0,
+                           s.evicted_tokens - tokens0, s.cow_copies - cows0,
+                           len(self._waiting), len(self._running), self._paused)
 
     def metrics(self) -> EngineMetrics:
         """Running totals and the queue depth now."""
@@ -726,14 +720,19 @@ class _Feed(NamedTuple):
         self.proxy.id = handle.id
         handle.add_done_callback(self.copy_outcome)
 
-    def after_done(self, done: RequestHandle) -> None:
-        if isinstance(done._error, RequestCancelled):  # a reset or close ends the workload
-            self.proxy._settle(None, RequestCancelled("an earlier request was cancelled"))
+    def after_done(self, done: Future[RequestResult]) -> None:
+        if isinstance(done.exception(), RequestCancelled):  # a reset or close ends the workload
+            self.proxy.settle(None, RequestCancelled("an earlier request was cancelled"))
             return
         self.submit()
 
-    def copy_outcome(self, done: RequestHandle) -> None:
-        self.proxy._settle(done._result, done._error)
+    def copy_outcome(self, done: Future[RequestResult]) -> None:
+        error = done.exception()
+        if error is not None:
+            assert isinstance(error, EngineError)
+            self.proxy.settle(None, error)
+        else:
+            self.proxy.settle(done.result(), None)
 
 
 def percentiles(values: Sequence[float]) -> tuple[float, float]:

@@ -481,3 +481,9 @@ def measure_throughput(
 
 if __name__ == "__main__":
     print(measure_throughput(TinyTransformer()))
+
+
+def tiny_model() -> ModelConfig:
+    """The smallest model the engine serves well on a CPU: 1 layer, d_model 32, 2 query heads
+    over 1 K/V head of 16 (the full ShareGPT vocabulary, so trace token ids stay valid)."""
+    return ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)

@@ -30,7 +30,8 @@ import numpy as np
 import zmq
 
 from radixcache.core import events as ev
-from radixcache.wire.stream import Endpoints, from_u64, serve_request, u64
+from radixcache.serving.driver import serve_request
+from radixcache.wire.endpoints import Endpoints, from_u64, u64
 from radixcache.wire.subscriber import Subscriber
 from radixcache.wire.validate import MAX_BATCH_BYTES
 

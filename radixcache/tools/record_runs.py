@@ -25,9 +25,10 @@ import zmq
 
 from radixcache.core import events as ev
 from radixcache.wire import commands as cmd
+from radixcache.wire.client import send_command
+from radixcache.wire.endpoints import u64
 from radixcache.wire.mirror import Mirror
 from radixcache.wire.recording import RecordingReader
-from radixcache.wire.stream import send_command, u64
 
 CLI = [sys.executable, "-m", "cli.main"]
 FLOOD = ["--blocks", "256", "--answers", "prefill", "--workload", "flood",

@@ -3,18 +3,19 @@ checked against its own event stream every few seconds.
 
 What it does::
 
-    N submitter threads ──submit──> Engine (scheduler thread) ──on_step(events)──> Mirror
+    N submitter threads ──submit──> Engine in a ServiceLoop ──each batch──> Mirror
         chat / system / tot / fork / flood          │
         (outputs capped: the run is about           └─ every ``check_every_s``, on the
          churn, not decode length)                     scheduler thread between steps:
                                                        evict / reset faults, tree.check(),
                                                        mirror.digest() == tree.digest()
 
-The checks run on the scheduler thread inside ``on_step``, where nothing else mutates the
-tree (submitters only queue), so the digest comparison is exact, never racy. A violation
-(invariant broken, an event that does not fit the mirror, digests that differ) is recorded
-and the mirror is reloaded from a snapshot (a recovery) so the run goes on and finds more.
-At the end the run drains every request and verifies that nothing is left locked.
+The checks run on the loop's thread inside its sink (the loop's state lock held), where
+nothing else mutates the tree (submitters only queue), so the digest comparison is exact,
+never racy. A violation (invariant broken, an event that does not fit the mirror, digests
+that differ) is recorded and the mirror is reloaded from a snapshot (a recovery) so the run
+goes on and finds more. At the end the run drains every request and verifies that nothing is
+left pinned.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import NamedTuple
 from radixcache.core import events as ev
 from radixcache.core.invariants import InvariantError
 from radixcache.serving.engine import Engine, EngineConfig, RequestHandle, RequestRejected
+from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
 from radixcache.traffic.workloads import Workload, WorkloadRequest, build_workload
 from radixcache.wire.mirror import Mirror, MirrorError
 
@@ -117,10 +119,9 @@ class Soak:
 
     def __init__(self, config: SoakConfig | None = None) -> None:
         self.config = cfg = config or SoakConfig()
-        self.engine = Engine(
-            EngineConfig(num_blocks=cfg.num_blocks, max_step_tokens=256, watermark_every_s=0.5),
-            on_step=self._on_step,
-        )
+        self.engine = Engine(EngineConfig(num_blocks=cfg.num_blocks, max_step_tokens=256))
+        sink = BatchSink(lambda batch: self._on_step(batch.events))
+        self.loop = ServiceLoop(self.engine, sink, LoopConfig(0, sample_every_s=0.5))
         self.tree = self.engine.tree
         self.mirror = Mirror(self.tree.B, cfg.num_blocks)
         self.mirror.load_snapshot(self.tree.snapshot())
@@ -159,7 +160,7 @@ class Soak:
 
     def check(self) -> None:
         """Drain events into the mirror, run ``tree.check()`` and compare the digests. Call
-        only where no step runs (inside ``on_step`` or with the scheduler stopped)."""
+        only where no step runs (inside the sink, or with the loop stopped)."""
         self._apply(self.engine.take_events())
         self._last_check = time.monotonic()
         self._c.checks += 1
@@ -221,7 +222,7 @@ class Soak:
     def run(self, progress: Callable[[SoakStatus], None] | None = None) -> SoakReport:
         """Soak for ``config.seconds``, drain, check once more, close the engine."""
         self._t0 = self._last_check = time.monotonic()
-        self.engine.start()
+        self.loop.start()
         threads = [threading.Thread(target=self._submitter, args=(i,), name=f"soak-{i}",
                                     daemon=True) for i in range(self.config.threads)]
         for t in threads:
@@ -233,7 +234,7 @@ class Soak:
         self._stop.set()
         for t in threads:
             t.join()
-        self.engine.stop()
+        self.loop.stop()
         self.check()
         report = self._report(time.monotonic() - self._t0)
         self.engine.close()

@@ -39,8 +39,7 @@ import msgspec
 import zmq
 
 from radixcache.core import events as ev
-from radixcache.wire.mirror import Mirror, MirrorNode
-from radixcache.wire.stream import (
+from radixcache.wire.endpoints import (
     MAX_BATCH_BYTES,
     MAX_CONTROL_BYTES,
     BindPolicy,
@@ -48,6 +47,7 @@ from radixcache.wire.stream import (
     from_u64,
     u64,
 )
+from radixcache.wire.mirror import Mirror, MirrorNode
 
 TOPIC = b"kv-events"
 END_SEQ = b"\xff" * 8

@@ -17,10 +17,10 @@ import time
 from typing import NamedTuple
 
 from radixcache.core import events as ev
+from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.mirror import Mirror
 from radixcache.wire.recording import RecordingWriter, mirror_snapshot
 from radixcache.wire.security import ClientCurve
-from radixcache.wire.stream import Endpoints
 from radixcache.wire.subscriber import Subscriber
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from radixcache.wire.stream import from_u64
+from radixcache.wire.endpoints import from_u64
 from radixcache.wire.validate import MAX_INT, Malformed
 
 

@@ -35,6 +35,7 @@ import zmq
 
 from radixcache.core import events as ev
 from radixcache.wire import validate
+from radixcache.wire.endpoints import Endpoints, gc_paused, u64
 from radixcache.wire.mirror import Malformed, Mirror, MirrorError
 from radixcache.wire.resync import (
     Backoff,
@@ -49,7 +50,6 @@ from radixcache.wire.resync import (
     u63,
 )
 from radixcache.wire.security import ClientCurve, client_curve
-from radixcache.wire.stream import Endpoints, gc_paused, u64
 
 __all__ = ["MAX_BUFFER_BYTES", "HashDrop", "State", "Subscriber", "SubscriberStats",
            "SubscriberStatus", "drop_one_percent"]

@@ -1,0 +1,299 @@
+"""The publisher side of the event stream: PUB of batches, snapshot/replay ROUTER, command ROUTER.
+
+One background thread owns the three sockets (ZeroMQ sockets are not thread-safe). The
+engine calls ``publish(events)`` from its step loop: that assigns the batch's ``seq`` and
+puts the list on a queue (a lock and an append, no encoding on the engine's time). The
+thread encodes each batch once with msgspec, sends it on the PUB, keeps it in a bounded
+ring for replay, answers control and command requests, and sends a heartbeat (an empty
+batch with its own seq) when nothing was published for ``heartbeat_s``.
+
+Control protocol (DEALER -> ROUTER, every integer 8-byte big-endian)::
+
+    request  [b"snapshot", req]            reply [b"snap", req, epoch, seq, Snapshot msgpack]
+    request  [b"replay", req, from_seq]    reply [b"batch", req, Batch msgpack] ... then
+                                                 [b"end", req, last_seq]
+                                           or    [b"too-old", req, oldest_seq_in_ring]
+    anything else                          reply [b"error", req or b"", reason utf-8]
+
+See docs/wire-format.md.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import NamedTuple
+
+import msgspec
+import zmq
+
+from radixcache.core import events as ev
+from radixcache.core.guard import Guard
+from radixcache.wire import commands as cmd
+from radixcache.wire.endpoints import (
+    MAX_CONTROL_BYTES,
+    BindPolicy,
+    Endpoints,
+    bind,
+    from_u64,
+    gc_paused,
+    new_epoch,
+    split_request,
+    u64,
+)
+
+POLL_MS = 2
+SNAPSHOT_BUDGET = 64 * 1024 * 1024  # bytes of snapshot replies per client per window
+SNAPSHOT_WINDOW_S = 5.0
+
+
+class SnapshotAt(NamedTuple):
+    """A snapshot and the ``seq`` of the last batch whose events it already contains."""
+
+    snapshot: ev.Snapshot
+    seq: int
+
+
+SnapshotFn = Callable[[], SnapshotAt]
+CommandFn = Callable[[cmd.AnyCommand], cmd.AnyReply]
+
+
+def _no_commands(_: cmd.AnyCommand) -> cmd.AnyReply:
+    return cmd.Error("this publisher takes no commands")
+
+
+class PublisherStats(NamedTuple):
+    """Counters of a publisher."""
+
+    batches: int
+    events: int
+    heartbeats: int
+    snapshots_served: int
+    replays_served: int
+    too_old: int
+    commands: int
+    bad_requests: int
+    snapshots_refused: int
+
+
+class _Pending(NamedTuple):
+    seq: int
+    ts: float
+    events: list[ev.AnyEvent]
+
+
+class Publisher:
+    """Publishes batches of events; serves snapshots, replays and commands. Thread-safe publish.
+
+    ``snapshot_fn`` must return a snapshot together with the last seq it includes; the
+    caller makes that atomic with its own publishing (see ``TreeSource``). Sockets are bound
+    in the constructor (``endpoints`` holds the real addresses) and served by ``start()``.
+    """
+
+    def __init__(
+        self,
+        endpoints: Endpoints,
+        snapshot_fn: SnapshotFn,
+        *,
+        engine: str = "radixcache",
+        commands: CommandFn = _no_commands,
+        ring: int = 4096,
+        heartbeat_s: float = 0.5,
+        hwm: int = 10_000,
+        policy: BindPolicy = BindPolicy.LOCAL_ONLY,
+        epoch: int | None = None,
+        guard: Guard | None = None,
+    ) -> None:
+        self.epoch = new_epoch() if epoch is None else epoch
+        self.engine = engine
+        self._snapshot_fn, self._commands = snapshot_fn, commands
+        self._ring: deque[tuple[int, bytes]] = deque(maxlen=ring)
+        # the engine appends, the thread pops: no wake-up per batch (a wake-up per put
+        # costs the engine a GIL hand-off; the thread polls every ``poll_ms`` instead)
+        self._queue: deque[_Pending] = deque()
+        self._seq_lock = threading.Lock()
+        self._seq = 0
+        self._last_send = time.monotonic()
+        self.heartbeat_s = heartbeat_s
+        self._counts = dict.fromkeys(PublisherStats._fields, 0)
+        self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.SNDHWM, hwm)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        self._control = self._router()
+        self._command = self._router()
+        self.endpoints = Endpoints(
+            bind(self._pub, endpoints.events, policy),
+            bind(self._control, endpoints.control, policy),
+            bind(self._command, endpoints.commands, policy),
+        )
+        self._thread: threading.Thread | None = None
+        self.guard = guard if guard is not None else Guard()
+        self._snapshot_cache: tuple[int, bytes] | None = None  # (seq, encoded) of the last one
+        self._sent_to: dict[bytes, tuple[float, int]] = {}  # peer -> (window start, bytes)
+        self._stopping = threading.Event()
+        # called on the publisher's thread with each batch's events after it was sent
+        # (the vLLM-format translator hangs here, off the engine's time)
+        self.tap: Callable[[list[ev.AnyEvent]], None] | None = None
+
+    def _router(self) -> zmq.Socket[bytes]:
+        sock: zmq.Socket[bytes] = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_BYTES)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        return sock
+
+    # -- the engine's side ------------------------------------------------------------------
+    @property
+    def seq(self) -> int:
+        """The seq of the last batch handed to ``publish`` (0 before the first)."""
+        return self._seq
+
+    def publish(self, events: list[ev.AnyEvent]) -> int:
+        """Queue ``events`` as the next batch and return its seq. The list is owned by the
+        publisher afterwards (the caller must not touch it). Never blocks on the network."""
+        with self._seq_lock:
+            self._seq += 1
+            self._queue.append(_Pending(self._seq, time.time(), events))
+            return self._seq
+
+    def stats(self) -> PublisherStats:
+        """A copy of the counters."""
+        return PublisherStats(**self._counts)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> Publisher:
+        """Start the serving thread (idempotent); returns self."""
+        if self._thread is None:
+            self._thread = self.guard.start("rc-publisher", self._run)
+        return self
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send every queued batch, stop the thread and close the sockets."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        for sock in (self._pub, self._control, self._command):
+            sock.close(linger=0)
+
+    def __enter__(self) -> Publisher:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._control, zmq.POLLIN)
+        poller.register(self._command, zmq.POLLIN)
+        while True:
+            stopping = self._stopping.is_set()
+            for sock, _ in poller.poll(POLL_MS):
+                if sock is self._control:
+                    self._serve_control()
+                else:
+                    self._serve_command()
+            self._drain()
+            if stopping:
+                return
+            if time.monotonic() - self._last_send > self.heartbeat_s:
+                self.publish([])
+
+    def _drain(self) -> None:
+        """Send every queued batch, in order."""
+        q = self._queue
+        while q:
+            self._send(q.popleft())
+
+    def _send(self, item: _Pending) -> None:
+        payload = ev.encode_batch(ev.Batch(item.seq, self.epoch, item.ts, self.engine, item.events))
+        self._pub.send(payload, copy=False)
+        self._ring.append((item.seq, payload))
+        self._last_send = time.monotonic()
+        c = self._counts
+        c["batches"] += 1
+        c["events"] += len(item.events)
+        c["heartbeats"] += not item.events
+        if self.tap is not None and item.events:
+            self.tap(item.events)
+
+    def _serve_control(self) -> None:
+        head, body = split_request(self._control.recv_multipart())
+        try:
+            if len(body) == 2 and body[0] == b"snapshot":
+                self._send_snapshot(head, body[1])
+                return
+            if len(body) == 3 and body[0] == b"replay":
+                self._send_replay(head, body[1], from_u64(body[2]))
+                return
+            raise ValueError(f"unknown control request of {len(body)} frames")
+        except ValueError as exc:
+            self._counts["bad_requests"] += 1
+            req = body[1] if len(body) > 1 else b""
+            self._control.send_multipart([*head, b"error", req, str(exc).encode()])
+
+    def _send_snapshot(self, head: list[bytes], req: bytes) -> None:
+        self._drain()
+        with gc_paused():
+            at = self._snapshot_fn()
+            cached = self._snapshot_cache
+            if cached is not None and cached[0] == at.seq:
+                data = cached[1]  # unchanged tree: the queued replies share one buffer
+            else:
+                data = msgspec.msgpack.encode(at.snapshot)
+                self._snapshot_cache = (at.seq, data)
+        self._drain()  # batches up to at.seq must be in the ring before we answer
+        if not self._within_budget(head[0], len(data)):
+            self._counts["snapshots_refused"] += 1
+            self._control.send_multipart([*head, b"error", req, b"snapshot budget of this "
+                                          b"client spent: retry in a few seconds"])
+            return
+        self._control.send_multipart([*head, b"snap", req, u64(self.epoch), u64(at.seq), data],
+                                     copy=False)
+        self._counts["snapshots_served"] += 1
+
+    def _within_budget(self, peer: bytes, size: int) -> bool:
+        """Charge ``size`` bytes of snapshot replies to ``peer``: a client that asks for
+        snapshots and never reads them would otherwise queue them on the engine without end
+        (400 unread requests held 358 MB). ``SNAPSHOT_BUDGET`` bytes per peer per window."""
+        now = time.monotonic()
+        start, spent = self._sent_to.get(peer, (now, 0))
+        if now - start > SNAPSHOT_WINDOW_S:
+            start, spent = now, 0
+        if spent and spent + size > SNAPSHOT_BUDGET:
+            return False
+        if len(self._sent_to) > 1024:  # forget old peers; the map stays small
+            self._sent_to = {k: v for k, v in self._sent_to.items()
+                             if now - v[0] <= SNAPSHOT_WINDOW_S}
+        self._sent_to[peer] = (start, spent + size)
+        return True
+
+    def _send_replay(self, head: list[bytes], req: bytes, start: int) -> None:
+        oldest = self._ring[0][0] if self._ring else self._seq + 1
+        if start < oldest and start <= self._seq:
+            self._counts["too_old"] += 1
+            self._control.send_multipart([*head, b"too-old", req, u64(oldest)])
+            return
+        last = start - 1
+        for seq, payload in self._ring:
+            if seq >= start:
+                self._control.send_multipart([*head, b"batch", req, payload], copy=False)
+                last = seq
+        self._control.send_multipart([*head, b"end", req, u64(last)])
+        self._counts["replays_served"] += 1
+
+    def _serve_command(self) -> None:
+        head, body = split_request(self._command.recv_multipart())
+        self._counts["commands"] += 1
+        try:
+            if len(body) != 1:
+                raise cmd.CommandError(f"expected one frame, got {len(body)}")
+            reply = self._commands(cmd.decode_command(body[0]))
+        except cmd.CommandError as exc:
+            self._counts["bad_requests"] += 1
+            reply = cmd.Error(str(exc))
+        self._command.send_multipart([*head, cmd.encode_reply(reply)])
+
