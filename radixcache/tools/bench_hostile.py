@@ -30,7 +30,6 @@ import numpy as np
 import zmq
 
 from radixcache.core import events as ev
-from radixcache.serving.driver import serve_request
 from radixcache.wire.endpoints import Endpoints, from_u64, u64
 from radixcache.wire.subscriber import Subscriber
 from radixcache.wire.validate import MAX_BATCH_BYTES
@@ -71,8 +70,10 @@ class _Peer:
         # (its peak RSS is the figure)
         from radixcache.core.pool import KVPool
         from radixcache.core.tree import RadixTree
+        from radixcache.serving.driver import serve_request
 
         self.hostile = mode is Mode.HOSTILE
+        self.serve_request = serve_request
         self.tree = RadixTree(KVPool(1024, 16))
         self.ring: deque[tuple[int, bytes]] = deque(maxlen=1 << 14)
         self.seq, self.epoch = 0, 5
@@ -95,7 +96,7 @@ class _Peer:
         for _ in range(2):
             base = self.bases[int(self.rng.integers(0, 16))]
             tail = self.rng.integers(0, 500, int(self.rng.integers(1, 40)), dtype=np.uint32)
-            serve_request(self.tree, np.concatenate([base, tail]))
+            self.serve_request(self.tree, np.concatenate([base, tail]))
         events = self.tree.take_events()
         if self.seq % 8 == 7:
             events.append(ev.Digest(self.tree.digest()))
