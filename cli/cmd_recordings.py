@@ -21,7 +21,8 @@ from inspector.sources import DatasetWords
 from radixcache.traffic.workloads import Vocabulary, WorkloadError
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.export import jsonl_lines, perfetto_json
-from radixcache.wire.kvevents import KVEventsClient
+from radixcache.wire.kvevents.pubsub import KVEventsClient
+from radixcache.wire.kvevents.report import follow_lines
 from radixcache.wire.mirror import Mirror
 from radixcache.wire.recorder import LiveRecorder
 from radixcache.wire.recording import Damage, RecordingReader, RecordingWriter
@@ -210,16 +211,7 @@ def _live_mirror(source: str, curve: ClientCurve | None) -> Mirror:
 def _kv_tree(endpoint: str, replay: str | None, seconds: float, limit: int) -> None:
     client = KVEventsClient(endpoint, replay)
     try:
-        client.run_for(seconds)
+        lines = follow_lines(client, seconds, limit)
     finally:
         client.close()
-    root = Tree("blocks")
-    nodes: dict[int, Tree] = {}
-    for shown, (depth, b) in enumerate(client.tree.walk()):
-        if shown >= limit:
-            break
-        label = b.hash.hex()[:16] if isinstance(b.hash, bytes) else f"{b.hash:016x}"
-        parent = nodes.get(depth - 1, root) if depth else root
-        nodes[depth] = parent.add(f"{label} {b.tokens[:6]}{'…' if len(b.tokens) > 6 else ''}")
-    console.print(root)
-    console.print(f"live blocks: {len(client.blocks)}")
+    typer.echo("\n".join(lines))

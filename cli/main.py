@@ -20,7 +20,8 @@ import cli.cmd_engine
 import cli.cmd_inspect
 import cli.cmd_recordings
 import cli.cmd_soak
-import cli.cmd_stream  # noqa: F401
+import cli.cmd_stream
+import cli.cmd_whatif  # noqa: F401
 from cli.app import CliError, app, finish_help
 from radixcache.core.blocks import PoolError
 from radixcache.core.tree import TreeError

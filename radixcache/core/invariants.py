@@ -16,14 +16,14 @@
 from __future__ import annotations
 
 import itertools
-import struct
 from collections import Counter
 from typing import TYPE_CHECKING
+
+from radixcache.core import tokens as tk
 
 if TYPE_CHECKING:
     from radixcache.core.tree import RadixNode, RadixTree
 
-_first = struct.Struct("<I").unpack_from
 
 
 class InvariantError(AssertionError):
@@ -33,15 +33,15 @@ class InvariantError(AssertionError):
 def _check_node(tree: RadixTree, n: RadixNode, out: list[str]) -> None:
     B = tree.B
     p = n.parent
-    if p is None or not p.alive or p.children.get(_first(n.tokens, 0)[0]) is not n:
+    if p is None or not p.alive or p.children.get(tk.token_at(n.tokens, 0)) is not n:
         out.append(f"node {n.id}: not its parent's child under its first token")
         return
     if n.start != p.end:
         out.append(f"node {n.id}: starts at {n.start}, parent ends at {p.end}")
     if not n.tokens or len(n.tokens) % 4:
         out.append(f"node {n.id}: empty or ragged token bytes")
-    if n.end != n.start + len(n.tokens) // 4:
-        out.append(f"node {n.id}: end {n.end} but {len(n.tokens) // 4} tokens from {n.start}")
+    if n.end != n.start + tk.count(n.tokens):
+        out.append(f"node {n.id}: end {n.end} but {tk.count(n.tokens)} tokens from {n.start}")
     want = (n.end - 1) // B - n.start // B + 1
     if len(n.blocks) != want:
         out.append(f"node {n.id}: {len(n.blocks)} blocks for span [{n.start},{n.end}), want {want}")

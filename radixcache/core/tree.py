@@ -36,25 +36,22 @@ from typing import TYPE_CHECKING, NamedTuple, NewType, Protocol
 import numpy as np
 
 from radixcache.core import events as ev
+from radixcache.core import tokens as tk
 from radixcache.core.blocks import PoolExhausted
+from radixcache.core.tokens import TOKEN_BYTES, U32, InvalidTokens, TokenSeq
+from radixcache.core.tokens import unpack_token as _first
 
 if TYPE_CHECKING:
     from radixcache.core.pool import KVPool
 
 NodeId = NewType("NodeId", int)
-TokenSeq = bytes | np.ndarray | Sequence[int]
 
-_first = struct.Struct("<I").unpack_from
 ROOT_ID = NodeId(0)
-_U32 = 2**32
 
 
 class TreeError(Exception):
     """Base class of the errors the tree raises on bad input; the tree is unchanged after one."""
 
-
-class InvalidTokens(TreeError, ValueError):
-    """Empty token sequence, or a token id outside ``[0, vocab_limit)``."""
 
 
 class PromptTooLarge(TreeError):
@@ -71,7 +68,7 @@ class UnknownNode(TreeError, KeyError):
 
 @dataclass(slots=True, eq=False)
 class RadixNode:
-    """A span of tokens ``[start, end)`` (``end = start + len(tokens) // 4``) and the blocks
+    """A span of tokens ``[start, end)`` (``end = start + tk.count(tokens)``) and the blocks
     covering it."""
 
     id: NodeId
@@ -170,48 +167,24 @@ class TreeStats:
     last_evict_ns: int = 0
 
 
-def as_token_bytes(tokens: TokenSeq, vocab_limit: int) -> bytes:
-    """Tokens as little-endian uint32 bytes; ``InvalidTokens`` on empty or out-of-range ids.
-
-    uint32 input (bytes or array) is taken without a range scan when ``vocab_limit`` is 2**32.
-    """
-    if isinstance(tokens, bytes):
-        if not tokens or len(tokens) % 4:
-            raise InvalidTokens(f"token bytes must be a non-empty multiple of 4, got {len(tokens)}")
-        if vocab_limit >= _U32:
-            return tokens
-        arr = np.frombuffer(tokens, dtype="<u4")
-    else:
-        arr = np.asarray(tokens)
-        if arr.ndim != 1 or arr.size == 0:
-            raise InvalidTokens("tokens must be a non-empty 1-D sequence")
-        if arr.dtype.kind not in "iu":
-            raise InvalidTokens(f"token ids must be integers, got {arr.dtype}")
-        if arr.dtype == np.uint32 and vocab_limit >= _U32:
-            return arr.tobytes()
-    lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 or hi >= min(vocab_limit, _U32):
-        raise InvalidTokens(f"token ids must be in [0, {vocab_limit}), got min {lo} max {hi}")
-    return tokens if isinstance(tokens, bytes) else arr.astype("<u4").tobytes()
-
-
 def _common_prefix(seq: bytes, pos: int, tokens: bytes) -> int:
     """Tokens shared by ``seq[pos:]`` and ``tokens``: galloping then bisection over slice
     comparisons, each one a C ``memcmp`` (O(log k) compares for a k-token common run)."""
-    n = min(len(seq) // 4 - pos, len(tokens) // 4)
-    off = pos * 4
+    W = TOKEN_BYTES
+    n = min(len(seq) // W - pos, len(tokens) // W)
+    off = pos * W
     lo, step = 0, 1  # invariant: the first ``lo`` tokens match
-    while lo + step <= n and seq.startswith(tokens[lo * 4 : (lo + step) * 4], off + lo * 4):
+    while lo + step <= n and seq.startswith(tokens[lo * W : (lo + step) * W], off + lo * W):
         lo += step
         step *= 2
     hi = min(n, lo + step)  # the first mismatch lies in [lo, hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if seq.startswith(tokens[lo * 4 : mid * 4], off + lo * 4):
+        if seq.startswith(tokens[lo * W : mid * W], off + lo * W):
             lo = mid
         else:
             hi = mid
-    if lo < n and hi == lo + 1 and seq.startswith(tokens[lo * 4 : hi * 4], off + lo * 4):
+    if lo < n and hi == lo + 1 and seq.startswith(tokens[lo * W : hi * W], off + lo * W):
         lo = hi
     return lo
 
@@ -225,7 +198,7 @@ class RadixTree:
         *,
         high: float = 0.92,
         low: float = 0.85,
-        vocab_limit: int = _U32,
+        vocab_limit: int = U32,
         record_events: bool = True,
     ) -> None:
         self.pool = pool
@@ -293,13 +266,13 @@ class RadixTree:
     def _descend(self, seq: bytes, node: RadixNode, pos: int) -> tuple[RadixNode, int]:
         """Follow ``seq`` down from ``node`` (whose path covers ``seq[:pos]``): the deepest node
         touched (the match may end inside it) and the matched length. No state change."""
-        n = len(seq) // 4
+        n = tk.count(seq)
         while pos < n:
-            child = node.children.get(_first(seq, pos * 4)[0])
+            child = node.children.get(_first(seq, pos * TOKEN_BYTES)[0])
             if child is None:
                 break
             node = child
-            if seq.startswith(child.tokens, pos * 4):
+            if seq.startswith(child.tokens, pos * TOKEN_BYTES):
                 pos = child.end
             else:
                 pos += _common_prefix(seq, pos, child.tokens)
@@ -311,11 +284,11 @@ class RadixTree:
         path stamped with a new access clock on the way down (what ``_touch`` does after)."""
         self._clock += 1
         c = self._clock
-        node, pos, n, B = self.root, 0, len(seq) // 4, self.B
+        node, pos, n, B = self.root, 0, tk.count(seq), self.B
         node.clock = c
         table = array("i")  # from the root, the deepest node covering a logical block wins
         while pos < n:
-            child = node.children.get(_first(seq, pos * 4)[0])
+            child = node.children.get(_first(seq, pos * TOKEN_BYTES)[0])
             if child is None:
                 break
             node = child
@@ -324,7 +297,7 @@ class RadixTree:
                 table[-1:] = child.blocks
             else:
                 table.extend(child.blocks)
-            if seq.startswith(child.tokens, pos * 4):
+            if seq.startswith(child.tokens, pos * TOKEN_BYTES):
                 pos = child.end
             else:
                 pos += _common_prefix(seq, pos, child.tokens)
@@ -359,7 +332,7 @@ class RadixTree:
 
         The result's node is not locked: use ``match_and_lock`` when the blocks will be used.
         """
-        seq = as_token_bytes(tokens, self.vocab_limit)
+        seq = tk.validated(tokens, self.vocab_limit)
         with self.lock_:
             node, length, table = self._walk(seq)
             if self._emit is not None:
@@ -368,7 +341,7 @@ class RadixTree:
 
     def match_and_lock(self, tokens: TokenSeq) -> MatchResult:
         """``match`` and ``lock`` of the result's node, atomically."""
-        seq = as_token_bytes(tokens, self.vocab_limit)
+        seq = tk.validated(tokens, self.vocab_limit)
         with self.lock_:
             node, length, table = self._walk(seq)
             self._lock(node)
@@ -491,11 +464,11 @@ class RadixTree:
         """Cache ``tokens`` (the request's whole sequence, at most ``lease.total``) using the
         lease's blocks, splitting an edge where it diverges. Consumes the lease: blocks that
         duplicate what is already cached go back to the free list. Does not unlock."""
-        seq = as_token_bytes(tokens, self.vocab_limit)
+        seq = tk.validated(tokens, self.vocab_limit)
         with self.lock_:
             if lease.done:
                 raise TreeError("lease already consumed")
-            n = len(seq) // 4
+            n = tk.count(seq)
             if n > lease.total:
                 raise InvalidTokens(f"{n} tokens exceed the lease's {lease.total}")
             node, pos = self._descend_from_lease(seq, lease)
@@ -533,10 +506,10 @@ class RadixTree:
 
     def _extend(self, seq: bytes, node: RadixNode, pos: int, lease: Lease) -> RadixNode:
         """Append ``seq[pos:]`` and the lease's blocks for it to ``node`` (see ``_extendable``)."""
-        B, n = self.B, len(seq) // 4
+        B, n = self.B, tk.count(seq)
         j_last = (n - 1) // B
         new = lease.table[(pos + B - 1) // B : j_last + 1]  # the in-place block is already there
-        tokens = seq[pos * 4 : n * 4]
+        tokens = tk.span(seq, pos, n)
         node.tokens += tokens
         node.end = n
         node.blocks = node.blocks + new  # a new array: events may hold the old one
@@ -554,7 +527,7 @@ class RadixTree:
         while top.start > lease.matched and top.parent is not None:
             top = top.parent  # split after the match: the old id now names a later suffix
         k = lease.matched - top.start
-        if k > 0 and not seq.startswith(top.tokens[: k * 4], top.start * 4):
+        if k > 0 and not seq.startswith(tk.span(top.tokens, 0, k), top.start * TOKEN_BYTES):
             raise InvalidTokens("insert tokens do not start with the prefix the lease matched")
         if top.parent is None:
             return self._descend(seq, top, 0)
@@ -562,7 +535,7 @@ class RadixTree:
 
     def _attach(self, seq: bytes, node: RadixNode, pos: int, lease: Lease) -> RadixNode | None:
         """Create the leaf ``[pos, n)``; returns None when its boundary block cannot be had."""
-        B, n = self.B, len(seq) // 4
+        B, n = self.B, tk.count(seq)
         j_first, j_last = pos // B, (n - 1) // B
         blocks = lease.table[j_first : j_last + 1]
         shared = False
@@ -578,10 +551,10 @@ class RadixTree:
                 blocks[0] = copy
         if pos < node.end:
             node = self._split(node, pos - node.start)
-        leaf = RadixNode(NodeId(self._next_id), node, pos, n, seq[pos * 4 : n * 4], blocks)
+        leaf = RadixNode(NodeId(self._next_id), node, pos, n, tk.span(seq, pos, n), blocks)
         self._next_id += 1
         self._nodes[leaf.id] = leaf
-        node.children[_first(seq, pos * 4)[0]] = leaf
+        node.children[_first(seq, pos * TOKEN_BYTES)[0]] = leaf
         if shared:
             self.alloc.incref(blocks[0])
         self.alloc.set_claim(blocks[-1], n - j_last * B)  # the request may have reserved more
@@ -661,16 +634,16 @@ class RadixTree:
             parent,
             s,
             p,
-            node.tokens[: k * 4],
+            tk.span(node.tokens, 0, k),
             prefix_blocks,
             clock=node.clock,
         )
         self._next_id += 1
         self._nodes[prefix.id] = prefix
         parent.children[_first(node.tokens, 0)[0]] = prefix
-        prefix.children[_first(node.tokens, k * 4)[0]] = node
+        prefix.children[_first(node.tokens, k * TOKEN_BYTES)[0]] = node
         node.parent, node.start = prefix, p
-        node.tokens, node.blocks = node.tokens[k * 4 :], suffix_blocks
+        node.tokens, node.blocks = tk.span(node.tokens, k), suffix_blocks
         self.stats.splits += 1
         if self._emit is not None:
             self._emit(ev.Split(node.id, k, prefix.id, prefix_blocks, suffix_blocks))

@@ -45,6 +45,7 @@ import numpy.typing as npt
 import torch
 
 from radixcache.core import events as ev
+from radixcache.core import tokens as tk
 from radixcache.core.pool import KVPool, PoolExhausted
 from radixcache.core.tree import EvictResult, Lease, MatchResult, PromptTooLarge, RadixTree
 from radixcache.serving.memory import MemorySource
@@ -258,17 +259,6 @@ class WorkloadRun(NamedTuple):
 Tokens = Sequence[int] | npt.NDArray[np.integer]
 
 
-def _as_tokens(tokens: Tokens, vocab: int, what: str) -> TokenArray:
-    arr = np.asarray(tokens)
-    if arr.ndim == 1 and arr.size == 0:
-        arr = arr.astype(np.int64)  # ``[]`` reads as float64: call it empty, not non-integer
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise ValueError(f"{what} must be a 1-D sequence of integer token ids")
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= vocab):
-        raise ValueError(f"{what} has a token id outside [0, {vocab})")
-    return arr.astype(np.uint32)
-
-
 def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else 0.0
 
@@ -320,14 +310,12 @@ class Engine:
         the pool holds is not queued: its handle is already failed with ``RequestRejected``.
         """
         vocab = self.config.model.vocab_size
-        prompt = _as_tokens(prompt_tokens, vocab, "prompt")
-        if prompt.size == 0:
-            raise ValueError("prompt must hold at least one token")
+        prompt = tk.validated_array(prompt_tokens, vocab, "prompt")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         forced = None
         if forced_output is not None:
-            forced = _as_tokens(forced_output, vocab, "forced_output")
+            forced = tk.validated_array(forced_output, vocab, "forced_output")
             if forced.size != max_new_tokens:
                 raise ValueError(f"forced_output holds {forced.size} tokens, not {max_new_tokens}")
         with self._queue:

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from radixcache.core import tokens as tk
 from radixcache.traffic.sharegpt import load_trace
 
 REPLAY_BATCH = 8
@@ -62,7 +63,7 @@ class BlockRequest:
 
 def chain_hashes(tokens: npt.NDArray[np.uint32], block_size: int) -> list[bytes]:
     """The chain hash of every full block of ``tokens``: blake2b-128(parent + LE uint32s)."""
-    data = np.asarray(tokens, dtype="<u4").tobytes()
+    data = tk.from_ids(tokens)
     step = 4 * block_size
     parent = b""
     out = []

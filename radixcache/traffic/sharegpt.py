@@ -41,6 +41,8 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from radixcache.core import tokens as tk
+
 TokenArray = npt.NDArray[np.uint32]
 
 WORD_VOCAB = 100_000
@@ -70,8 +72,8 @@ _WORD_RE = re.compile(r"\w+|[^\w\s]")
 # The same split on ASCII bytes (faster): str \s also matches \x1c-\x1f, bytes \s does not.
 _ASCII_WORD_RE = re.compile(rb"\w+|[^\w\s\x1c-\x1f]")
 _WS_RE = re.compile(r"\s*")
-_PROMPT_END = np.array([0xFFFFFFFF], dtype="<u4").tobytes()
-_OUTPUT_END = np.array([0xFFFFFFFE], dtype="<u4").tobytes()
+_PROMPT_END = tk.from_ids([0xFFFFFFFF])
+_OUTPUT_END = tk.from_ids([0xFFFFFFFE])
 
 Message = tuple[str, str]  # (role as in the file's "from", text)
 
@@ -275,9 +277,9 @@ def fingerprint(requests: Iterator[TraceRequest] | Sequence[TraceRequest]) -> st
     """sha256 hex of, per request: prompt as LE uint32, ff ff ff ff, output, fe ff ff ff."""
     digest = hashlib.sha256()
     for req in requests:
-        digest.update(np.asarray(req.prompt, dtype="<u4").tobytes())
+        digest.update(tk.from_ids(req.prompt))
         digest.update(_PROMPT_END)
-        digest.update(np.asarray(req.output, dtype="<u4").tobytes())
+        digest.update(tk.from_ids(req.output))
         digest.update(_OUTPUT_END)
     return digest.hexdigest()
 

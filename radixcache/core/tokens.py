@@ -1,0 +1,105 @@
+"""The one place that knows how a run of tokens is held: little-endian uint32, 4 bytes a token.
+
+The tree keeps every node's tokens as such ``bytes`` (compared with C ``memcmp``), events carry
+them, the mirror and the KV-event codec read them back. Everything that turns token ids into
+that form, or back, or counts or slices it, goes through here, and so does the one validator of
+token ids that come from outside (a prompt, a trace, a frame).
+
+::
+
+    ids      [  17,     5,  70000 ]
+    bytes    11 00 00 00 05 00 00 00 70 11 01 00      count = len(bytes) // TOKEN_BYTES
+             ^ token 0   ^ token 1   ^ token 2        token i at bytes [4i, 4i + 4)
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+TOKEN_BYTES = 4
+DTYPE = "<u4"
+U32 = 2**32
+TokenArray = npt.NDArray[np.uint32]
+TokenSeq = Sequence[int] | npt.NDArray[np.integer] | bytes
+
+# (run, byte offset) -> (id,): for the tree's hot loops, where a call of ``token_at`` costs
+_FIRST = struct.Struct("<I").unpack_from
+unpack_token = _FIRST
+
+
+class InvalidTokens(ValueError):
+    """Token ids that are not a non-empty run of integers inside the vocabulary."""
+
+
+def count(run: bytes) -> int:
+    """How many tokens ``run`` holds."""
+    return len(run) // TOKEN_BYTES
+
+
+def token_at(run: bytes, i: int) -> int:
+    """The ``i``-th token id of ``run`` (no copy)."""
+    return int(_FIRST(run, i * TOKEN_BYTES)[0])
+
+
+def span(run: bytes, lo: int, hi: int | None = None) -> bytes:
+    """Tokens ``[lo, hi)`` of ``run`` (to its end when ``hi`` is None)."""
+    return run[lo * TOKEN_BYTES:] if hi is None else run[lo * TOKEN_BYTES: hi * TOKEN_BYTES]
+
+
+def to_array(run: bytes, limit: int | None = None) -> TokenArray:
+    """The ids of ``run`` (its first ``limit`` when given) as a uint32 array over its bytes."""
+    n = count(run) if limit is None else min(limit, count(run))
+    return np.frombuffer(run, dtype=DTYPE, count=n)
+
+
+def to_list(run: bytes, limit: int | None = None) -> list[int]:
+    """The ids of ``run`` (its first ``limit``) as Python ints."""
+    return [int(t) for t in to_array(run, limit)]
+
+
+def from_ids(ids: Sequence[int] | npt.NDArray[np.integer]) -> bytes:
+    """Trusted ids (already validated) as a run."""
+    return np.asarray(ids, dtype=DTYPE).tobytes()
+
+
+def validated(tokens: TokenSeq, vocab_limit: int = U32, what: str = "tokens") -> bytes:
+    """``tokens`` as a run; ``InvalidTokens`` unless they are a non-empty run of integer ids in
+    ``[0, vocab_limit)``. uint32 input (bytes or array) is taken without a range scan when
+    ``vocab_limit`` is 2**32."""
+    if isinstance(tokens, bytes):
+        if not tokens or len(tokens) % TOKEN_BYTES:
+            raise InvalidTokens(f"token bytes must be a non-empty multiple of {TOKEN_BYTES}, "
+                                f"got {len(tokens)}")
+        if vocab_limit >= U32:
+            return tokens
+        _check_range(np.frombuffer(tokens, dtype=DTYPE), vocab_limit, what)
+        return tokens
+    arr = validated_array(tokens, vocab_limit, what)
+    return arr.tobytes()
+
+
+def validated_array(tokens: Sequence[int] | npt.NDArray[np.integer], vocab_limit: int = U32,
+                    what: str = "tokens") -> TokenArray:
+    """``tokens`` as a uint32 array; ``InvalidTokens`` unless a non-empty 1-D run of integer ids
+    in ``[0, vocab_limit)``."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise InvalidTokens(f"{what} must be a 1-D sequence of token ids")
+    if arr.size == 0:  # before the dtype test: ``[]`` reads as float64
+        raise InvalidTokens(f"{what} must hold at least one token")
+    if arr.dtype.kind not in "iu":
+        raise InvalidTokens(f"{what}: token ids must be integers, got {arr.dtype}")
+    if not (arr.dtype == np.uint32 and vocab_limit >= U32):
+        _check_range(arr, vocab_limit, what)
+    return arr.astype(DTYPE, copy=False)
+
+
+def _check_range(arr: npt.NDArray[np.integer], vocab_limit: int, what: str) -> None:
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= min(vocab_limit, U32):
+        raise InvalidTokens(f"{what} has a token id outside [0, {vocab_limit}): min {lo}, "
+                            f"max {hi}")
