@@ -55,15 +55,17 @@ def test_record_from_a_flooding_engine_reads_back_with_equal_digests(tmp_path):
 
 
 def test_record_across_an_engine_restart_reads_back_with_equal_digests(tmp_path):
+    # ipc: a TCP port freed by the first engine can be taken meanwhile by the subscriber's own
+    # reconnect (a self-connect) or another process; the SIGKILL run on TCP is record_runs
+    endpoints = Endpoints.ipc(str(tmp_path / "engine"))
     first = make_source(num_blocks=256, digest_every=2)
     out = tmp_path / "restart.rcx"
-    with serving(first) as pub:
-        endpoints = pub.endpoints
-        rec = LiveRecorder(endpoints, out, request_timeout_s=0.5).start()
+    with serving(first, endpoints, epoch=1000) as pub:
+        rec = LiveRecorder(pub.endpoints, out, request_timeout_s=0.5).start()
         drive(first, prompts(30, seed=1))
         assert wait_for(lambda: rec.subscriber.seq == pub.seq)
     second = make_source(num_blocks=256, digest_every=2)
-    with serving(second, Endpoints(*endpoints)) as pub2:
+    with serving(second, endpoints, epoch=2000) as pub2:
         drive(second, prompts(30, seed=2))
         assert wait_for(lambda: rec.subscriber.epoch == pub2.epoch
                         and rec.subscriber.seq == pub2.seq, 20)
