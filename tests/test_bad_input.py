@@ -320,7 +320,7 @@ def test_tree_rejects_empty_and_oversized_prompts():
     serve_request(tree, list(range(40)))
     digest, used = tree.digest(), tree.alloc.used_count
     for empty in ([], np.zeros(0, np.uint32), b""):
-        with pytest.raises(InvalidTokens, match="at least one token|non-empty multiple"):
+        with pytest.raises(InvalidTokens, match=r"at least one token|non-empty multiple"):
             tree.match_and_lock(empty)
     with pytest.raises(InvalidTokens, match="token bytes must be a non-empty multiple of 4"):
         tree.match(b"abc")
