@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import typer
@@ -14,7 +13,7 @@ from rich.table import Table
 
 from cli.app import bench_app
 from radixcache.tools.baselines import replay_block_hash
-from radixcache.traffic.sharegpt import DatasetUnavailable, load_trace
+from radixcache.traffic.sharegpt import DatasetUnavailable, Trace, load_trace
 
 if TYPE_CHECKING:  # radixcache.tools.benchtree imports torch (via the pool): imported where used
     from radixcache.tools.benchtree import Request, TreeBenchConfig, TreeRun
@@ -106,49 +105,45 @@ def bench_tree(
     """
     if low > high:
         raise typer.BadParameter(f"--low {low} must not exceed --high {high}")
-    from radixcache.tools.benchtree import TreeBenchConfig, figures
+    from radixcache.tools.benchtree import BlockOne, Memory, TreeBenchConfig, bench_runs, figures
 
     console = Console(stderr=True)
+    trace = _load(console, limit)
+    reqs: list[Request] = [(r.prompt, r.output) for r in trace.requests]
+    with _progress(console) as bar:
+        def block_hash() -> float:
+            task = bar.add_task("full-block hashing", total=len(reqs))
+            ticked = iter_progress(reqs, lambda: bar.advance(task))
+            return replay_block_hash(ticked, capacity, block_size).hit_rate
+
+        runs = bench_runs(reqs, TreeBenchConfig(block_size, capacity, high, low),
+                          lambda label, cfg: _run(bar, label, reqs, cfg), repeat=repeat,
+                          block1=BlockOne.ALSO if block1 else BlockOne.SKIP,
+                          memory=Memory.MEASURE if memory else Memory.SKIP, block_hash=block_hash)
+    fig: dict[str, object] = dict(figures(runs.on, runs.off, runs.aligned, runs.block_hash_rate,
+                                          runs.block1))
+    fig["repeat"] = repeat
+    fig["tree_op_seconds_runs"] = [r.times.total_seconds() for r in runs.ons]
+    fig["tree_op_seconds_events_off_runs"] = [r.times.total_seconds() for r in runs.offs]
+    if as_json:
+        typer.echo(json.dumps(fig))
+    else:
+        Console().print(_table(fig))
+
+
+def _load(console: Console, limit: int) -> Trace:
+    """The ShareGPT trace (its first ``limit`` requests); exit 1 with the reason when the
+    dataset is not installed; say where the packaged file is cut."""
     try:
         with console.status("loading the ShareGPT trace"):
             trace = load_trace(limit or None)
     except DatasetUnavailable as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from exc
-    reqs: list[Request] = [(r.prompt, r.output) for r in trace.requests]
-    cfg = TreeBenchConfig(block_size, capacity, high, low)
-    aligned_cfg = TreeBenchConfig(block_size, capacity, high, low, page_aligned=True)
-    with _progress(console) as bar:
-        ons: list[TreeRun] = []
-        offs: list[TreeRun] = []
-        quiet_cfg = replace(cfg, record_events=False)
-        for i in range(repeat):  # interleaved, so the machine's drift hits both alike
-            ons.append(_run(bar, f"tree (events on) {i + 1}/{repeat}", reqs, cfg))
-            offs.append(_run(bar, f"tree (events off) {i + 1}/{repeat}", reqs, quiet_cfg))
-        run = min(ons, key=lambda r: r.times.total_seconds())
-        quiet = min(offs, key=lambda r: r.times.total_seconds())
-        aligned = _run(bar, "page-aligned", reqs, aligned_cfg)
-        one = (
-            _run(bar, "tree at block size 1", reqs, replace(cfg, block_size=1)) if block1 else None
-        )
-        task = bar.add_task("full-block hashing", total=len(reqs))
-        bh = replay_block_hash(iter_progress(reqs, lambda: bar.advance(task)), capacity, block_size)
-        if memory:
-            mem = _run(bar, "tree (tracemalloc)", reqs, replace(cfg, measure_memory=True))
-            run.metadata_bytes, run.cached_tokens = mem.metadata_bytes, mem.cached_tokens
-    fig: dict[str, object] = dict(figures(run, quiet, aligned, bh.hit_rate, one))
-    fig["repeat"] = repeat
-    fig["tree_op_seconds_runs"] = [r.times.total_seconds() for r in ons]
-    fig["tree_op_seconds_events_off_runs"] = [r.times.total_seconds() for r in offs]
     if trace.truncated_at is not None:
-        console.print(
-            f"dataset cut at byte {trace.truncated_at:,}:"
-            f" {trace.records_decoded:,} complete records used"
-        )
-    if as_json:
-        typer.echo(json.dumps(fig))
-    else:
-        Console().print(_table(fig))
+        console.print(f"dataset cut at byte {trace.truncated_at:,}:"
+                      f" {trace.records_decoded:,} complete records used")
+    return trace
 
 
 def iter_progress(reqs: list[Request], tick: Callable[[], None]) -> Iterator[Request]:

@@ -46,9 +46,11 @@ def run_local(num_blocks: int = 4096) -> None:
 def inspect(
     endpoint: str | None = typer.Argument(None, help="An engine's event endpoint "
                                                      "(tcp://HOST:PORT or ipc://PATH-events)."),
-    kv_events: str | None = typer.Option(None, help="Attach to a vLLM-format KV-event PUB "
+    kv_events: str | None = typer.Option(None, help="Attach to a vLLM/SGLang KV-event PUB "
                                                     "(tcp://HOST:PORT) instead."),
     replay: str | None = typer.Option(None, help="With --kv-events: its replay ROUTER."),
+    topic: str = typer.Option("", help="With --kv-events: only this PUB topic (SGLang can put "
+                                       "a data-parallel rank in it)."),
     blocks: int = typer.Option(4096, help="Without ENDPOINT: blocks of the embedded tree."),
     curve_keys: Path | None = typer.Option(None, help="With ENDPOINT: a key directory from "
                                            "`radixcache keys DIR` (the engine runs with "
@@ -63,7 +65,7 @@ def inspect(
         from inspector.kv_view import KVEventsApp
         from radixcache.traffic.workloads import Vocabulary
 
-        KVEventsApp(kv_events, replay, vocab=Vocabulary()).run()
+        KVEventsApp(kv_events, replay, vocab=Vocabulary(), topic=topic.encode()).run()
     elif replay is not None:
         raise typer.BadParameter("--replay goes with --kv-events", param_hint="--replay")
     elif endpoint is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+import zmq
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -22,9 +23,10 @@ from rich.tree import Tree
 from cli.app import RUN, app, bench_app
 from radixcache.core import events as ev
 from radixcache.traffic.workloads import WORKLOADS, Workload, WorkloadError, build_workload
-from radixcache.wire.endpoints import BindPolicy, Endpoints
+from radixcache.wire.endpoints import BindPolicy, EndpointError, Endpoints
 from radixcache.wire.export import jsonl_lines, perfetto_json
-from radixcache.wire.kvevents import KVEventsClient
+from radixcache.wire.kvevents.pubsub import KVEventsClient
+from radixcache.wire.kvevents.report import follow_lines
 from radixcache.wire.mirror import Mirror, MirrorNode
 from radixcache.wire.recording import (
     RecordingError,
@@ -36,8 +38,8 @@ from radixcache.wire.security import ClientCurve, CurveError, create_keys
 from radixcache.wire.subscriber import Subscriber
 
 if TYPE_CHECKING:  # these import torch (seconds): the commands import them when they run
-    from radixcache.serving.engine import Answers, EngineConfig
-    from radixcache.serving.server import Server
+    from radixcache.serving.engine import Answers, Engine, EngineConfig
+    from radixcache.serving.server import Server, ServerConfig
     from radixcache.tools.bench_events import BenchResult
 
 console = Console()
@@ -138,31 +140,46 @@ def serve(
     snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C."""
     from radixcache.serving.engine import Answers, Engine
     from radixcache.serving.loop import DEFAULT_PROGRAM, LoopConfig
-    from radixcache.serving.server import Server, ServerConfig
+    from radixcache.serving.server import ServerConfig
 
-    policy = BindPolicy.ANY if allow_remote else BindPolicy.LOCAL_ONLY
-    kv = None
-    if kv_events is not None:
-        if kv_events != "vllm":
-            raise typer.BadParameter("only 'vllm' is supported", param_hint="--kv-events")
-        kv = (f"tcp://{endpoint_host}:{port + 3}", f"tcp://{endpoint_host}:{port + 4}")
     engine = Engine(_engine_config(model, blocks, device, threads, Answers(answers.value)))
     config = ServerConfig(LoopConfig(digest_every, program=DEFAULT_PROGRAM if loop else ()),
                           block_size=16, num_blocks=blocks)
+    server = _bind(engine, config, _endpoints(port, endpoint_host, ipc), allow_remote,
+                   _kv_endpoints(kv_events, endpoint_host, port), curve_keys)
+    _serve_until_stopped(server, str(engine.model.device), workload, workload_args)
+
+
+def _kv_endpoints(kv_events: str | None, host: str, port: int) -> tuple[str, str] | None:
+    """``--kv-events vllm``: the vLLM-format publisher on P+3, its replay on P+4."""
+    if kv_events is None:
+        return None
+    if kv_events != "vllm":
+        raise typer.BadParameter("only 'vllm' is supported", param_hint="--kv-events")
+    return f"tcp://{host}:{port + 3}", f"tcp://{host}:{port + 4}"
+
+
+def _bind(engine: Engine, config: ServerConfig, endpoints: Endpoints, allow_remote: bool,
+          kv: tuple[str, str] | None, curve_keys: Path | None) -> Server:
+    """The server bound on ``endpoints`` (and ``kv``); a refused bind or bad keys exit 2
+    with the reason; warnings are printed."""
+    from radixcache.serving.server import Server
+
+    policy = BindPolicy.ANY if allow_remote else BindPolicy.LOCAL_ONLY
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            server = Server(engine, _endpoints(port, endpoint_host, ipc), config, policy=policy,
-                            kv_endpoints=kv, curve_keys=curve_keys)
+            server = Server(engine, endpoints, config, policy=policy, kv_endpoints=kv,
+                            curve_keys=curve_keys)
         except CurveError as exc:
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from None
-        except ValueError as exc:
-            console.print(f"[red]{exc}[/] (pass --allow-remote to bind it anyway)")
+        except (EndpointError, zmq.ZMQError) as exc:
+            console.print(f"[red]{exc}[/] (pass --allow-remote to bind a non-loopback address)")
             raise typer.Exit(2) from None
     for w in caught:
         console.print(f"[yellow]warning:[/] {w.message}")
-    _serve_until_stopped(server, str(engine.model.device), workload, workload_args)
+    return server
 
 
 def _serve_until_stopped(server: Server, device: str, workload: str | None, args: str) -> None:
@@ -358,19 +375,10 @@ def tree(
 def _kv_tree(endpoint: str, replay: str | None, seconds: float, limit: int) -> None:
     client = KVEventsClient(endpoint, replay)
     try:
-        client.run_for(seconds)
+        lines = follow_lines(client, seconds, limit)
     finally:
         client.close()
-    root = Tree("blocks")
-    nodes: dict[int, Tree] = {}
-    for shown, (depth, b) in enumerate(client.tree.walk()):
-        if shown >= limit:
-            break
-        label = b.hash.hex()[:16] if isinstance(b.hash, bytes) else f"{b.hash:016x}"
-        parent = nodes.get(depth - 1, root) if depth else root
-        nodes[depth] = parent.add(f"{label} {b.tokens[:6]}{'…' if len(b.tokens) > 6 else ''}")
-    console.print(root)
-    console.print(f"live blocks: {len(client.blocks)}")
+    typer.echo("\n".join(lines))
 
 
 @bench_app.command("events")
@@ -386,6 +394,8 @@ def bench_events(
                                             "the subscriber, and compare the mirror digest with "
                                             "the tree's after every applied batch."),
     min_events: int = typer.Option(1_000_000, help="With --verify-every-batch: events to run."),
+    publishers: int = typer.Option(1, min=1, max=64, help="Instead of the figures above: N "
+                                   "engine streams followed by one process (fan-in)."),
 ) -> None:
     """Events/s from a tree driver to a mirror in another process, and what publishing costs.
 
@@ -395,6 +405,9 @@ def bench_events(
     Example: radixcache bench events --drop 0.01 --verify-every-batch --json"""
     from radixcache.tools.bench_events import run_bench, verify_drops  # torch: imported here
 
+    if publishers > 1:
+        _bench_fanin(publishers, as_json)
+        return
     if verify_every_batch:
         checked = verify_drops(min_events, drop, per_step)
         if as_json:
@@ -429,3 +442,24 @@ def _bench_table(r: BenchResult) -> Table:
     for k, v in rows:
         t.add_row(k, v)
     return t
+
+
+def _bench_fanin(publishers: int, as_json: bool) -> None:
+    from radixcache.tools.bench_fanin import run_fanin
+
+    with Progress(console=console, disable=as_json, transient=True) as progress:
+        task = progress.add_task("fan-in", total=None)
+        r = run_fanin(publishers, progress=lambda what: progress.update(task, description=what))
+    if as_json:
+        typer.echo(json.dumps(r._asdict()))
+        return
+    t = Table(title=f"bench events: {publishers} streams into one process")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for k, v in (("events (all streams)", f"{r.events:,}"),
+                 ("events/s arriving in total", f"{r.events_per_s:,.0f}"),
+                 ("batches lost", str(r.lost)),
+                 ("mirrors with the engine's digest", f"{r.digests_equal} of {r.publishers}"),
+                 ("resyncs", str(r.resyncs)), ("seconds", f"{r.seconds:.2f}")):
+        t.add_row(k, v)
+    console.print(t)

@@ -1,15 +1,18 @@
-"""The view attached to a vLLM/SGLang KV-event publisher: the block-hash tree it describes.
+"""The view attached to a vLLM/SGLang KV-event publisher: the radix tree its blocks describe.
 
-Such a publisher only says which full blocks are stored (hash, parent hash, tokens) and which
-went away, so this screen is simpler than the main one: a tree of block hashes (one row per
-stored block, children under the block they extend), and the client's counters. A thread
-owns the ``KVEventsClient`` (its sockets) and lays the rows out whenever ``version`` moved;
-the UI picks the newest rows up at most ``FRAME_HZ`` times a second.
+Such a publisher only says which full blocks are stored (hash, parent hash, tokens, tier) and
+which went away, so this screen is simpler than the main one: the blocks as a radix tree (a chain
+of only children is one row: block count, tokens, a text preview, the tiers and ranks holding
+it), and beside it the counters (per tier, stored/removed rates, churn, the top prefixes). The
+header names the dialect detected and whether the history is known to be complete. A thread owns
+the ``KVEventsClient`` (its sockets) and lays the rows out whenever ``version`` moved or the
+health changed; the UI picks the newest rows up at most ``FRAME_HZ`` times a second.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import ClassVar, NamedTuple
 
 from rich.segment import Segment
@@ -24,7 +27,9 @@ from textual.strip import Strip
 from textual.widgets import Footer, Static
 
 from inspector.layout import TokenText
-from radixcache.wire.kvevents import Block, BlockTreeStats, KVEventsClient
+from radixcache.wire.kvevents import KVEventsClient, RadixRow, Sync, hash_label, radix_rows
+from radixcache.wire.kvevents.radix import top_prefixes
+from radixcache.wire.kvevents.report import counter_lines, status_lines
 
 FRAME_HZ = 10
 _HASH = Style(color="#7fd4ff", bold=True)
@@ -33,23 +38,18 @@ _DIM = Style(color="#7a7a7a")
 _CURSOR = Style(bgcolor="#3b4252")
 
 
-class BlockRow(NamedTuple):
-    """One stored block on screen."""
+class Frame(NamedTuple):
+    """What the client thread hands the UI: rows, counters and status at one version."""
 
-    block: Block
-    depth: int
-    children: int
-
-
-def block_label(block: Block) -> str:
-    """The first 12 hex digits of a block hash (bytes or an integer)."""
-    h = block.hash
-    text = h.hex() if isinstance(h, bytes) else f"{h & (2**64 - 1):016x}"
-    return text[:12]
+    rows: list[RadixRow]
+    live_blocks: int
+    counters: list[tuple[str, str]]
+    status: list[str]
+    complete: bool
 
 
 class BlockList(ScrollView, can_focus=True):
-    """The block-hash tree as a virtual list: only visible rows are drawn."""
+    """The radix tree of blocks as a virtual list: only visible rows are drawn."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("up,k", "move(-1)", "Up", show=False),
@@ -60,11 +60,11 @@ class BlockList(ScrollView, can_focus=True):
 
     def __init__(self, vocab: TokenText | None, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.rows: list[BlockRow] = []
+        self.rows: list[RadixRow] = []
         self.cursor = 0
         self.vocab = vocab
 
-    def set_rows(self, rows: list[BlockRow]) -> None:
+    def set_rows(self, rows: list[RadixRow]) -> None:
         """Show ``rows`` (the cursor stays at its index, clamped)."""
         self.rows = rows
         self.cursor = min(self.cursor, max(0, len(rows) - 1))
@@ -72,19 +72,20 @@ class BlockList(ScrollView, can_focus=True):
         self.refresh()
 
     def render_line(self, y: int) -> Strip:
-        """Row ``scroll + y``: indent, hash, token count, the first words, children."""
+        """Row ``scroll + y``: indent, first hash, blocks, tokens, the first words, holders."""
         index = self.scroll_offset.y + y
         if index >= len(self.rows):
             return Strip.blank(self.size.width)
         row = self.rows[index]
-        b = row.block
-        words = self.vocab.text(b.tokens[:6]) if self.vocab is not None else str(b.tokens[:6])
-        mark = "▼ " if row.children > 1 else ("│ " if row.children else "· ")
+        preview = row.preview()
+        words = self.vocab.text(preview) if self.vocab is not None else str(preview)
+        mark = "▼ " if row.children else "· "
+        count = f" ×{len(row.blocks)}" if len(row.blocks) > 1 else ""
         segs = [Segment("  " * row.depth + mark, _DIM),
-                Segment(block_label(b), _HASH),
-                Segment(f"  [{len(b.tokens)}] ", _DIM),
+                Segment(hash_label(row.blocks[0].hash), _HASH),
+                Segment(f"{count}  [{row.tokens}] ", _DIM),
                 Segment(f'"{words[:28]}"', _TEXT),
-                Segment(f"  {b.medium or ''}", _DIM)]
+                Segment(f"  {row.holders()}", _DIM)]
         if row.children > 1:
             segs.append(Segment(f"  {row.children} children", _DIM))
         style = _CURSOR if index == self.cursor else None
@@ -101,38 +102,31 @@ class BlockList(ScrollView, can_focus=True):
         self.refresh()
 
 
-def layout_blocks(client: KVEventsClient) -> list[BlockRow]:
-    """Depth-first rows of the client's block tree (roots first). A chain of only children
-    stays at one indent (a conversation is a long chain of full blocks): the indent grows
-    only where a block has several children, as the branches of a radix tree would."""
-    tree = client.tree
-    rows: list[BlockRow] = []
-    stack = [(0, b) for b in reversed(tree.roots())]
-    while stack:
-        depth, b = stack.pop()
-        kids = tree.children(b.hash)
-        rows.append(BlockRow(b, depth, len(kids)))
-        inner = depth + 1 if len(kids) > 1 else depth
-        stack.extend((inner, c) for c in reversed(kids))
-    return rows
+
+def make_frame(client: KVEventsClient) -> Frame:
+    """The client's state laid out for the screen (called on the client's thread)."""
+    health = client.health()
+    return Frame(radix_rows(client.view), len(client.view.blocks), counter_lines(client),
+                 status_lines(client), health.sync is Sync.COMPLETE)
 
 
 class KVEventsApp(App[None]):
-    """A block-hash tree following a vLLM-format KV-event publisher at ``endpoint``."""
+    """The radix tree of a vLLM/SGLang KV-event publisher at ``endpoint``."""
 
     CSS_PATH = "app.tcss"
     TITLE = "radixcache inspector (KV events)"
     BINDINGS: ClassVar[list[BindingType]] = [Binding("q", "quit", "Quit")]
 
     def __init__(self, endpoint: str, replay: str | None = None, *,
-                 vocab: TokenText | None = None, frame_interval: float = 1 / FRAME_HZ) -> None:
+                 vocab: TokenText | None = None, frame_interval: float = 1 / FRAME_HZ,
+                 topic: bytes = b"") -> None:
         super().__init__()
-        self.endpoint, self.replay = endpoint, replay
+        self.endpoint, self.replay, self.topic = endpoint, replay, topic
         self.vocab = vocab
         self.frame_interval = frame_interval
-        self._rows: list[BlockRow] | None = None
-        self._stats = BlockTreeStats()
-        self._seen = -1
+        self._frame: Frame | None = None
+        self.status: list[str] = []
+        self.failure: str | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._follow, name="kv-events", daemon=True)
@@ -147,9 +141,10 @@ class KVEventsApp(App[None]):
 
     def on_mount(self) -> None:
         """Start following the publisher and the frame timer."""
-        self.query_one(BlockList).border_title = "block-hash tree"
+        self.query_one(BlockList).border_title = "radix tree of blocks"
         self.query_one("#kvstats").border_title = "KV events"
-        self._header(0)
+        self._header(0, ["format: no batch yet", "history: waiting for the first batch"],
+                     complete=False)
         self._thread.start()
         self.set_interval(self.frame_interval, self.frame)
         self.query_one(BlockList).focus()
@@ -160,51 +155,73 @@ class KVEventsApp(App[None]):
         self._thread.join(5)
 
     def _follow(self) -> None:
-        client = KVEventsClient(self.endpoint, self.replay)
+        """The client's thread: nothing it meets ends it silently (the header says why)."""
+        try:
+            self._follow_client()
+        except Exception as exc:  # a bad endpoint, a closed context: shown, never lost
+            with self._lock:
+                self.failure = f"stopped: {type(exc).__name__}: {exc}"
+
+    def _follow_client(self) -> None:
+        client = KVEventsClient(self.endpoint, self.replay, topic=self.topic)
+        seen: tuple[int, str] | None = None
+        next_at = 0.0
         try:
             while not self._stop.is_set():
                 client.poll(0.05)
-                if client.version != self._seen:
-                    self._seen = client.version
-                    rows = layout_blocks(client)
+                state = (client.version, client.health().line())
+                # health moves without events (a replay that stays silent)
+                if state != seen and time.monotonic() >= next_at:
+                    seen = state
+                    began = time.monotonic()
+                    frame = make_frame(client)
+                    # a layout of 15k page-size-1 blocks takes ~0.15 s: never spend over a
+                    # third of this thread's time on it, so batches keep being applied
+                    next_at = began + max(self.frame_interval, 3 * (time.monotonic() - began))
                     with self._lock:
-                        self._rows, self._stats = rows, BlockTreeStats(**{
-                            k: getattr(client.tree.stats, k)
-                            for k in BlockTreeStats.__dataclass_fields__})
+                        self._frame = frame
         finally:
             client.close()
 
     def frame(self) -> None:
         """Show the newest layout, if a new one was made."""
         with self._lock:
-            rows, self._rows = self._rows, None
-            stats = self._stats
-        if rows is None:
+            f, self._frame, failure = self._frame, None, self.failure
+        if failure is not None and self.status[-1:] != [failure]:
+            self._header(0, [*self.status[:2], failure], complete=False)
+        if f is None:
             return
         pane = self.query_one(BlockList)
-        pane.set_rows(rows)
-        pane.border_title = f"block-hash tree ({len(rows):,} blocks)"
-        self._header(len(rows))
-        lines = [("stored blocks", len(rows)), ("batches", stats.batches),
-                 ("stored", stats.stored), ("removed", stats.removed),
-                 ("cleared", stats.cleared), ("replayed", stats.replayed),
-                 ("gaps", stats.gaps), ("malformed", stats.malformed)]
+        pane.set_rows(f.rows)
+        pane.border_title = f"radix tree ({len(f.rows):,} nodes, {f.live_blocks:,} blocks)"
+        self._header(f.live_blocks, f.status, complete=f.complete)
         out = Text()
-        for name, value in lines:
-            out.append(f"{name:<15}", "dim")
-            out.append(f"{value:,}\n", "bold")
+        for name, value in f.counters:
+            out.append(f"{name:<16}", "dim")
+            out.append(f"{value}\n", "bold")
+        out.append("top prefixes\n", "dim")
+        for row in top_prefixes(f.rows, 5):
+            out.append(f"{row.subtree:>7,} ", "bold")
+            out.append(f"{hash_label(row.blocks[0].hash)}\n", "#7fd4ff")
         out.rstrip()
         self.query_one("#kvstats", Static).update(out)
 
-    def _header(self, blocks: int) -> None:
+    def _header(self, blocks: int, status: list[str], *, complete: bool) -> None:
+        self.status = status
         out = Text(" radixcache ", "bold")
         out.append(f"─ KV events {self.endpoint} ")
-        out.append("● vLLM format", "bold #98c379")
+        out.append(f"● {status[0].removeprefix('format: ')}", "bold #98c379")
         if self.replay:
             out.append(f"  replay {self.replay}", "dim")
-        out.append(f"   {blocks:,} blocks")
+        if self.topic:
+            out.append(f"  topic {self.topic.decode(errors='replace')}", "dim")
+        out.append(f"   {blocks:,} blocks   ")
+        history = status[1].removeprefix("history: ")
+        out.append(history, "#98c379" if complete else "bold #e5c07b")
+        if len(status) > 2:
+            out.append(f"   {status[2]}", "#e06c75")
         self.query_one("#header", Static).update(out)
 
-    def shown_rows(self) -> list[BlockRow]:
+    def shown_rows(self) -> list[RadixRow]:
         """The rows on screen now (tests)."""
         return self.query_one(BlockList).rows

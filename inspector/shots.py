@@ -187,7 +187,7 @@ def _kv_events(out: Path) -> list[Path]:
         def ready() -> bool:  # the workload starts once the view is up, so it sees it all
             if not started:
                 started.append(engine.loop.command(cmd.StartWorkload("chat", ["30"])))
-            return len(app.shown_rows()) > 40
+            return sum(len(r.blocks) for r in app.shown_rows()) > 200  # rows are radix nodes
 
         return asyncio.run(_shoot(app, [], ready, out, "kv_events", timeout=180))
 

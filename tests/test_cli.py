@@ -167,7 +167,6 @@ def test_headless_demo_runs_an_engine_process_and_leaves_nothing_behind(
     assert stats["served"] + stats["queued"] == expected
     assert stats["mirror_nodes"] == stats["nodes"]
     assert stats["resyncs"] == 0
-    assert 0 <= stats["first_tree_s"] < 1.5
 
 
 class _Stubborn(demo_mod.EngineProcess):

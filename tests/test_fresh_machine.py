@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,19 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=TIMEOUT_S, check=False)
 
 
+def _see_this_environment(env: Path) -> None:
+    """Let the new venv see the packages of the environment running the tests. From the base
+    interpreter ``--system-site-packages`` does that; from inside a venv it reaches the base
+    interpreter instead (whose setuptools may be old, with no ``wheel``), so the running
+    environment's site directories are appended with a .pth file (after the venv's own, so
+    the copy installed there still wins)."""
+    if sys.prefix == sys.base_prefix:
+        return
+    (site_dir,) = (env / "lib").glob("python3*/site-packages")
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    (site_dir / "_running_environment.pth").write_text("\n".join(dirs) + "\n")
+
+
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new venv with radixcache installed from a clean copy of the working tree."""
@@ -57,6 +71,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     made = _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
                  str(env)], root)
     assert made.returncode == 0, made.stderr
+    _see_this_environment(env)
     # the venv reaches the machine's pip through --system-site-packages; it installs into the venv
     pip = _run([str(env / "bin" / "python"), "-m", "pip", "install", "--no-deps",
                 "--no-build-isolation", "--no-input", "--disable-pip-version-check", "-q",

@@ -8,7 +8,7 @@ import zmq
 from radixcache.serving.driver import serve_request
 from radixcache.wire import kvevents as kv
 from radixcache.wire.endpoints import u64
-from radixcache.wire.kvevents import BlockTree, KVEventPublisher, KVEventsClient, KVTranslator
+from radixcache.wire.kvevents import BlockView, KVEventPublisher, KVEventsClient, KVTranslator, Sync
 from tests.helpers.stream import make_source, prompts, wait_for
 
 
@@ -34,7 +34,7 @@ def test_translator_tracks_the_full_blocks_of_every_path():
     source = make_source(num_blocks=256)
     tree = source.tree
     tr = KVTranslator(16, 256)
-    blocks = BlockTree()
+    blocks = BlockView()
     for i, tokens in enumerate(prompts(400, seed=5)):
         serve_request(tree, tokens)
         for e in tr.translate(tree.take_events()):
@@ -65,8 +65,9 @@ def test_our_publisher_to_our_client_with_replay_from_zero():
         try:
             assert wait_for(lambda: (client.poll(0.02), client.last_seq == pub.seq)[1])
             assert {h: b.tokens for h, b in client.blocks.items()} == expected_blocks(source.tree)
-            assert client.tree.stats.replayed == pub.seq + 1
-            assert client.tree.stats.malformed == 0
+            assert client.merger.stats.replayed == pub.seq + 1
+            assert client.stats.malformed == 0
+            assert client.health().sync is Sync.COMPLETE
         finally:
             client.close()
     finally:
@@ -102,14 +103,14 @@ def test_old_array_form_int_and_bytes_hashes_and_old_replay_framing():
         assert set(client.blocks) == {h1, h2, b1}
         assert client.blocks[b1].parent == h2
         assert client.blocks[b1].tokens == [8, 9, 10, 11]
-        assert [b.hash for b in client.tree.children(h1)] == [h2]
-        assert [b.hash for b in client.tree.roots()] == [h1]
+        assert [b.hash for b in client.view.children(h1)] == [h2]
+        assert [b.hash for b in client.view.roots()] == [h1]
         assert wait_for(lambda: (pub.send_multipart([b"", u64(2), batches[2]]),
                                  client.poll(0.02), client.last_seq == 2)[2])
         assert set(client.blocks) == {h2, b1}
-        assert [b.hash for b in client.tree.roots()] == [h2]
-        assert client.tree.stats.unknown_removed == 1
-        assert client.tree.stats.replayed == 2
+        assert [b.hash for b in client.view.roots()] == [h2]
+        assert client.view.stats.unknown_removed == 1
+        assert client.merger.stats.replayed == 2
     finally:
         client.close()
         pub.close(linger=0)
@@ -117,19 +118,23 @@ def test_old_array_form_int_and_bytes_hashes_and_old_replay_framing():
 
 
 def test_map_form_decodes_and_garbage_is_rejected():
-    ts, events = kv.decode_payload(kv.encode_payload(kv.KVEventBatch(
+    batch = kv.decode_batch(kv.encode_payload(kv.KVEventBatch(
         5.0, [kv.BlockStored([1, 2], None, list(range(32)), 16), kv.BlockRemoved([2]),
               kv.AllBlocksCleared()])))
-    assert ts == 5.0
-    assert events == [kv.Stored([1, 2], None, list(range(32)), 16, "GPU"),
-                      kv.Removed([2], "GPU"), kv.Cleared()]
+    assert batch.ts == 5.0
+    assert batch.events == [kv.Stored([1, 2], None, list(range(32)), 16, "GPU"),
+                            kv.Removed([2], "GPU"), kv.Cleared()]
+    assert batch.errors == []
     raw = msgspec.msgpack.decode(kv.encode_payload(kv.KVEventBatch(1.0, [kv.BlockRemoved([3])])))
     assert raw == [1.0, [{"type": "BlockRemoved", "block_hashes": [3], "medium": "GPU"}], 0]
-    for bad in (b"\xc1", msgspec.msgpack.encode([1.0, [["Nope"]]]),
-                msgspec.msgpack.encode([1.0, [{"type": "BlockRemoved", "block_hashes": [1.5]}]]),
-                msgspec.msgpack.encode("x")):
+    for bad in (b"\xc1", msgspec.msgpack.encode("x"), msgspec.msgpack.encode([1.0, 2])):
         try:
-            kv.decode_payload(bad)
+            kv.decode_batch(bad)
         except kv.KVEventsError:
             continue
         raise AssertionError(bad)
+    odd = kv.decode_batch(msgspec.msgpack.encode(
+        [1.0, [["Nope"], {"type": "BlockRemoved", "block_hashes": [1.5]}, ["AllBlocksCleared"]]]))
+    assert odd.events == [kv.Cleared()]
+    assert odd.errors == ["unknown event type 'Nope'",
+                          "a block hash must be bytes or an integer, got float"]

@@ -24,7 +24,8 @@ from radixcache.serving.service import CacheService
 from radixcache.traffic.workloads import Workload
 from radixcache.wire import commands as cmd
 from radixcache.wire.endpoints import BindPolicy, Endpoints
-from radixcache.wire.kvevents import KVEventPublisher, KVTranslator
+from radixcache.wire.kvevents.pubsub import KVEventPublisher
+from radixcache.wire.kvevents.translate import KVTranslator
 from radixcache.wire.publisher import Publisher, SnapshotAt
 from radixcache.wire.recording import RecordingWriter
 from radixcache.wire.security import CurveServer

@@ -15,7 +15,9 @@ import gc
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -147,23 +149,7 @@ def replay_tree(
         t.drain += clock() - t0
         if progress is not None:
             progress(len(batch))
-    s = tree.stats
-    run = TreeRun(
-        len(requests),
-        prompt_tokens,
-        hits,
-        t,
-        events,
-        s.splits,
-        s.merges,
-        s.extends,
-        s.cow_copies,
-        s.slots_copied,
-        s.evicted_tokens,
-        tree.cached_tokens,
-        len(tree),
-        None,
-    )
+    run = _tree_run(tree, len(requests), prompt_tokens, hits, t, events)
     if cfg.measure_memory:
         # what the tree retains: the traced memory that goes away with it (collect first, so
         # other garbage made meanwhile -- progress-bar renders, say -- is not counted)
@@ -174,6 +160,14 @@ def replay_tree(
         run.metadata_bytes = held - tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
     return run
+
+
+def _tree_run(tree: RadixTree, requests: int, prompt_tokens: int, hits: int, t: OpTimes,
+              events: int) -> TreeRun:
+    s = tree.stats
+    return TreeRun(requests, prompt_tokens, hits, t, events, s.splits, s.merges, s.extends,
+                   s.cow_copies, s.slots_copied, s.evicted_tokens, tree.cached_tokens,
+                   len(tree), None)
 
 
 def _us(samples: list[int]) -> tuple[float, float]:
@@ -228,3 +222,58 @@ def figures(
         ),
     )
     return out
+
+
+class BlockOne(Enum):
+    """Whether ``bench tree`` also replays the tree at block size 1."""
+
+    ALSO = "also"
+    SKIP = "skip"
+
+
+class Memory(Enum):
+    """Whether ``bench tree`` makes a traced replay for metadata bytes."""
+
+    MEASURE = "measure"
+    SKIP = "skip"
+
+
+class BenchRuns(NamedTuple):
+    """Every replay ``bench tree`` makes: the fastest of the events-on and events-off runs,
+    all of them, the page-aligned tree, the tree at block size 1, full-block hashing."""
+
+    on: TreeRun
+    off: TreeRun
+    ons: list[TreeRun]
+    offs: list[TreeRun]
+    aligned: TreeRun
+    block1: TreeRun | None
+    block_hash_rate: float
+
+
+Replay = Callable[[str, TreeBenchConfig], TreeRun]
+
+
+def bench_runs(reqs: list[Request], cfg: TreeBenchConfig, replay: Replay, *, repeat: int,
+               block1: BlockOne, memory: Memory,
+               block_hash: Callable[[], float]) -> BenchRuns:
+    """The replays of ``bench tree`` through ``replay(label, cfg)`` (the caller's progress
+    bar): events on and off ``repeat`` times each, interleaved so the machine's drift hits
+    both alike, then the page-aligned tree, block size 1, the block-hash baseline and (with
+    ``memory``) one traced replay whose figures go onto the fastest run."""
+    ons: list[TreeRun] = []
+    offs: list[TreeRun] = []
+    quiet_cfg = replace(cfg, record_events=False)
+    for i in range(repeat):
+        ons.append(replay(f"tree (events on) {i + 1}/{repeat}", cfg))
+        offs.append(replay(f"tree (events off) {i + 1}/{repeat}", quiet_cfg))
+    run = min(ons, key=lambda r: r.times.total_seconds())
+    quiet = min(offs, key=lambda r: r.times.total_seconds())
+    aligned = replay("page-aligned", replace(cfg, page_aligned=True))
+    one = (replay("tree at block size 1", replace(cfg, block_size=1))
+           if block1 is BlockOne.ALSO else None)
+    rate = block_hash()
+    if memory is Memory.MEASURE:
+        mem = replay("tree (tracemalloc)", replace(cfg, measure_memory=True))
+        run.metadata_bytes, run.cached_tokens = mem.metadata_bytes, mem.cached_tokens
+    return BenchRuns(run, quiet, ons, offs, aligned, one, rate)
