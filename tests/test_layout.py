@@ -1,6 +1,6 @@
 """The layout rules of issue 11, checked on the source: no import cycle between the project's
-modules (``TYPE_CHECKING`` and function-level imports count), no module over 400 lines and no
-function over 50 lines in the rooms already split (core, serving, traffic)."""
+modules (``TYPE_CHECKING`` and function-level imports count), and in ``radixcache/`` no module
+over 400 lines and no function over 50 lines."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("radixcache", "inspector", "cli")
-SPLIT_ROOMS = ("radixcache/core", "radixcache/serving", "radixcache/traffic")
 
 
 def _modules() -> dict[str, Path]:
@@ -93,22 +92,20 @@ def test_tree_and_invariants_do_not_import_each_other() -> None:
     assert "radixcache.core.tree" not in _imports(known["radixcache.core.invariants"], known)
 
 
-def test_split_rooms_have_no_module_over_400_lines() -> None:
+def test_no_module_over_400_lines() -> None:
     sizes = {
         str(p.relative_to(ROOT)): len(p.read_text().splitlines())
-        for room in SPLIT_ROOMS
-        for p in sorted((ROOT / room).glob("*.py"))
+        for p in sorted((ROOT / "radixcache").rglob("*.py"))
     }
     assert {name: n for name, n in sizes.items() if n > 400} == {}
 
 
-def test_core_and_serving_have_no_function_over_50_lines() -> None:
+def test_no_function_over_50_lines() -> None:
     long = {}
-    for room in ("radixcache/core", "radixcache/serving"):
-        for path in sorted((ROOT / room).glob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                    if lines > 50:
-                        long[f"{path.relative_to(ROOT)}:{node.name}"] = lines
+    for path in sorted((ROOT / "radixcache").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > 50:
+                    long[f"{path.relative_to(ROOT)}:{node.name}"] = lines
     assert long == {}
