@@ -113,6 +113,7 @@ class InspectorApp(App[None]):
         Binding("less_than_sign", "replay('prev_key')", "Keyframe", show=False),
         Binding("right_square_bracket", "replay('faster')", "Faster", show=False),
         Binding("left_square_bracket", "replay('slower')", "Slower", show=False),
+        Binding("w", "whatif", "What if", show=False),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -444,6 +445,12 @@ class InspectorApp(App[None]):
     def action_help(self) -> None:
         """Show the key map."""
         self.push_screen(HelpScreen())
+
+    def action_whatif(self) -> None:
+        """The hit-rate curve of the replay so far (``inspector.whatif_screen``)."""
+        from inspector.whatif_screen import WhatIfScreen
+
+        self.push_screen(WhatIfScreen(self.source))
 
     def action_focus_command(self) -> None:
         """Focus the command line."""
