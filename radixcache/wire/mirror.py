@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from radixcache.core import events as ev
-from radixcache.core.tree import structure_digest
+from radixcache.core.snapshot import structure_digest
 
 _first = struct.Struct("<I").unpack_from
 
