@@ -24,8 +24,10 @@ import cli.cmd_stream
 import cli.cmd_whatif  # noqa: F401
 from cli.app import CliError, app, finish_help
 from radixcache.core.blocks import PoolError
+from radixcache.core.tokens import InvalidTokens
 from radixcache.core.tree import TreeError
 from radixcache.serving.service import ServiceError
+from radixcache.tools.demo import DemoError
 from radixcache.traffic.sharegpt import DatasetUnavailable
 from radixcache.traffic.workloads import WorkloadError
 from radixcache.wire.endpoints import EndpointError
@@ -41,7 +43,7 @@ finish_help()
 # expected by the command that raised it, so it is a bug and shows its traceback.
 RUNTIME_ERRORS: tuple[type[BaseException], ...] = (
     CliError, TreeError, PoolError, DatasetUnavailable, RecordingError, MirrorError,
-    ServiceError, WorkloadError, CurveError, EndpointError,
+    ServiceError, WorkloadError, CurveError, EndpointError, DemoError, InvalidTokens,
 )
 
 

@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from radixcache.core import events as ev
-from radixcache.core.tree import structure_digest
+from radixcache.core.snapshot import structure_digest
 from radixcache.wire.validate import Malformed, MirrorError, check_event, check_snapshot
 
 __all__ = ["Malformed", "Mirror", "MirrorError", "MirrorNode", "MirrorStats"]
