@@ -15,8 +15,8 @@ from radixcache.wire.endpoints import Endpoints, u64
 from radixcache.wire.mirror import Mirror
 from radixcache.wire.recorder import LiveRecorder
 from radixcache.wire.recording import Keyframe, RecordingError, RecordingReader, RecordingWriter
+from tests.helpers.hostile import FakeEngine, encode
 from tests.helpers.stream import drive, make_source, prompts, serving, wait_for
-from tests.hostile_peers import FakeEngine, encode
 
 
 def read_back(path: Path) -> tuple[Mirror, RecordingReader]:

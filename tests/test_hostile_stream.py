@@ -15,8 +15,8 @@ from radixcache.wire import validate
 from radixcache.wire.endpoints import u64
 from radixcache.wire.mirror import Malformed, Mirror
 from radixcache.wire.subscriber import State, Subscriber
+from tests.helpers.hostile import FakeEngine, TreeFeed, encode
 from tests.helpers.stream import wait_for
-from tests.hostile_peers import FakeEngine, TreeFeed, encode
 
 ROOT = ev.NodeState(0, -1, 0, b"", [], 0, 0)
 TOK = b"\x01\x00\x00\x00"

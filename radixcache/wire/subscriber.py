@@ -35,7 +35,7 @@ import zmq
 
 from radixcache.core import events as ev
 from radixcache.wire import validate
-from radixcache.wire.endpoints import Endpoints, gc_paused, u64
+from radixcache.wire.endpoints import Endpoints, connect, gc_paused, u64
 from radixcache.wire.mirror import Malformed, Mirror, MirrorError
 from radixcache.wire.resync import (
     Backoff,
@@ -143,7 +143,7 @@ class Subscriber:
         """Connect, sync and follow until ``stop()``; closes its sockets on return."""
         self._connect_events()
         self._dealer = self._socket(zmq.DEALER, validate.MAX_SNAPSHOT_BYTES)
-        self._dealer.connect(self.endpoints.control)
+        connect(self._dealer, self.endpoints.control)
         self._poller.register(self._dealer, zmq.POLLIN)
         try:
             self._ask(State.WAIT_SNAPSHOT)
@@ -165,7 +165,7 @@ class Subscriber:
         self._sub = self._socket(zmq.SUB, validate.MAX_BATCH_BYTES)
         self._sub.setsockopt(zmq.RCVHWM, 100_000)
         self._sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self._sub.connect(self.endpoints.events)
+        connect(self._sub, self.endpoints.events)
         self._poller.register(self._sub, zmq.POLLIN)
         self._heard = time.monotonic()
 
