@@ -19,6 +19,7 @@ import cli.cmd_demo
 import cli.cmd_doctor
 import cli.cmd_engine
 import cli.cmd_inspect
+import cli.cmd_recordings
 import cli.cmd_soak
 import cli.cmd_stream
 import cli.cmd_whatif  # noqa: F401

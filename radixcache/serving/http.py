@@ -42,9 +42,9 @@ from radixcache.serving.engine import (
     RequestHandle,
     RequestRejected,
     RequestResult,
-    TokenHook,
 )
 from radixcache.serving.prometheus import Counters, Histogram, prometheus_text
+from radixcache.serving.requests import TokenHook
 from radixcache.traffic.chattext import TextCodec
 
 MAX_BODY = 1 << 20  # bytes; a 16k-token prompt as text is ~100 KiB

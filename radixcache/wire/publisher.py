@@ -40,6 +40,7 @@ from radixcache.wire.endpoints import (
     from_u64,
     gc_paused,
     new_epoch,
+    remove_ipc_files,
     split_request,
     u64,
 )
@@ -177,6 +178,7 @@ class Publisher:
             self._thread.join(timeout)
         for sock in (self._pub, self._control, self._command):
             sock.close(linger=0)
+        remove_ipc_files(self.endpoints)
 
     def __enter__(self) -> Publisher:
         return self.start()
