@@ -25,12 +25,13 @@ def read_back(path: Path) -> tuple[Mirror, RecordingReader]:
     return mirror, reader
 
 
-def flood(source, stop: threading.Event) -> None:
+def flood(source, stop: threading.Event, batches: int = 600) -> None:
+    """Publish ``batches`` batches of two requests (or fewer, when ``stop`` is set first)."""
     reqs = prompts(400, seed=3)
     i = 0
-    while not stop.is_set():
-        drive(source, reqs[i % 400:i % 400 + 4], per_step=2)
-        i += 4
+    while not stop.is_set() and i < 2 * batches:
+        drive(source, reqs[i % 400:i % 400 + 2], per_step=2)
+        i += 2
 
 
 def test_record_from_a_flooding_engine_reads_back_with_equal_digests(tmp_path):
@@ -38,14 +39,17 @@ def test_record_from_a_flooding_engine_reads_back_with_equal_digests(tmp_path):
     out = tmp_path / "flood.rcx"
     with serving(source) as pub:
         stop = threading.Event()
-        driver = threading.Thread(target=flood, args=(source, stop))
+        driver = threading.Thread(target=flood, args=(source, stop), daemon=True)
         driver.start()
         rec = LiveRecorder(pub.endpoints, out, keyframe_every=500).start()
-        assert wait_for(lambda: rec.subscriber.stats.batches >= 200, 30)
-        stop.set()
-        driver.join()
-        assert wait_for(lambda: rec.subscriber.seq == pub.seq)
-        result = rec.stop()
+        try:
+            driver.join(120)  # a bounded flood: it ends by itself
+            assert not driver.is_alive()
+            assert wait_for(lambda: rec.subscriber.seq == pub.seq, 60)
+            assert rec.subscriber.stats.batches >= 200
+        finally:
+            stop.set()
+            result = rec.stop()
     assert result.synced and result.malformed == 0 and result.resyncs == 0
     assert result.keyframes >= 2  # the first one and at least one periodic one
     mirror, reader = read_back(out)

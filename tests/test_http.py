@@ -26,6 +26,9 @@ MODEL = "radixcache-tiny"
 PROMPT = "the cache keeps every prefix it has seen"
 ROOT = Path(__file__).resolve().parents[1]
 
+# one client with a generous timeout: a loaded 2-core machine answers slowly
+_http = httpx.Client(timeout=60)
+
 
 @contextmanager
 def http_engine(blocks: int) -> Iterator[HttpFront]:
@@ -102,11 +105,11 @@ def test_chat_goes_through_the_workloads_template(front: HttpFront,
 
 def test_sglang_generate_with_ids_and_text(front: HttpFront) -> None:
     body = {"input_ids": [3, 4, 5, 6], "sampling_params": {"max_new_tokens": 4}}
-    r = httpx.post(f"{front.url}/generate", json=body).json()
+    r = _http.post(f"{front.url}/generate", json=body).json()
     assert r["output_ids"] == greedy(front, [3, 4, 5, 6], 4)
     assert r["meta_info"]["prompt_tokens"] == 4
     assert r["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
-    t = httpx.post(f"{front.url}/generate", json={"text": "#3 #4 #5 #6", "sampling_params":
+    t = _http.post(f"{front.url}/generate", json={"text": "#3 #4 #5 #6", "sampling_params":
                                                   {"max_new_tokens": 4}}).json()
     assert t["output_ids"] == r["output_ids"]
 
@@ -122,41 +125,41 @@ def test_sglang_generate_with_ids_and_text(front: HttpFront) -> None:
 ])
 def test_bad_requests_get_openai_errors(front: HttpFront, path: str, body: dict[str, object],
                                         status: int, param: str) -> None:
-    r = httpx.post(f"{front.url}{path}", json=body)
+    r = _http.post(f"{front.url}{path}", json=body)
     assert r.status_code == status
     err = r.json()["error"]
     assert (err["param"], isinstance(err["message"], str)) == (param, True)
 
 
 def test_size_json_context_and_path_errors(front: HttpFront) -> None:
-    big = httpx.post(f"{front.url}/v1/completions", content=b"{" + b" " * (1 << 20) + b"}")
+    big = _http.post(f"{front.url}/v1/completions", content=b"{" + b" " * (1 << 20) + b"}")
     assert big.status_code == 413
     assert big.json()["error"]["message"] == "request body over 1048576 bytes"
-    bad = httpx.post(f"{front.url}/v1/completions", content=b"{not json")
+    bad = _http.post(f"{front.url}/v1/completions", content=b"{not json")
     assert bad.status_code == 400
-    long = httpx.post(f"{front.url}/v1/completions",
+    long = _http.post(f"{front.url}/v1/completions",
                       json={"model": MODEL, "prompt": [1] * 1000, "max_tokens": 100})
     assert (long.status_code, long.json()["error"]["code"]) == (400, "context_length_exceeded")
-    missing = httpx.get(f"{front.url}/v2/nothing")
+    missing = _http.get(f"{front.url}/v2/nothing")
     assert (missing.status_code, missing.json()["error"]["type"]) == (404, "not_found_error")
 
 
 def test_info_routes(front: HttpFront) -> None:
-    assert httpx.get(f"{front.url}/health").status_code == 200
-    assert httpx.get(f"{front.url}/model_info").json()["model_path"] == MODEL
-    models = httpx.get(f"{front.url}/v1/models").json()
+    assert _http.get(f"{front.url}/health").status_code == 200
+    assert _http.get(f"{front.url}/model_info").json()["model_path"] == MODEL
+    models = _http.get(f"{front.url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL]
     assert models["data"][0]["max_model_len"] == 64 * 16
-    info = httpx.get(f"{front.url}/server_info").json()
+    info = _http.get(f"{front.url}/server_info").json()
     assert info["num_blocks"] == 64
 
 
 def test_metrics_are_the_engines_counters() -> None:
     with http_engine(64) as f:
         for _ in range(2):
-            httpx.post(f"{f.url}/v1/completions",
+            _http.post(f"{f.url}/v1/completions",
                        json={"model": MODEL, "prompt": [5, 6, 7, 8, 9], "max_tokens": 3})
-        text = httpx.get(f"{f.url}/metrics").text
+        text = _http.get(f"{f.url}/metrics").text
     values = {line.split(" ")[0]: line.split(" ")[1] for line in text.splitlines()
               if not line.startswith("#")}
     labels = '{model_name="radixcache-tiny"}'
