@@ -1,214 +1,25 @@
-"""`radixcache demo`: an engine process with a mixed workload, and the inspector attached to it.
-
-::
-
-    demo ──Popen──▶ radixcache serve --ipc /tmp/rc-demo-XXXX/engine   (own process)
-      │                 ▲ commands (ipc://…-commands)      │ events (ipc://…-events)
-      ├─ MixLoop thread ┘ "chat 8 --seed 3", "tot 3 3", …   ▼
-      └─ inspector (or, with --no-inspect, a Subscriber) ◀──┘
-
-The engine is always stopped on the way out (SIGTERM, then SIGKILL after a grace period),
-whether the inspector quit, the user pressed Ctrl-C, or something raised. On Linux the
-engine also gets SIGTERM if the demo process itself is killed (``PR_SET_PDEATHSIG``).
-"""
+"""`radixcache demo`: an engine process with a mixed workload, and the inspector attached to it
+(the harness is ``radixcache.tools.demo``). The engine is stopped however the demo ends: the
+inspector quit, Ctrl-C, SIGTERM, SIGHUP (the terminal closed), or something raised."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
-import threading
-import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from types import TracebackType
-from typing import NamedTuple
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from cli.app import CliError, app
+from cli.app import app
+from radixcache.tools.demo import DemoStats, EngineProcess, MixLoop, headless
 from radixcache.traffic.workloads import WorkloadError, build_workload
-from radixcache.wire import commands as cmd
-from radixcache.wire.client import send_command
-from radixcache.wire.endpoints import Endpoints
-from radixcache.wire.subscriber import Subscriber
 
 DEFAULT_MIX = ("chat 8", "system 30 256", "tot 3 3", "fork 8")
 """One round of the demo's workload; each round uses the next seed, so the tree keeps changing."""
-MAX_QUEUED = 24  # the loop waits while this many requests wait (engine busy or paused)
-PR_SET_PDEATHSIG = 1
-
 console = Console(stderr=True)
-
-
-class DemoStats(NamedTuple):
-    """What a headless demo saw: the engine's counters and the stream a subscriber followed."""
-
-    seconds: float
-    first_tree_s: float
-    workloads_sent: int
-    served: int
-    queued: int
-    nodes: int
-    mirror_nodes: int
-    splits: int
-    merges: int
-    evicted_nodes: int
-    batches: int
-    digest_checks: int
-    resyncs: int
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking Linux to SIGTERM the child when this process dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-class EngineProcess:
-    """A ``radixcache serve`` child process on ipc:// endpoints in a private temp directory.
-
-    ``start()`` then ``wait_ready()``; ``stop()`` (idempotent, also on ``__exit__``) ends the
-    process and removes the directory, so nothing is left behind."""
-
-    def __init__(self, blocks: int, grace_s: float = 5.0) -> None:
-        self.blocks = blocks
-        self.grace_s = grace_s
-        self.dir = Path(tempfile.mkdtemp(prefix="rc-demo-", dir=_short_tmp()))
-        self.endpoints = Endpoints.ipc(str(self.dir / "engine"))
-        self.log = self.dir / "engine.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def command(self) -> list[str]:
-        """The engine's command line: this interpreter running ``radixcache serve``."""
-        return [sys.executable, "-m", "cli.main", "serve", "--ipc", str(self.dir / "engine"),
-                "--blocks", str(self.blocks)]
-
-    def start(self) -> EngineProcess:
-        """Start ``command()`` with its output going to DIR/engine.log."""
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=log, preexec_fn=_parent_death_signal())
-        return self
-
-    def wait_ready(self, timeout_s: float = 60.0) -> float:
-        """Wait until the command endpoint answers ``stats``; returns the seconds waited.
-
-        Raises ``CliError`` (with the engine's last log line) when the process exits first or
-        does not answer within ``timeout_s``."""
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:
-            if self.proc is None or self.proc.poll() is not None:
-                raise CliError(f"the engine exited before it answered: {self._last_log_line()}")
-            if isinstance(self.send(cmd.Stats(), timeout_s=0.25), cmd.Ok):
-                return time.monotonic() - t0
-        raise CliError(f"the engine did not answer within {timeout_s:g} s: "
-                       f"{self._last_log_line()}")
-
-    def send(self, command: cmd.AnyCommand, timeout_s: float = 5.0) -> cmd.AnyReply:
-        """One command round trip (``Error`` on timeout, never raises)."""
-        return send_command(self.endpoints.commands, command, timeout_s=timeout_s)
-
-    def stats(self) -> dict[str, float | int | str]:
-        """The engine's counters (empty when it does not answer)."""
-        reply = self.send(cmd.Stats())
-        return reply.values if isinstance(reply, cmd.Ok) else {}
-
-    def stop(self) -> int | None:
-        """SIGTERM, then SIGKILL after ``grace_s``; remove the temp dir. Returns the exit code.
-        When the engine had died on its own, or exited with a failure, its log is kept (moved
-        next to the temp dir) and its path printed on stderr."""
-        code = None
-        died = self.proc is not None and self.proc.poll() is not None
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(self.grace_s)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-            code = self.proc.returncode
-        if died or code not in (0, None, -signal.SIGTERM, -signal.SIGKILL):
-            self._keep_log(code)
-        shutil.rmtree(self.dir, ignore_errors=True)
-        return code
-
-    def _keep_log(self, code: int | None) -> None:
-        kept = self.dir.parent / f"{self.dir.name}-engine.log"
-        with contextlib.suppress(OSError):
-            shutil.move(self.log, kept)
-            print(f"the engine exited with status {code}; its log: {kept}", file=sys.stderr)
-
-    def _last_log_line(self) -> str:
-        with contextlib.suppress(OSError):
-            lines = self.log.read_text(errors="replace").strip().splitlines()
-            if lines:
-                return lines[-1]
-        return "no output"
-
-    def __enter__(self) -> EngineProcess:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
-
-def _short_tmp() -> str | None:
-    """/tmp where the default temp dir would make ipc:// paths too long for a Unix socket."""
-    default = tempfile.gettempdir()
-    return "/tmp" if len(default) > 60 and Path("/tmp").is_dir() else None
-
-
-class MixLoop:
-    """A thread that sends the next workload of the mix every ``interval_s`` seconds,
-    round after round with a new seed, unless the engine has ``MAX_QUEUED`` requests waiting."""
-
-    def __init__(self, engine: EngineProcess, mix: tuple[str, ...], interval_s: float) -> None:
-        self.engine, self.mix, self.interval_s = engine, mix, interval_s
-        self.sent = 0
-        self.requests = 0  # requests in the workloads the engine accepted
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rc-demo-mix", daemon=True)
-
-    def _next(self) -> cmd.StartWorkload:
-        name, *args = self.mix[self.sent % len(self.mix)].split()
-        return cmd.StartWorkload(name, [*args, "--seed", str(self.sent // len(self.mix))])
-
-    def _run(self) -> None:
-        while True:
-            waiting = self.engine.stats().get("waiting", MAX_QUEUED)
-            if isinstance(waiting, int) and waiting < MAX_QUEUED:
-                reply = self.engine.send(self._next())
-                self.sent += 1
-                if isinstance(reply, cmd.Ok):
-                    self.requests += int(reply.values.get("requests", 0))
-            if self._stop.wait(self.interval_s):
-                return
-
-    def start(self) -> MixLoop:
-        """Send the first workload now, then one per interval."""
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop sending (idempotent)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(10)
 
 
 @contextlib.contextmanager
@@ -227,52 +38,6 @@ def running_demo(blocks: int, mix: tuple[str, ...], interval_s: float,
             yield engine, loop
         finally:
             loop.stop()
-
-
-def headless(engine: EngineProcess, loop: MixLoop, seconds: float) -> DemoStats:
-    """Follow the engine's stream for ``seconds`` with a subscriber, then pause the engine and
-    compare the subscriber's mirror with the engine's tree."""
-    t0 = time.monotonic()
-    sub = Subscriber(engine.endpoints).start()
-    first = -1.0
-    try:
-        while time.monotonic() - t0 < seconds:
-            if first < 0 and len(sub.mirror.nodes) > 1:
-                first = time.monotonic() - t0
-            time.sleep(0.02)
-        loop.stop()
-        stats = _paused_stats(engine)
-        _catch_up(sub, int(stats.get("seq", 0)))
-    finally:
-        sub.stop()
-    return DemoStats(round(time.monotonic() - t0, 2), round(first, 3), loop.sent,
-                     int(stats.get("finished", 0)),
-                     loop.requests - int(stats.get("finished", 0)),  # waiting, running, dependent
-                     int(stats.get("nodes", 0)),
-                     len(sub.mirror.nodes) - 1, int(stats.get("splits", 0)),
-                     int(stats.get("merges", 0)), int(stats.get("evicted_nodes", 0)),
-                     sub.stats.batches, sub.stats.digest_checks, sub.stats.resyncs)
-
-
-def _paused_stats(engine: EngineProcess) -> dict[str, float | int | str]:
-    """Pause, then read the counters until two reads agree (the running requests finished)."""
-    engine.send(cmd.Pause())
-    before = engine.stats()
-    for _ in range(600):  # up to 30 s: requests already admitted run to their end
-        time.sleep(0.05)
-        now = engine.stats()
-        if now == before:
-            return now
-        before = now
-    raise CliError("the engine did not settle after pause")
-
-
-def _catch_up(sub: Subscriber, seq: int, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while sub.seq < seq:
-        if time.monotonic() > deadline:
-            raise CliError(f"the stream stopped at seq {sub.seq}, engine at {seq}")
-        time.sleep(0.02)
 
 
 def _stats_table(s: DemoStats) -> Table:

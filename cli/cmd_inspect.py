@@ -44,11 +44,15 @@ def run_local(num_blocks: int = 4096) -> None:
 
 @app.command()
 def inspect(
-    endpoint: str | None = typer.Argument(None, help="An engine's event endpoint "
-                                                     "(tcp://HOST:PORT or ipc://PATH-events)."),
-    kv_events: str | None = typer.Option(None, help="Attach to a vLLM/SGLang KV-event PUB "
-                                                    "(tcp://HOST:PORT) instead."),
-    replay: str | None = typer.Option(None, help="With --kv-events: its replay ROUTER."),
+    endpoint: list[str] | None = typer.Argument(None, help="An engine's event endpoint "
+                                                           "(tcp://HOST:PORT or ipc://PATH-"
+                                                           "events); several: the cluster "
+                                                           "screen."),
+    kv_events: list[str] | None = typer.Option(None, help="Attach to a vLLM/SGLang KV-event "
+                                                          "PUB (tcp://HOST:PORT) instead; "
+                                                          "repeated: the cluster screen."),
+    replay: list[str] | None = typer.Option(None, help="With --kv-events: its replay ROUTER "
+                                                       "(one per --kv-events)."),
     topic: str = typer.Option("", help="With --kv-events: only this PUB topic (SGLang can put "
                                        "a data-parallel rank in it)."),
     blocks: int = typer.Option(4096, help="Without ENDPOINT: blocks of the embedded tree."),
@@ -61,17 +65,26 @@ def inspect(
 
     Example: radixcache inspect tcp://127.0.0.1:5557   (after: radixcache serve --port 5557)
     """
-    if kv_events is not None:
+    if kv_events is not None and len(kv_events) > 1:
+        from cli.cmd_cluster import inspect_kv_many
+
+        inspect_kv_many(kv_events, replay or [])
+    elif kv_events:
         from inspector.kv_view import KVEventsApp
         from radixcache.traffic.workloads import Vocabulary
 
-        KVEventsApp(kv_events, replay, vocab=Vocabulary(), topic=topic.encode()).run()
-    elif replay is not None:
+        KVEventsApp(kv_events[0], replay[0] if replay else None, vocab=Vocabulary(),
+                    topic=topic.encode()).run()
+    elif replay:
         raise typer.BadParameter("--replay goes with --kv-events", param_hint="--replay")
-    elif endpoint is not None:
+    elif endpoint is not None and len(endpoint) > 1:
+        from cli.cmd_cluster import inspect_many
+
+        inspect_many(endpoint)
+    elif endpoint:
         if curve_keys is not None:
             _use_curve_keys(curve_keys)
-        run_live([endpoint])
+        run_live(endpoint)
     else:
         run_local(blocks)
 

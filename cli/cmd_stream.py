@@ -1,14 +1,13 @@
-"""`radixcache serve | record | export | tree` and `radixcache bench events`."""
+"""`radixcache serve | keys` and `radixcache bench events` (record, tree, export: see
+cmd_recordings)."""
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import json
 import shlex
 import signal
 import threading
-import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,24 +17,11 @@ import zmq
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
-from rich.tree import Tree
 
 from cli.app import RUN, app, bench_app
-from radixcache.core import events as ev
-from radixcache.traffic.workloads import WORKLOADS, Workload, WorkloadError, build_workload
+from radixcache.traffic.workloads import WORKLOADS, Workload, build_workload
 from radixcache.wire.endpoints import BindPolicy, EndpointError, Endpoints
-from radixcache.wire.export import jsonl_lines, perfetto_json
-from radixcache.wire.kvevents.pubsub import KVEventsClient
-from radixcache.wire.kvevents.report import follow_lines
-from radixcache.wire.mirror import Mirror, MirrorNode
-from radixcache.wire.recording import (
-    RecordingError,
-    RecordingReader,
-    RecordingWriter,
-    mirror_snapshot,
-)
 from radixcache.wire.security import ClientCurve, CurveError, create_keys
-from radixcache.wire.subscriber import Subscriber
 
 if TYPE_CHECKING:  # these import torch (seconds): the commands import them when they run
     from radixcache.serving.engine import Answers, Engine, EngineConfig
@@ -135,6 +121,8 @@ def serve(
     digest_every: int = typer.Option(64, help="A Digest event every N batches (0: none)."),
     curve_keys: Path | None = typer.Option(None, help=CURVE_HELP + " Every socket bound is a "
                                            "CURVE server accepting only client keys in DIR."),
+    http: int | None = typer.Option(None, help="Also serve OpenAI/SGLang HTTP on this port "
+                                    "(on --endpoint-host; needs radixcache[http])."),
 ) -> None:
     """Run the engine (model, radix cache, scheduler) in this process; serve its event stream,
     snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C."""
@@ -147,7 +135,8 @@ def serve(
                           block_size=16, num_blocks=blocks)
     server = _bind(engine, config, _endpoints(port, endpoint_host, ipc), allow_remote,
                    _kv_endpoints(kv_events, endpoint_host, port), curve_keys)
-    _serve_until_stopped(server, str(engine.model.device), workload, workload_args)
+    _serve_until_stopped(server, str(engine.model.device), workload, workload_args,
+                         (endpoint_host, http))
 
 
 def _kv_endpoints(kv_events: str | None, host: str, port: int) -> tuple[str, str] | None:
@@ -182,10 +171,14 @@ def _bind(engine: Engine, config: ServerConfig, endpoints: Endpoints, allow_remo
     return server
 
 
-def _serve_until_stopped(server: Server, device: str, workload: str | None, args: str) -> None:
+def _serve_until_stopped(server: Server, device: str, workload: str | None, args: str,
+                         http: tuple[str, int | None] = ("127.0.0.1", None)) -> None:
     """Serve until SIGTERM/Ctrl-C, or until a worker thread dies: then the fault goes to
     stderr and the exit status is 1."""
+    from cli.cmd_cluster import start_http
+
     server.start()
+    front = start_http(server, *http)
     ep = server.publisher.endpoints
     console.print(f"serving epoch {server.publisher.epoch} on {device}: "
                   f"events {ep.events}  snapshot/replay {ep.control}  commands {ep.commands}",
@@ -197,11 +190,14 @@ def _serve_until_stopped(server: Server, device: str, workload: str | None, args
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        while not stop.wait(0.2) and server.fault is None:
+        while not stop.wait(0.2) and server.fault is None \
+                and (front is None or front.fault is None):
             pass
     except KeyboardInterrupt:
         pass
-    fault = server.fault
+    fault = server.fault or (front.fault if front is not None else None)
+    if front is not None:
+        front.close()
     server.close()
     if fault is not None:
         err_console.print(f"error: {fault.line()}", highlight=False)
@@ -217,168 +213,6 @@ def _sized_workload(name: str, args: str, requests: int) -> Workload:
         return build_workload(name, shlex.split(args))
     high = next(p.high for p in WORKLOADS[name].params if p.name == _SIZE_PARAM[name])
     return build_workload(name, {_SIZE_PARAM[name]: min(requests, high)})
-
-
-@app.command()
-def record(
-    out: Path = typer.Option(..., "--out", help="Recording file to write."),
-    workload: str = typer.Option("chat", help="Workload to run headless."),
-    workload_args: str = typer.Option("", help="Its arguments (default: sized to --requests)."),
-    requests: int = typer.Option(2000, help="Headless: run the first N requests."),
-    from_: str | None = typer.Option(None, "--from", help="Record a live engine instead "
-                                                          "(tcp://HOST:PORT of its events)."),
-    seconds: float = typer.Option(10.0, help="With --from: how long to record."),
-    blocks: int = typer.Option(65536, help="Headless: KV pool blocks of 16 tokens."),
-    model: ModelSize = typer.Option(ModelSize.TINY, help="Headless model: tiny is 1 layer, "
-                                                         "d_model 32, 1 K/V head of 16."),
-    answers: AnswerMode = typer.Option(AnswerMode.PREFILL, help="Headless: prefill folds each "
-                                       "forced answer into its prompt (same tree, ~50x faster "
-                                       "on a CPU; RequestStart then counts answers as prompt); "
-                                       "decode generates them token by token."),
-    device: str | None = typer.Option(None, help="Headless torch device (default: cuda when "
-                                                 "present)."),
-    threads: int = typer.Option(1, help="torch CPU threads."),
-    keyframe_every: int = typer.Option(50_000, help="Events between snapshot keyframes."),
-    curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),
-) -> None:
-    """Record a live engine (--from), or run a workload headless on the engine with the tiny
-    model and record every step's events: 2000 chat requests take about 80 s on 2 CPU cores."""
-    if from_ is not None:
-        n = _record_live(from_, out, seconds, keyframe_every, _client_curve(curve_keys))
-        console.print(f"wrote {out}: {n:,} events")
-        return
-    from radixcache.serving.engine import Answers, Engine
-    from radixcache.serving.server import record_service
-
-    try:
-        w = _sized_workload(workload, workload_args, requests)
-    except WorkloadError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--workload") from None
-    n = min(requests, len(w.requests))
-    w = dataclasses.replace(w, requests=w.requests[:n])
-    engine = Engine(_engine_config(model, blocks, device, threads, Answers(answers.value)))
-    header: dict[str, str | int | float] = {
-        "num_blocks": blocks, "block_size": 16, "model": model.value, "answers": answers.value,
-        "workload": f"{workload} {workload_args}".strip(), "requests": n,
-        "device": str(engine.model.device)}
-    t0 = time.perf_counter()
-    with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer:
-        r = record_service(engine, w, writer)
-    engine.close()
-    c = r.counters
-    console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
-                  f"{n:,} requests finished ({c.rejected} rejected) in {r.steps:,} steps, "
-                  f"{time.perf_counter() - t0:.1f} s", highlight=False)
-
-
-def _record_live(endpoint: str, out: Path, seconds: float, every: int,
-                 curve: ClientCurve | None) -> int:
-    mirror = Mirror()
-    writer: RecordingWriter | None = None
-
-    def on_batch(batch: ev.Batch) -> None:
-        nonlocal writer
-        if writer is None or sub.stats.snapshots != snapshots[0]:
-            snapshots[0] = sub.stats.snapshots
-            if writer is None:
-                writer = RecordingWriter(out, {"source": endpoint}, keyframe_every=every)
-            writer.write_keyframe(batch.seq - 1, batch.epoch, mirror_snapshot(mirror))
-        writer.write_batch(batch)
-        if writer.needs_keyframe:
-            writer.write_keyframe(batch.seq, batch.epoch, mirror_snapshot(mirror))
-
-    snapshots = [0]
-    sub = Subscriber(Endpoints.from_events(endpoint), mirror, on_batch=on_batch, curve=curve)
-    sub.start()
-    time.sleep(seconds)
-    sub.stop()
-    if writer is None:
-        console.print(f"[red]no batch from {endpoint} in {seconds:g} s[/]")
-        raise typer.Exit(1)
-    writer.close()
-    return writer.events
-
-
-@app.command()
-def export(
-    file: Path = typer.Argument(..., help="A recording."),
-    format: str = typer.Option("jsonl", help="jsonl or perfetto."),
-    out: Path | None = typer.Option(None, help="Output file (default: FILE.jsonl/.json)."),
-) -> None:
-    """Export a recording as JSON lines or a Perfetto/Chrome trace."""
-    reader = _reader(file)
-    items = [r.item for r in reader.records()]
-    if format == "jsonl":
-        target = out or file.with_suffix(".jsonl")
-        target.write_text("".join(line + "\n" for line in jsonl_lines(items)))
-    elif format == "perfetto":
-        target = out or file.with_suffix(".json")
-        target.write_bytes(perfetto_json(items))
-    else:
-        raise typer.BadParameter("jsonl or perfetto", param_hint="--format")
-    if reader.damage is not None:
-        console.print(f"[yellow]stopped at byte {reader.damage.offset}: {reader.damage.reason}[/]")
-    console.print(f"wrote {target}")
-
-
-def _reader(file: Path) -> RecordingReader:
-    try:
-        return RecordingReader(file)
-    except (RecordingError, OSError) as exc:
-        console.print(f"[red]{exc}[/]")
-        raise typer.Exit(1) from None
-
-
-def _rich_tree(mirror: Mirror, limit: int) -> Tree:
-    root = Tree(f"root ({len(mirror.nodes) - 1} nodes)")
-    stack: list[tuple[Tree, MirrorNode]] = [(root, c) for c in mirror.root.children.values()]
-    shown = 0
-    while stack and shown < limit:
-        parent, n = stack.pop()
-        blocks = f"b{n.blocks[0]}-{n.blocks[-1]}" if n.blocks else "-"
-        branch = parent.add(f"n{n.id} [{n.num_tokens}] {blocks} r{n.lock}")
-        shown += 1
-        stack.extend((branch, c) for c in n.children.values())
-    return root
-
-
-@app.command()
-def tree(
-    source: str | None = typer.Argument(None, help="A recording file or tcp://HOST:PORT."),
-    kv_events: str | None = typer.Option(None, help="A vLLM/SGLang KV-event PUB endpoint."),
-    replay: str | None = typer.Option(None, help="Its replay ROUTER (replays from seq 0)."),
-    seconds: float = typer.Option(2.0, help="With --kv-events: how long to follow."),
-    limit: int = typer.Option(200, help="Print at most this many nodes."),
-    curve_keys: Path | None = typer.Option(None, help="With ENDPOINT: " + CURVE_HELP),
-) -> None:
-    """Print the cache tree of a recording or a live engine, or a KV-event block-hash tree."""
-    if kv_events is not None:
-        _kv_tree(kv_events, replay, seconds, limit)
-        return
-    if source is None:
-        raise typer.BadParameter("give FILE, ENDPOINT or --kv-events")
-    if "://" in source:
-        sub = Subscriber(Endpoints.from_events(source), curve=_client_curve(curve_keys)).start()
-        ok = sub.wait_synced(10)
-        sub.stop()
-        if not ok:
-            console.print(f"[red]no snapshot from {source}[/] (down, or it needs / refused "
-                          "these --curve-keys)")
-            raise typer.Exit(1)
-        mirror = sub.mirror
-    else:
-        reader = _reader(Path(source))
-        mirror, _ = reader.mirror_at(2**62)
-    console.print(_rich_tree(mirror, limit))
-
-
-def _kv_tree(endpoint: str, replay: str | None, seconds: float, limit: int) -> None:
-    client = KVEventsClient(endpoint, replay)
-    try:
-        lines = follow_lines(client, seconds, limit)
-    finally:
-        client.close()
-    typer.echo("\n".join(lines))
 
 
 @bench_app.command("events")
@@ -404,6 +238,7 @@ def bench_events(
 
     Example: radixcache bench events --drop 0.01 --verify-every-batch --json"""
     from radixcache.tools.bench_events import run_bench, verify_drops  # torch: imported here
+    from radixcache.tools.bench_hostile import hostile_rows, run_hostile
 
     if publishers > 1:
         _bench_fanin(publishers, as_json)
@@ -419,10 +254,15 @@ def bench_events(
         return
     with Progress(console=console, disable=as_json, transient=True) as progress:
         result = run_bench(requests, per_step, late_join_nodes, progress)
+        progress.add_task("hostile peer: a clean run, then a hostile one", total=None)
+        hostile = run_hostile()
     if as_json:
-        typer.echo(json.dumps(result._asdict()))
+        typer.echo(json.dumps({**result._asdict(), "hostile": hostile._asdict()}))
     else:
-        console.print(_bench_table(result))
+        table = _bench_table(result)
+        for row in hostile_rows(hostile):
+            table.add_row(*row)
+        console.print(table)
 
 
 def _bench_table(r: BenchResult) -> Table:

@@ -14,16 +14,21 @@ import os
 import sys
 
 import cli.cmd_bench_tree
+import cli.cmd_cluster
 import cli.cmd_demo
 import cli.cmd_doctor
 import cli.cmd_engine
 import cli.cmd_inspect
+import cli.cmd_recordings
 import cli.cmd_soak
-import cli.cmd_stream  # noqa: F401
+import cli.cmd_stream
+import cli.cmd_whatif  # noqa: F401
 from cli.app import CliError, app, finish_help
 from radixcache.core.blocks import PoolError
+from radixcache.core.tokens import InvalidTokens
 from radixcache.core.tree import TreeError
 from radixcache.serving.service import ServiceError
+from radixcache.tools.demo import DemoError
 from radixcache.traffic.sharegpt import DatasetUnavailable
 from radixcache.traffic.workloads import WorkloadError
 from radixcache.wire.endpoints import EndpointError
@@ -39,7 +44,7 @@ finish_help()
 # expected by the command that raised it, so it is a bug and shows its traceback.
 RUNTIME_ERRORS: tuple[type[BaseException], ...] = (
     CliError, TreeError, PoolError, DatasetUnavailable, RecordingError, MirrorError,
-    ServiceError, WorkloadError, CurveError, EndpointError,
+    ServiceError, WorkloadError, CurveError, EndpointError, DemoError, InvalidTokens,
 )
 
 

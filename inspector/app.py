@@ -116,6 +116,7 @@ class InspectorApp(App[None]):
         Binding("less_than_sign", "replay('prev_key')", "Keyframe", show=False),
         Binding("right_square_bracket", "replay('faster')", "Faster", show=False),
         Binding("left_square_bracket", "replay('slower')", "Slower", show=False),
+        Binding("w", "whatif", "What if", show=False),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -417,6 +418,12 @@ class InspectorApp(App[None]):
     def action_help(self) -> None:
         """Show the key map; focus returns to the panes when it closes."""
         self.push_screen(HelpScreen(), callback=lambda _: self._focus_pane())
+
+    def action_whatif(self) -> None:
+        """The hit-rate curve of the replay so far (``inspector.whatif_screen``)."""
+        from inspector.whatif_screen import WhatIfScreen
+
+        self.push_screen(WhatIfScreen(self.source))
 
     def action_focus_command(self) -> None:
         """Focus the command line."""

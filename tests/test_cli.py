@@ -17,6 +17,7 @@ import cli.cmd_demo as demo_mod
 from cli.app import PANELS, app, bench_app, command_name
 from cli.main import main
 from radixcache import __version__
+from radixcache.tools.demo import DemoError
 from radixcache.traffic.workloads import build_workload
 
 RUNNER = CliRunner()
@@ -194,7 +195,7 @@ class _Crashing(demo_mod.EngineProcess):
 
 
 def test_an_engine_that_exits_early_is_a_one_line_error() -> None:
-    with _Crashing(16) as engine, pytest.raises(demo_mod.CliError) as info:
+    with _Crashing(16) as engine, pytest.raises(DemoError) as info:
         engine.start().wait_ready(timeout_s=20)
     assert str(info.value) == "the engine exited before it answered: error: port in use"
     assert not Path(engine.dir).exists()

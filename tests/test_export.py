@@ -38,10 +38,13 @@ def test_perfetto_trace_has_request_slices_instants_and_a_counter():
     events = [e for e in trace["traceEvents"] if e["ph"] != "M"]
     assert [(e["ph"], e["name"], e["ts"]) for e in events] == [
         ("b", "req 1", 0.0), ("C", "pool", 0.0),
-        ("i", "split n1 @1", 500000.0), ("i", "cow 0->3", 500000.0), ("i", "evict n1", 500000.0),
-        ("i", "merge n2+n1", 500000.0), ("e", "req 1", 500000.0),
+        ("i", "split", 500000.0), ("i", "cow", 500000.0), ("i", "evict", 500000.0),
+        ("i", "merge", 500000.0), ("e", "req 1", 500000.0),
     ]
     assert events[1]["args"] == {"used_blocks": 2, "total_blocks": 8}
+    assert [e["args"] for e in events[2:6]] == [
+        {"node": 1, "offset": 1, "prefix": 2}, {"src": 0, "dst": 3, "slots": 1},
+        {"node": 1, "tokens": 1, "blocks_freed": 1}, {"parent": 2, "child": 1}]
     assert {e["id"] for e in events if e["ph"] in "be"} == {1}
     assert sum(e["ph"] == "M" for e in trace["traceEvents"]) == 3
 

@@ -229,11 +229,11 @@ def test_inspector_process_killed_the_engine_serves_on_and_a_new_one_syncs():
         before = send_command(endpoints.commands, cmd.Stats())
         assert isinstance(before, cmd.Ok)
         sub = Subscriber(endpoints, request_timeout_s=0.3).start()
-        assert sub.wait_synced(10)
+        assert sub.wait_synced(30)
         assert wait_for(lambda: sub.stats.batches >= 5)  # the engine kept publishing
         assert send_command(endpoints.commands, cmd.Pause()) == cmd.Ok("paused")
         seq, digest = _engine_snapshot(endpoints)
-        assert wait_for(lambda: sub.seq >= seq, timeout=2.0)
+        assert wait_for(lambda: sub.seq >= seq, timeout=10.0)
         with sub.lock:
             assert sub.mirror.digest() == digest
         assert engine.poll() is None

@@ -3,6 +3,8 @@ cap, the thread guard, and the snapshot budget of the publisher."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import zmq
 
@@ -10,10 +12,12 @@ from radixcache.core import events as ev
 from radixcache.core.guard import Guard, ThreadFault
 from radixcache.serving.driver import TreeDriver, serve_request
 from radixcache.serving.loop import BatchSink, LoopConfig, Sampling, ServiceLoop
+from radixcache.serving.server import Server
 from radixcache.serving.service import MAX_WAITING
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire import commands as cmd
-from radixcache.wire.endpoints import u64
+from radixcache.wire.client import send_command
+from radixcache.wire.endpoints import Endpoints, u64
 from radixcache.wire.publisher import SNAPSHOT_BUDGET
 from tests.helpers.stream import prompts, tree_server, wait_for
 
@@ -192,3 +196,21 @@ def test_the_engine_and_the_driver_serve_one_workload_through_the_same_loop() ->
         driver.tree.check()
     finally:
         engine.close()
+
+
+def test_the_ipv6_loopback_binds_and_serves_commands() -> None:
+    server = Server(TreeDriver(64), Endpoints.tcp("::1", 0)).start()
+    try:
+        assert server.publisher.endpoints.commands.startswith("tcp://[::1]:")
+        reply = send_command(server.publisher.endpoints.commands, cmd.Stats())
+        assert isinstance(reply, cmd.Ok) and reply.values["nodes"] == 0
+    finally:
+        server.close()
+
+
+def test_a_closed_publisher_leaves_no_socket_files(tmp_path: Path) -> None:
+    server = Server(TreeDriver(64), Endpoints.ipc(str(tmp_path / "engine"))).start()
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["engine-commands", "engine-control", "engine-events"]
+    server.close()
+    assert list(tmp_path.iterdir()) == []

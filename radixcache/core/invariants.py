@@ -17,20 +17,37 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from radixcache.core import tokens as tk
+from radixcache.core.blocks import BlockAllocator
+from radixcache.core.nodes import RadixNode
 
-if TYPE_CHECKING:
-    from radixcache.core.tree import RadixNode, RadixTree
 
+class TreeState(Protocol):
+    """What the check reads of a ``RadixTree`` (typed here so this module never imports the
+    tree: ``RadixTree.check`` imports this one)."""
+
+    @property
+    def root(self) -> RadixNode: ...
+    @property
+    def B(self) -> int: ...
+    @property
+    def alloc(self) -> BlockAllocator: ...
+    @property
+    def _nodes(self) -> dict[int, RadixNode]: ...
+    @property
+    def _heap(self) -> list[tuple[int, int, RadixNode]]: ...
+    @property
+    def _inplace(self) -> set[int]: ...
+    def request_blocks(self) -> set[int]: ...
 
 
 class InvariantError(AssertionError):
     """One or more invariants do not hold; the message lists them."""
 
 
-def _check_node(tree: RadixTree, n: RadixNode, out: list[str]) -> None:
+def _check_node(tree: TreeState, n: RadixNode, out: list[str]) -> None:
     B = tree.B
     p = n.parent
     if p is None or not p.alive or p.children.get(tk.token_at(n.tokens, 0)) is not n:
@@ -52,7 +69,7 @@ def _check_node(tree: RadixTree, n: RadixNode, out: list[str]) -> None:
         out.append(f"node {n.id}: mergeable with its only child {c.id}")
 
 
-def _slot_owners(tree: RadixTree) -> dict[int, list[tuple[int, int, int]]]:
+def _slot_owners(tree: TreeState) -> dict[int, list[tuple[int, int, int]]]:
     """block -> [(first slot, end slot, node id)] of the slots each node's span owns."""
     B = tree.B
     owners: dict[int, list[tuple[int, int, int]]] = {}
@@ -64,7 +81,7 @@ def _slot_owners(tree: RadixTree) -> dict[int, list[tuple[int, int, int]]]:
     return owners
 
 
-def _check_blocks(tree: RadixTree, out: list[str]) -> None:
+def _check_blocks(tree: TreeState, out: list[str]) -> None:
     a = tree.alloc
     refs: Counter[int] = Counter()
     for n in tree._nodes.values():
@@ -94,7 +111,7 @@ def _check_blocks(tree: RadixTree, out: list[str]) -> None:
             out.append(f"block {b}: claim {claim}, deepest holder ends at slot {top}")
 
 
-def _check_lru(tree: RadixTree, out: list[str]) -> None:
+def _check_lru(tree: TreeState, out: list[str]) -> None:
     queued = Counter(n.id for _, _, n in tree._heap if n.alive)
     twice = sorted(i for i, c in queued.items() if c > 1)
     if twice:
@@ -110,7 +127,7 @@ def _check_lru(tree: RadixTree, out: list[str]) -> None:
         out.append(f"LRU misses evictable leaves {sorted(want - queued.keys())[:5]}")
 
 
-def check_tree(tree: RadixTree) -> None:
+def check_tree(tree: TreeState) -> None:
     """Raise ``InvariantError`` listing every violated invariant (caller holds the tree lock)."""
     out: list[str] = []
     root = tree.root

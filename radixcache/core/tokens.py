@@ -103,3 +103,25 @@ def _check_range(arr: npt.NDArray[np.integer], vocab_limit: int, what: str) -> N
     if lo < 0 or hi >= min(vocab_limit, U32):
         raise InvalidTokens(f"{what} has a token id outside [0, {vocab_limit}): min {lo}, "
                             f"max {hi}")
+
+
+def common_prefix(seq: bytes, pos: int, tokens: bytes) -> int:
+    """Tokens shared by ``seq[pos:]`` and ``tokens``: galloping then bisection over slice
+    comparisons, each one a C ``memcmp`` (O(log k) compares for a k-token common run)."""
+    W = TOKEN_BYTES
+    n = min(len(seq) // W - pos, len(tokens) // W)
+    off = pos * W
+    lo, step = 0, 1  # invariant: the first ``lo`` tokens match
+    while lo + step <= n and seq.startswith(tokens[lo * W : (lo + step) * W], off + lo * W):
+        lo += step
+        step *= 2
+    hi = min(n, lo + step)  # the first mismatch lies in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if seq.startswith(tokens[lo * W : mid * W], off + lo * W):
+            lo = mid
+        else:
+            hi = mid
+    if lo < n and hi == lo + 1 and seq.startswith(tokens[lo * W : hi * W], off + lo * W):
+        lo = hi
+    return lo

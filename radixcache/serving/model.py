@@ -5,19 +5,8 @@ RMSNorm -> SiLU-gated MLP), final RMSNorm, logits through the tied embedding. We
 from ``torch.Generator().manual_seed(seed)`` on the CPU, so two models with one config are
 bit-identical on one device. Everything runs under ``torch.inference_mode``.
 
-One forward serves a continuous batch: prefill chunks and one-token decodes mixed. The
-new tokens of all sequences are *packed* for the matmuls; attention runs on a *padded*
-layout. For a batch of S=3 with B=4 (positions already cached ``.``, new ``n``, padding ``_``)::
-
-    seq  start  new  block_table     context positions 0..C-1 (C = max start+new = 9)
-    0    0      5    [5, 2]          n n n n | n _ _ _ | _      slots 20 21 22 23 | 8 ...
-    1    8      1    [3, 9, 1]       . . . . | . . . . | n      slots 12 .. 15 | 36 .. 39 | 4
-    2    2      3    [4, 0]          . . n n | n _ _ _ | _
-
-    packed new tokens (T = 9):  s0 s0 s0 s0 s0 | s1 | s2 s2 s2
-    queries, padded (S, Nmax=5): row i holds seq i's new tokens; pad rows are computed, then dropped
-    keys/values, gathered (S, C): slot of position c = block_table[c // B] * B + c % B
-    mask[i, j, c] = c <= start_i + j    (causal; padding keys lie beyond every real query)
+One forward serves a continuous batch: prefill chunks and one-token decodes mixed, laid
+out as ``serving.batch`` draws it (new tokens packed, attention padded).
 
 Per layer: q, k, v of the packed tokens; k, v are *scattered* into the pool at their slots
 (``kv[layer]`` viewed as ``(2, num_blocks * B, H, D)``); then K/V of every context position
@@ -28,19 +17,18 @@ All index tensors of a batch travel to the device in one transfer (``ForwardBatc
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
-from radixcache.core.pool import KVPool, KVShape
-
-TokenIds = Sequence[int] | torch.Tensor | npt.NDArray[np.integer]
-IntArray = npt.NDArray[np.int64]
+from radixcache.core.pool import KVShape
+from radixcache.serving.batch import ForwardBatch as ForwardBatch
+from radixcache.serving.batch import SeqInput as SeqInput
+from radixcache.serving.batch import TokenIds as TokenIds
+from radixcache.serving.batch import as_numpy, host_indices
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,67 +58,11 @@ class ModelConfig:
         return KVShape(self.n_layers, self.n_kv_heads, self.head_dim, self.dtype)
 
 
-class SeqInput(NamedTuple):
-    """One sequence of a batch: compute ``tokens`` at positions ``start, start+1, ...``.
-
-    ``start`` is the number of positions already in the cache; ``block_table`` must cover
-    positions ``[0, start + len(tokens))`` (longer tables are fine, the tail is ignored).
-    """
-
-    tokens: TokenIds
-    start: int
-    block_table: Sequence[int]
-
-
-@dataclass(frozen=True, slots=True)
-class ForwardBatch:
-    """The device-side index tensors of one batch (see the module diagram).
-
-    Built once per batch by ``TinyTransformer.prepare``; every tensor is a view of one
-    int64 buffer moved to the device in a single copy.
-    """
-
-    tokens: torch.Tensor  # (T,) packed new tokens
-    positions: torch.Tensor  # (T,) absolute position of each new token
-    write_slots: torch.Tensor  # (T,) flat pool slot each new token's K/V goes to
-    pad_index: torch.Tensor  # (T,) row of each new token in the padded (S * Nmax) layout
-    query_pos: torch.Tensor  # (S, Nmax) absolute position of each padded query
-    ctx_slots: torch.Tensor  # (S * C,) flat pool slot of every context position
-    last_index: torch.Tensor  # (S,) index in the packed tokens of each sequence's last one
-    new_counts: tuple[int, ...]  # new tokens per sequence
-
-    @property
-    def num_seqs(self) -> int:
-        """S: sequences in the batch."""
-        return len(self.new_counts)
-
-    @property
-    def max_new(self) -> int:
-        """Nmax: the most new tokens of any sequence (padded query length)."""
-        return int(self.query_pos.shape[1])
-
-    @property
-    def max_ctx(self) -> int:
-        """C: the longest context, ``max(start + len(tokens))`` (padded key length)."""
-        return int(self.ctx_slots.shape[0]) // self.num_seqs
-
-
 class Generated(NamedTuple):
     """Result of ``prefill_and_decode``: the greedy tokens and the logits each was taken from."""
 
     tokens: list[int]
     step_logits: torch.Tensor  # (n_new, vocab)
-
-
-class Throughput(NamedTuple):
-    """Measured model speed on this machine."""
-
-    prefill_tokens: int
-    prefill_tok_s: float
-    decode_batch: int
-    decode_steps: int
-    decode_tok_s: float
-    device: str
 
 
 @dataclass(slots=True)
@@ -144,72 +76,6 @@ class _Layer:
     w_gate: torch.Tensor  # (d_model, d_ff)
     w_up: torch.Tensor
     w_down: torch.Tensor  # (d_ff, d_model)
-
-
-def _as_numpy(tokens: TokenIds) -> IntArray:
-    if isinstance(tokens, torch.Tensor):
-        return tokens.detach().to("cpu", torch.int64).numpy().reshape(-1)
-    return np.asarray(tokens, dtype=np.int64).reshape(-1)
-
-
-def _check_batch(toks: list[IntArray], starts: IntArray, vocab_size: int) -> None:
-    if not toks:
-        raise ValueError("empty batch")
-    for i, t in enumerate(toks):
-        if t.size == 0:
-            raise ValueError(f"sequence {i} has no new tokens")
-        if t.min() < 0 or t.max() >= vocab_size:
-            raise ValueError(f"sequence {i} has a token id outside [0, {vocab_size})")
-    if starts.min() < 0:
-        raise ValueError("start must be >= 0")
-
-
-def _tables(batch: Sequence[SeqInput], ctx: IntArray, block_size: int, num_blocks: int) -> IntArray:
-    """Block tables cut to the blocks each context needs, zero-padded to one (S, nb) array."""
-    need = -(-ctx // block_size)
-    out = np.zeros((len(batch), int(need.max())), dtype=np.int64)
-    for i, seq in enumerate(batch):
-        n = int(need[i])
-        tbl = np.asarray(seq.block_table[:n], dtype=np.int64)
-        if tbl.size < n:
-            raise ValueError(f"sequence {i}: block table covers {tbl.size} blocks, needs {n}")
-        out[i, :n] = tbl
-    if out.min() < 0 or out.max() >= num_blocks:
-        raise ValueError(f"block id outside [0, {num_blocks})")
-    return out
-
-
-def _host_indices(
-    batch: Sequence[SeqInput], block_size: int, num_blocks: int, vocab_size: int
-) -> tuple[list[IntArray], tuple[int, ...]]:
-    """Every index array of a batch, on the host, in the order ``ForwardBatch`` lists them."""
-    toks = [_as_numpy(s.tokens) for s in batch]
-    starts = np.array([s.start for s in batch], dtype=np.int64)
-    _check_batch(toks, starts, vocab_size)
-    counts = np.array([t.size for t in toks], dtype=np.int64)
-    ctx = starts + counts
-    s_n, n_max, c_max = len(batch), int(counts.max()), int(ctx.max())
-    tables = _tables(batch, ctx, block_size, num_blocks)
-    c = np.arange(c_max)
-    ctx_slots = tables[:, c // block_size] * block_size + c % block_size  # (S, C)
-    ctx_slots[c[None, :] >= ctx[:, None]] = 0  # padding keys: any valid slot, masked anyway
-    seq_of = np.repeat(np.arange(s_n), counts)
-    local = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    positions = starts[seq_of] + local
-    write_slots = ctx_slots[seq_of, positions]
-    if np.unique(write_slots).size != write_slots.size:
-        raise ValueError("two new tokens of the batch would write the same pool slot")
-    query_pos = starts[:, None] + np.arange(n_max)[None, :]
-    arrays = [
-        np.concatenate(toks),
-        positions,
-        write_slots,
-        seq_of * n_max + local,
-        query_pos,
-        ctx_slots.reshape(-1),
-        np.cumsum(counts) - 1,
-    ]
-    return arrays, tuple(int(n) for n in counts)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -322,7 +188,7 @@ class TinyTransformer:
         dtype or device does not fit the model.
         """
         self._check_kv(kv)
-        arrays, counts = _host_indices(batch, kv.shape[3], kv.shape[2], self.config.vocab_size)
+        arrays, counts = host_indices(batch, kv.shape[3], kv.shape[2], self.config.vocab_size)
         flat = torch.from_numpy(np.concatenate([a.reshape(-1) for a in arrays]))
         if self.device.type == "cuda":
             flat = flat.pin_memory()
@@ -394,7 +260,7 @@ class TinyTransformer:
         No pool and no block table: K/V are the ones just computed, with a causal mask. This
         is the recompute baseline that paged forwards with cache hits must match.
         """
-        ids = torch.from_numpy(_as_numpy(tokens)).to(self.device)
+        ids = torch.from_numpy(as_numpy(tokens)).to(self.device)
         t, cfg = ids.shape[0], self.config
         pos = torch.arange(t, device=self.device)
         rope, mask = self._rope(pos), (pos[None, :] <= pos[:, None])[None]
@@ -422,7 +288,7 @@ def prefill_and_decode(
     ``step_logits[i]`` is the distribution ``tokens_out[i]`` was taken from, so it equals
     ``reference_logits(prompt + out[:-1])[len(prompt) - 1 + i]``.
     """
-    prompt = _as_numpy(tokens)
+    prompt = as_numpy(tokens)
     logits = model.forward([SeqInput(prompt[start:], start, block_table)], pool_kv)[0]
     out: list[int] = []
     steps: list[torch.Tensor] = []
@@ -433,54 +299,6 @@ def prefill_and_decode(
         steps.append(logits)
         out.append(int(logits.argmax()))
     return Generated(out, torch.stack(steps) if steps else logits[None][:0])
-
-
-def measure_throughput(
-    model: TinyTransformer, prefill_tokens: int = 512, decode_batch: int = 8, decode_steps: int = 64
-) -> Throughput:
-    """Time one prefill of ``prefill_tokens`` and ``decode_steps`` batched decodes (wall clock).
-
-    Decode sequences start from a 128-token prefilled context each; tokens/s counts one
-    token per sequence per step. Uses a fresh pool sized for the run.
-    """
-    cfg, bs = model.config, 16
-    ctx = 128 + decode_steps
-    per_seq = -(-max(prefill_tokens, ctx) // bs)
-    pool = KVPool(per_seq * (decode_batch + 1), bs, cfg.kv_shape(), model.device)
-    rng = np.random.default_rng(0)
-    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(decode_batch + 1)]
-
-    def sync() -> None:
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    prompt = rng.integers(0, 100_000, prefill_tokens)
-    model.forward([SeqInput(prompt[:16], 0, tables[0])], pool.kv)  # warm-up
-    sync()
-    t0 = time.perf_counter()
-    model.forward([SeqInput(prompt, 0, tables[0])], pool.kv)
-    sync()
-    prefill_s = time.perf_counter() - t0
-    seqs = [SeqInput(rng.integers(0, 100_000, 128), 0, tables[i + 1]) for i in range(decode_batch)]
-    nxt = model.forward(seqs, pool.kv).argmax(-1).tolist()
-    sync()
-    t0 = time.perf_counter()
-    for step in range(decode_steps):
-        batch = [SeqInput([nxt[i]], 128 + step, tables[i + 1]) for i in range(decode_batch)]
-        nxt = model.forward(batch, pool.kv).argmax(-1).tolist()
-    decode_s = time.perf_counter() - t0
-    return Throughput(
-        prefill_tokens,
-        prefill_tokens / prefill_s,
-        decode_batch,
-        decode_steps,
-        decode_batch * decode_steps / decode_s,
-        str(model.device),
-    )
-
-
-if __name__ == "__main__":
-    print(measure_throughput(TinyTransformer()))
 
 
 def tiny_model() -> ModelConfig:

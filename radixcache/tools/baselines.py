@@ -22,7 +22,6 @@ Deliberate choices where vLLM leaves room:
 from __future__ import annotations
 
 import hashlib
-import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -32,7 +31,6 @@ import numpy as np
 import numpy.typing as npt
 
 from radixcache.core import tokens as tk
-from radixcache.traffic.sharegpt import load_trace
 
 REPLAY_BATCH = 8
 
@@ -226,15 +224,3 @@ def _replay_batch(
     for req in running:
         cache.insert(req)
         cache.finish(req)
-
-
-def _main() -> None:
-    """Print the block-hash hit rate on the full ShareGPT trace (200,000 tokens, B = 16)."""
-    trace = load_trace()
-    t0 = time.perf_counter()
-    result = replay_block_hash(((r.prompt, r.output) for r in trace.requests), 200_000, 16)
-    print(f"{result} in {time.perf_counter() - t0:.1f} s")
-
-
-if __name__ == "__main__":
-    _main()

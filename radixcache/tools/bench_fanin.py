@@ -69,7 +69,7 @@ def _followers(endpoints: list[tuple[str, str, str]], conn: Connection) -> None:
         s.stop()
 
 
-def run_fanin(publishers: int, requests: int = 6000, per_step: int = 16,
+def run_fanin(publishers: int, requests: int = 20_000, per_step: int = 16,
               progress: Callable[[str], None] | None = None) -> FanInResult:
     """Publish one recorded run on ``publishers`` streams at full speed to one process that
     follows them all (see the module doc)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import zmq
 
 from radixcache.wire import commands as cmd
-from radixcache.wire.endpoints import MAX_CONTROL_BYTES
+from radixcache.wire.endpoints import MAX_CONTROL_BYTES, connect
 from radixcache.wire.security import ClientCurve, client_curve
 
 
@@ -24,7 +24,7 @@ def send_command(
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_BYTES)
         if keys is not None:
             keys.apply(sock)
-        sock.connect(endpoint)
+        connect(sock, endpoint)
         try:
             sock.send(cmd.encode_command(command), zmq.NOBLOCK)  # a fresh connect has its pipe
         except zmq.Again:

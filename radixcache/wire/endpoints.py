@@ -7,12 +7,14 @@ sockets are CURVE servers. Every integer in a control frame is 8 bytes big-endia
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import gc
+import os
 import random
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
@@ -103,7 +105,10 @@ class Endpoints(NamedTuple):
 
     @classmethod
     def tcp(cls, host: str = "127.0.0.1", port: int = 5557) -> Endpoints:
-        """``tcp://host:port``, ``port + 1`` and ``port + 2`` (port 0: each a random free port)."""
+        """``tcp://host:port``, ``port + 1`` and ``port + 2`` (port 0: each a random free port;
+        an IPv6 host such as ``::1`` is bracketed)."""
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
         if port == 0:
             return cls(*(f"tcp://{host}:*" for _ in range(3)))
         return cls(f"tcp://{host}:{port}", f"tcp://{host}:{port + 1}", f"tcp://{host}:{port + 2}")
@@ -151,8 +156,31 @@ def bind(sock: zmq.Socket[bytes], endpoint: str, policy: BindPolicy) -> str:
     check_bind(endpoint, policy)
     if policy.curve is not None:
         policy.curve.apply(sock)
+    allow_ipv6(sock, endpoint)
     sock.bind(endpoint)
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def allow_ipv6(sock: zmq.Socket[bytes], endpoint: str) -> None:
+    """Let ``sock`` bind or connect an IPv6 address such as tcp://[::1]:5557 (ZeroMQ sockets
+    are IPv4-only until told; ``::1`` is on the loopback list, so it must work)."""
+    if endpoint.startswith("tcp://["):
+        sock.setsockopt(zmq.IPV6, 1)
+
+
+def connect(sock: zmq.Socket[bytes], endpoint: str) -> None:
+    """``sock.connect(endpoint)``, IPv6 addresses included."""
+    allow_ipv6(sock, endpoint)
+    sock.connect(endpoint)
+
+
+def remove_ipc_files(endpoints: Iterable[str]) -> None:
+    """Delete the socket files of the ipc:// endpoints a closed publisher had bound (ZeroMQ
+    leaves them behind)."""
+    for e in endpoints:
+        if e.startswith("ipc://"):
+            with contextlib.suppress(OSError):
+                os.unlink(e.removeprefix("ipc://"))
 
 
 def split_request(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:

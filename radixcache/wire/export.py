@@ -5,7 +5,8 @@ lists of ids), plus one ``{"kind": "keyframe", "seq", "nodes"}`` per keyframe.
 
 Perfetto: ``{"traceEvents": [...]}`` with time in microseconds since the first batch:
 requests as async slices (start -> finish) on the "requests" track, splits, merges,
-evictions, COW copies and resets as instant events on the "tree" track, and the pool's
+evictions, COW copies and resets as instant events on the "tree" track (named by kind, so
+they group; node ids and sizes in their args), and the pool's
 used blocks as a counter. Open it at https://ui.perfetto.dev (or chrome://tracing).
 """
 
@@ -62,18 +63,19 @@ def jsonl_lines(items: Iterable[ev.Batch | Keyframe]) -> Iterator[str]:
             yield enc.encode(event_json(item, e)).decode()
 
 
-def _instant(e: ev.AnyEvent) -> tuple[str, JsonObj] | None:
+def _instant(e: ev.AnyEvent) -> JsonObj | None:
+    """The args of an instant event, or None for kinds that are not drawn as instants."""
     match e:
         case ev.Split():
-            return f"split n{e.node} @{e.offset}", {"node": e.node, "prefix": e.prefix}
+            return {"node": e.node, "offset": e.offset, "prefix": e.prefix}
         case ev.Merge():
-            return f"merge n{e.parent}+n{e.child}", {"parent": e.parent, "child": e.child}
+            return {"parent": e.parent, "child": e.child}
         case ev.Evict():
-            return f"evict n{e.node}", {"tokens": e.tokens, "blocks_freed": len(e.freed)}
+            return {"node": e.node, "tokens": e.tokens, "blocks_freed": len(e.freed)}
         case ev.Cow():
-            return f"cow {e.src}->{e.dst}", {"slots": e.slots}
+            return {"src": e.src, "dst": e.dst, "slots": e.slots}
         case ev.Reset():
-            return "reset", {}
+            return {}
     return None
 
 
@@ -107,10 +109,10 @@ def _trace_event(e: ev.AnyEvent, ts: float) -> Iterator[JsonObj]:
     elif isinstance(e, ev.Watermark):
         yield {**base, "ph": "C", "name": "pool",
                "args": {"used_blocks": e.used_blocks, "total_blocks": e.total_blocks}}
-    elif (inst := _instant(e)) is not None:
-        name, args = inst
+    elif (args := _instant(e)) is not None:
+        # named by kind so Perfetto groups them ("split", "cow"); the details are in args
         yield {**base, "tid": _TREE_TID, "ph": "i", "s": "t", "cat": kind_of(e),
-               "name": name, "args": args}
+               "name": kind_of(e), "args": args}
 
 
 def perfetto_json(items: Iterable[ev.Batch | Keyframe]) -> bytes:

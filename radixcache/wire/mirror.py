@@ -14,14 +14,12 @@ from types import MappingProxyType
 from typing import Any
 
 from radixcache.core import events as ev
-from radixcache.core.tree import structure_digest
+from radixcache.core.snapshot import structure_digest
+from radixcache.wire.validate import Malformed, MirrorError, check_event, check_snapshot
+
+__all__ = ["Malformed", "Mirror", "MirrorError", "MirrorNode", "MirrorStats"]
 
 _first = struct.Struct("<I").unpack_from
-
-
-class MirrorError(Exception):
-    """An event that does not fit the mirror's state (unknown node, bad block): the stream is
-    out of sync and needs a snapshot."""
 
 
 @dataclass(slots=True, eq=False)
@@ -124,12 +122,21 @@ class Mirror:
 
     # -- applying --------------------------------------------------------------------------
     def apply_batch(self, batch: ev.Batch) -> None:
-        """Apply every event of a batch in order."""
+        """Apply every event of a batch in order. Raises ``Malformed`` (nothing applied) when
+        an event is out of range for this pool, ``MirrorError`` when one does not fit the
+        state (the events before it stay applied: the caller resyncs from a snapshot)."""
         for e in batch.events:
-            self.apply(e)
+            check_event(e, self.num_blocks)
+        for e in batch.events:
+            self._apply(e)
 
     def apply(self, e: ev.AnyEvent) -> None:
-        """Apply one event; raises ``MirrorError`` when it does not fit the current state."""
+        """Apply one event; raises ``Malformed`` (nothing changed) when it is out of range for
+        this pool, ``MirrorError`` when it does not fit the current state."""
+        check_event(e, self.num_blocks)
+        self._apply(e)
+
+    def _apply(self, e: ev.AnyEvent) -> None:
         self.stats.events += 1
         self.version += 1
         try:
@@ -188,7 +195,9 @@ class Mirror:
             raise MirrorError("digest mismatch")
 
     def load_snapshot(self, s: ev.Snapshot) -> None:
-        """Replace the whole state with a snapshot's."""
+        """Replace the whole state with a snapshot's; raises ``Malformed`` (state unchanged,
+        nothing allocated) unless the snapshot passes ``check_snapshot``."""
+        check_snapshot(s)
         self._reset(s.block_size, s.num_blocks)
         self.high, self.low, self.clock = s.high, s.low, s.clock
         for st in s.nodes:

@@ -40,6 +40,7 @@ from radixcache.wire.endpoints import (
     from_u64,
     gc_paused,
     new_epoch,
+    remove_ipc_files,
     split_request,
     u64,
 )
@@ -170,13 +171,20 @@ class Publisher:
             self._thread = self.guard.start("rc-publisher", self._run)
         return self
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Send every queued batch, stop the thread and close the sockets."""
+    def close(self, timeout: float = 30.0) -> None:
+        """Send every queued batch, stop the thread and close the sockets. The sockets belong
+        to the thread (ZeroMQ sockets are not thread-safe): it closes them as it ends, so a
+        command or snapshot still being answered never finds them closed under it."""
         self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        if self._thread is None:
+            self._close_sockets()
+            return
+        self._thread.join(timeout)
+
+    def _close_sockets(self) -> None:
         for sock in (self._pub, self._control, self._command):
             sock.close(linger=0)
+        remove_ipc_files(self.endpoints)
 
     def __enter__(self) -> Publisher:
         return self.start()
@@ -186,6 +194,12 @@ class Publisher:
 
     # -- the thread ---------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._close_sockets()
+
+    def _serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self._control, zmq.POLLIN)
         poller.register(self._command, zmq.POLLIN)

@@ -13,14 +13,19 @@ Layout (integers little-endian)::
 The first frame after the header is a keyframe; another follows every ``keyframe_every``
 events, so a reader seeks by loading the nearest keyframe and applying the batches after
 it. A file without a tail (the writer died) is scanned instead. A reader stops at the first
-frame that is cut short, fails its checksum, exceeds the size limit or does not decode,
-and reports that frame's byte offset and the reason in ``damage``.
+frame that is cut short, fails its checksum, exceeds the size limit, does not decode or does
+not fit the state before it, and reports that frame's byte offset and the reason in
+``damage``. It reads frame by frame (``os.pread``, never more than one frame in memory, never
+more than the file holds), refuses anything but a regular file (a FIFO would block, a device
+never ends) and files over ``MAX_FILE_BYTES``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
+import stat
 import struct
 import time
 import zlib
@@ -31,12 +36,14 @@ from typing import BinaryIO, NamedTuple
 import msgspec
 
 from radixcache.core import events as ev
-from radixcache.wire.mirror import Mirror
+from radixcache.wire.mirror import Mirror, MirrorError
+from radixcache.wire.validate import Malformed, decode_batch
 
 MAGIC = b"RADIXREC"
 FORMAT_VERSION = 1
 TAIL_MAGIC = b"RCXTAIL\0"
 MAX_FRAME_BYTES = 256 * 1024 * 1024
+MAX_FILE_BYTES = 64 * 1024**3  # the reader refuses larger files (it streams; this bounds a scan)
 _PRELUDE = struct.Struct("<8sHH")
 _FRAME = struct.Struct("<IBI")
 _TAIL = struct.Struct("<Q8s")
@@ -184,15 +191,43 @@ class RecordingReader:
     Iterating ``records()`` stops at the first damaged frame; ``damage`` then says where.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *,
+                 max_bytes: int = MAX_FILE_BYTES) -> None:
         self.path = Path(path)
-        self.data = self.path.read_bytes()
         self.damage: Damage | None = None
-        if not self.data:
+        self._fd = -1
+        self._fd, self.size = _open_regular(self.path, max_bytes)
+        try:
+            self.header, self._first = self._read_prelude()
+        except RecordingError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> RecordingReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _pread(self, n: int, offset: int) -> bytes:
+        return os.pread(self._fd, n, offset)
+
+    def _read_prelude(self) -> tuple[RecordHeader, int]:
+        prelude = self._pread(_PRELUDE.size, 0)
+        if not prelude:
             raise RecordingError(f"{self.path}: empty file")
-        if len(self.data) < _PRELUDE.size or self.data[:8] != MAGIC:
+        if len(prelude) < _PRELUDE.size or prelude[:8] != MAGIC:
             raise RecordingError(f"{self.path}: not a radixcache recording (bad magic)")
-        _, version, _ = _PRELUDE.unpack_from(self.data)
+        _, version, _ = _PRELUDE.unpack(prelude)
         if version > FORMAT_VERSION:
             raise RecordingError(
                 f"{self.path}: format version {version} is newer than this reader "
@@ -201,24 +236,25 @@ class RecordingReader:
         if isinstance(frame, Damage) or frame[0] != Kind.HEADER:
             raise RecordingError(f"{self.path}: unreadable header")
         try:
-            self.header = _HEADER.decode(frame[1])
+            return _HEADER.decode(frame[1]), frame[2]
         except msgspec.DecodeError as exc:
             raise RecordingError(f"{self.path}: bad header: {exc}") from None
-        self._first = frame[2]
 
     def _read_frame(self, offset: int) -> tuple[Kind, bytes, int] | Damage:
         """(kind, payload, next offset) or the damage at ``offset``."""
-        data = self.data
-        if offset + _FRAME.size > len(data):
+        head = self._pread(_FRAME.size, offset)
+        if len(head) < _FRAME.size:
             return Damage(offset, "truncated frame header")
-        length, kind, crc = _FRAME.unpack_from(data, offset)
+        length, kind, crc = _FRAME.unpack(head)
         if length > MAX_FRAME_BYTES:
             return Damage(offset, f"frame length {length} exceeds the {MAX_FRAME_BYTES} limit")
         start = offset + _FRAME.size
-        if start + length > len(data):
+        if start + length > self.size:  # checked before reading: no allocation of `length`
             return Damage(offset, f"truncated frame: {length} bytes announced, "
-                                  f"{len(data) - start} present")
-        payload = data[start:start + length]
+                                  f"{self.size - start} present")
+        payload = self._pread(length, start)
+        if len(payload) != length:
+            return Damage(offset, "file shrank while reading")
         if zlib.crc32(payload, zlib.crc32(bytes([kind]))) != crc:
             return Damage(offset, "checksum mismatch")
         if kind not in Kind.__members__.values():
@@ -229,7 +265,7 @@ class RecordingReader:
         """Batches and keyframes in file order from byte ``start`` (default: the first)."""
         offset = self._first if start is None else start
         self.damage = None
-        while offset < len(self.data):
+        while offset < self.size:
             frame = self._read_frame(offset)
             if isinstance(frame, Damage):
                 self.damage = frame
@@ -238,8 +274,8 @@ class RecordingReader:
             if kind == Kind.INDEX:
                 return
             try:
-                item = ev.decode_batch(payload) if kind == Kind.BATCH else _KEYFRAME.decode(payload)
-            except (msgspec.DecodeError, ValueError) as exc:
+                item = decode_batch(payload) if kind == Kind.BATCH else _KEYFRAME.decode(payload)
+            except (msgspec.DecodeError, Malformed) as exc:
                 self.damage = Damage(offset, f"undecodable {kind.name.lower()}: {exc}")
                 return
             yield Record(offset, item)
@@ -247,31 +283,98 @@ class RecordingReader:
 
     def keyframes(self) -> list[KeyframeRef]:
         """The keyframe index: from the tail when the file was closed, else by scanning."""
-        if len(self.data) >= _TAIL.size:
-            offset, magic = _TAIL.unpack_from(self.data, len(self.data) - _TAIL.size)
-            if magic == TAIL_MAGIC:
+        if self.size >= _TAIL.size + self._first:
+            offset, magic = _TAIL.unpack(self._pread(_TAIL.size, self.size - _TAIL.size))
+            if magic == TAIL_MAGIC and offset < self.size:
                 frame = self._read_frame(offset)
                 if not isinstance(frame, Damage) and frame[0] == Kind.INDEX:
-                    return _INDEX.decode(frame[1])
+                    with contextlib.suppress(msgspec.DecodeError):
+                        return _INDEX.decode(frame[1])
         return [KeyframeRef(r.offset, r.item.seq, r.item.events_before)
                 for r in self.records() if isinstance(r.item, Keyframe)]
 
     def mirror_at(self, events: int) -> tuple[Mirror, int]:
         """A mirror after the first batch boundary at or past ``events`` recorded events (or
-        the end), starting from the nearest keyframe before it. Returns (mirror, events)."""
+        the end, or the first damage: ``damage`` says where), starting from the nearest
+        keyframe before it. A keyframe that does not continue the batches before it (the
+        recorder resynced: an engine restart, a gap) is loaded, not skipped. Raises
+        ``RecordingError`` when no keyframe before ``events`` can be read."""
         refs = [k for k in self.keyframes() if k.events_before <= events]
-        if not refs:
-            raise RecordingError(f"{self.path}: no keyframe at or before event {events}")
-        ref = refs[-1]
         mirror = Mirror()
-        count = ref.events_before
-        for rec in self.records(ref.offset):
-            if isinstance(rec.item, Keyframe):
-                if rec.offset == ref.offset:
-                    mirror.load_snapshot(rec.item.snapshot)
+        count, at = 0, (-1, -1)
+        for ref in reversed(refs):
+            count, at = self._load_keyframe(mirror, ref.offset)
+            if count >= 0:
+                break
+        if count < 0 or not refs:
+            where = f" ({self.damage.reason} at byte {self.damage.offset})" if self.damage else ""
+            raise RecordingError(f"{self.path}: no readable keyframe at or before event "
+                                 f"{events}{where}")
+        return mirror, self._play(mirror, refs[-1].offset, count, at, events)
+
+    def play_all(self) -> tuple[Mirror, int]:
+        """A mirror after every batch of the file, played from the first keyframe (every
+        Digest event checked on the way; ``damage`` says where a batch did not fit). Returns
+        (mirror, events applied); raises ``RecordingError`` when the first keyframe is bad."""
+        mirror = Mirror()
+        count, at = self._load_keyframe(mirror, self._first)
+        if count < 0:
+            raise RecordingError(f"{self.path}: first keyframe unreadable "
+                                 f"({self.damage.reason if self.damage else ''})")
+        return mirror, self._play(mirror, self._first, count, at, 2**62)
+
+    def _load_keyframe(self, mirror: Mirror, offset: int) -> tuple[int, tuple[int, int]]:
+        """Load the keyframe at ``offset``: (events before it, (epoch, seq)); (-1, ...) and
+        ``damage`` set when it cannot be read or loaded."""
+        frame = self._read_frame(offset)
+        try:
+            if isinstance(frame, Damage):
+                raise RecordingError(frame.reason)
+            if frame[0] != Kind.KEYFRAME:
+                raise RecordingError("not a keyframe")
+            k = _KEYFRAME.decode(frame[1])
+            mirror.load_snapshot(k.snapshot)
+        except (RecordingError, msgspec.DecodeError, Malformed) as exc:
+            self.damage = Damage(offset, f"bad keyframe: {exc}")
+            return -1, (-1, -1)
+        return k.events_before, (k.epoch, k.seq)
+
+    def _play(self, mirror: Mirror, start: int, count: int, at: tuple[int, int],
+              events: int) -> int:
+        """Apply the batches after the keyframe at ``start`` until ``events``; returns the
+        events applied in all. Stops with ``damage`` at a batch that does not fit."""
+        damage: Damage | None = None
+        for rec in self.records(start):
+            item = rec.item
+            if isinstance(item, Keyframe):
+                if (item.epoch, item.seq) != at and rec.offset != start:
+                    mirror.load_snapshot(item.snapshot)  # a resync: the state jumps here
+                    at = (item.epoch, item.seq)
                 continue
             if count >= events:
                 break
-            mirror.apply_batch(rec.item)
-            count += len(rec.item.events)
-        return mirror, count
+            try:
+                mirror.apply_batch(item)
+            except MirrorError as exc:
+                damage = Damage(rec.offset, f"batch seq {item.seq} does not fit: {exc}")
+                break
+            count += len(item.events)
+            at = (item.epoch, item.seq)
+        self.damage = damage or self.damage
+        return count
+
+
+def _open_regular(path: Path, max_bytes: int) -> tuple[int, int]:
+    """An fd of a regular file of at most ``max_bytes``, and its size; ``RecordingError``
+    otherwise (checked before opening: opening a FIFO blocks until a writer comes)."""
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise RecordingError(f"{path}: not a regular file")
+        if st.st_size > max_bytes:
+            raise RecordingError(f"{path}: {st.st_size:,} bytes exceeds the "
+                                 f"{max_bytes:,}-byte limit")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise RecordingError(f"{path}: {exc.strerror or exc}") from None
+    return fd, os.fstat(fd).st_size

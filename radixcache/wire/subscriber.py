@@ -7,89 +7,65 @@ the snapshot's seq are dropped, the rest applied in order. Afterwards::
     batch.seq <= last            duplicate, ignore
     batch.seq >  last + 1        gap: buffer live batches, ask replay from last + 1
     replay says "too-old"        ask a fresh snapshot
+    replay ends short of the gap ask a fresh snapshot
     batch.epoch != epoch         the engine restarted: ask a fresh snapshot
     a Digest event disagrees     (or any event does not fit the mirror) ask a fresh snapshot
-    undecodable frame            count it in ``malformed`` and go on
+    malformed frame or reply     count it in ``malformed``, keep it in ``last_error``, go on
 
-A request that gets no answer within ``request_timeout_s`` is sent again. All of it runs in
-one thread (``run``), which owns the sockets and the mirror; readers of the mirror take
-``lock``. ``stop()`` makes ``run`` return within ~50 ms.
+It never dies of its input: every frame goes through ``radixcache.wire.validate`` before it
+touches the mirror. Requests are paced by exponential backoff (``backoff_s`` doubling up to
+``backoff_cap_s``), so a peer that cannot close a gap gets a few requests a second, not
+thousands; one that stays out of sync for ``sync_deadline_s`` is reported ``unsyncable`` in
+``status()``. While not live, batches wait as raw bytes in a buffer capped in bytes
+(``MAX_BUFFER_BYTES``); what it drops is recovered by replay once live.
+
+All of it runs in one thread (``run``), which owns the sockets and the mirror; readers of the
+mirror take ``lock``. ``stop()`` makes ``run`` return within ~50 ms.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import itertools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import msgspec
 import zmq
 
 from radixcache.core import events as ev
-from radixcache.wire.endpoints import MAX_BATCH_BYTES, Endpoints, from_u64, gc_paused, u64
-from radixcache.wire.mirror import Mirror, MirrorError
+from radixcache.wire import validate
+from radixcache.wire.endpoints import Endpoints, connect, gc_paused, u64
+from radixcache.wire.mirror import Malformed, Mirror, MirrorError
+from radixcache.wire.resync import (
+    Backoff,
+    DropHook,
+    HashDrop,
+    Held,
+    HeldBatches,
+    State,
+    SubscriberStats,
+    SubscriberStatus,
+    drop_one_percent,
+    u63,
+)
 from radixcache.wire.security import ClientCurve, client_curve
 
-MAX_BUFFERED = 100_000
-_SNAPSHOT = msgspec.msgpack.Decoder(ev.Snapshot)
+__all__ = ["MAX_BUFFER_BYTES", "HashDrop", "State", "Subscriber", "SubscriberStats",
+           "SubscriberStatus", "drop_one_percent"]
 
-
-@dataclass(slots=True)
-class SubscriberStats:
-    """What the subscriber received and how it recovered."""
-
-    batches: int = 0
-    events: int = 0
-    gaps: int = 0
-    replayed_batches: int = 0
-    snapshots: int = 0
-    epochs: int = 0
-    malformed: int = 0
-    too_old: int = 0
-    resyncs: int = 0
-    dropped_by_hook: int = 0
-    digest_checks: int = 0
-    digest_ok: int = 0
-
-
-class State(enum.Enum):
-    """Where the subscriber is in its protocol."""
-
-    WAIT_SNAPSHOT = "snapshot"
-    WAIT_REPLAY = "replay"
-    LIVE = "live"
-
-
-DropHook = Callable[[int], bool]
-
-
-def drop_one_percent(seq: int) -> bool:
-    """A deterministic pseudo-random 1% of seqs (a test hook): multiplicative hashing."""
-    return (seq * 2654435761) % 2**32 % 100 == 0
-
-
-class HashDrop:
-    """A deterministic pseudo-random ``fraction`` of seqs (a test hook): multiplicative hashing
-    of the seq into [0, 2**32), dropped below ``fraction * 2**32``. Records what it dropped."""
-
-    def __init__(self, fraction: float) -> None:
-        self.threshold = int(fraction * 2**32)
-        self.dropped: set[int] = set()
-
-    def __call__(self, seq: int) -> bool:
-        """True when ``seq`` is to be dropped (and remembered in ``dropped``)."""
-        if (seq * 2654435761) % 2**32 < self.threshold:
-            self.dropped.add(seq)
-            return True
-        return False
+SnapshotHook = Callable[[int, int, ev.Snapshot], None]
+MAX_BUFFER_BYTES = 32 * 1024 * 1024  # raw batches held while a snapshot or replay is pending
+_LIVE_BUDGET_S = 0.02  # time one poll round may spend on live frames (stop() stays prompt)
 
 
 class Subscriber:
-    """Mirror of one engine. Construct, then ``run()`` in a thread (or ``start()``/``stop()``)."""
+    """Mirror of one engine. Construct, then ``run()`` in a thread (or ``start()``/``stop()``).
+
+    ``on_snapshot(epoch, seq, snapshot)`` is called right after a snapshot was loaded and
+    before any batch after it; ``on_batch(batch)`` right after each batch was applied. Both
+    run on the subscriber's thread, so the mirror is exactly at that point (the recorder
+    takes its keyframes there)."""
 
     def __init__(
         self,
@@ -99,7 +75,12 @@ class Subscriber:
         drop: DropHook | None = None,
         request_timeout_s: float = 2.0,
         on_batch: Callable[[ev.Batch], None] | None = None,
+        on_snapshot: SnapshotHook | None = None,
         curve: ClientCurve | None = None,
+        backoff_s: float = 0.05,
+        backoff_cap_s: float = 2.0,
+        sync_deadline_s: float = 10.0,
+        silence_s: float = 3.0,
     ) -> None:
         self.endpoints = endpoints
         # CURVE client keys (default: $RADIXCACHE_CURVE_KEYS); without keys a CURVE server
@@ -112,14 +93,22 @@ class Subscriber:
         self.epoch = 0
         self.seq = 0
         self.last_digest = ""
+        self.last_error = ""
         self.synced = threading.Event()  # set once the first snapshot is applied
-        self._drop, self._on_batch = drop, on_batch
+        self._drop, self._on_batch, self._on_snapshot = drop, on_batch, on_snapshot
         self._timeout = request_timeout_s
-        self._buffer: list[ev.Batch] = []
+        self._backoff, self._deadline = Backoff(backoff_s, backoff_cap_s), sync_deadline_s
+        self._silence = silence_s
+        self._heard = time.monotonic()
+        self._poller = zmq.Poller()
+        self._held = HeldBatches(MAX_BUFFER_BYTES)
         self._req_ids = itertools.count(1)
-        self._req = b""
-        self._req_sent = 0.0
+        self._req_id = 0  # the last request id sent (tags held batches)
+        self._req = b""  # the request whose answer we wait for (b"": none)
+        self._sent_at = -1e9
+        self._next_at = 0.0
         self._replay_from = 0
+        self._out_since: float | None = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -143,86 +132,150 @@ class Subscriber:
         """True once the first snapshot was applied (within ``timeout`` seconds)."""
         return self.synced.wait(timeout)
 
+    def status(self) -> SubscriberStatus:
+        """The stream's health for a header line (safe to call from any thread)."""
+        since = self._out_since
+        out = 0.0 if since is None else time.monotonic() - since
+        return SubscriberStatus(self.state, self.synced.is_set(), self.stats.malformed,
+                                self.last_error, round(out, 3), out > self._deadline)
+
     def run(self) -> None:
         """Connect, sync and follow until ``stop()``; closes its sockets on return."""
-        self._sub = self._ctx.socket(zmq.SUB)
-        self._sub.setsockopt(zmq.RCVHWM, 100_000)
-        self._sub.setsockopt(zmq.MAXMSGSIZE, MAX_BATCH_BYTES)
-        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self._dealer = self._ctx.socket(zmq.DEALER)
-        self._dealer.setsockopt(zmq.MAXMSGSIZE, MAX_BATCH_BYTES)
-        if self.curve is not None:
-            self.curve.apply(self._sub)
-            self.curve.apply(self._dealer)
-        self._sub.connect(self.endpoints.events)
-        self._dealer.connect(self.endpoints.control)
-        poller = zmq.Poller()
-        poller.register(self._sub, zmq.POLLIN)
-        poller.register(self._dealer, zmq.POLLIN)
+        self._connect_events()
+        self._dealer = self._socket(zmq.DEALER, validate.MAX_SNAPSHOT_BYTES)
+        connect(self._dealer, self.endpoints.control)
+        self._poller.register(self._dealer, zmq.POLLIN)
         try:
-            self._ask_snapshot()
+            self._ask(State.WAIT_SNAPSHOT)
             while not self._stop.is_set():
-                ready = dict(poller.poll(50))
-                if self._dealer in ready:
-                    self._on_control()
-                if self._sub in ready:
-                    self._on_live()
-                self._retry_if_late()
+                ready = dict(self._poller.poll(50))
+                self._guarded(ready)
         finally:
-            self._sub.close(linger=0)
+            if self._sub is not None:
+                self._sub.close(linger=0)
             self._dealer.close(linger=0)
 
+    def _connect_events(self) -> None:
+        """(Re)make the SUB socket. ZeroMQ drops a connection that delivers a frame over
+        MAXMSGSIZE and, measured with libzmq 4.3.5, never reconnects it: without this the
+        mirror would freeze at the last good batch with no word."""
+        if self._sub is not None:
+            self._poller.unregister(self._sub)
+            self._sub.close(linger=0)
+        self._sub = self._socket(zmq.SUB, validate.MAX_BATCH_BYTES)
+        self._sub.setsockopt(zmq.RCVHWM, 100_000)
+        self._sub.setsockopt(zmq.SUBSCRIBE, b"")
+        connect(self._sub, self.endpoints.events)
+        self._poller.register(self._sub, zmq.POLLIN)
+        self._heard = time.monotonic()
+
+    def _check_silence(self) -> None:
+        """No frame at all (an engine sends heartbeats) for ``silence_s``: re-make the event
+        socket, and when live ask for what we may have missed."""
+        if time.monotonic() - self._heard < self._silence:
+            return
+        self.stats.reconnects += 1
+        self.last_error = f"no frame in {self._silence:g} s: reconnected the event socket"
+        self._connect_events()
+        if self.state is State.LIVE:
+            self._ask(State.WAIT_REPLAY, self.seq + 1)
+
+    def _socket(self, kind: int, max_bytes: int) -> zmq.Socket[bytes]:
+        sock: zmq.Socket[bytes] = self._ctx.socket(kind)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)  # larger frames are dropped by ZeroMQ
+        if self.curve is not None:
+            self.curve.apply(sock)
+        return sock
+
+    def _guarded(self, ready: dict[zmq.Socket[bytes], int]) -> None:
+        """One poll round. Input errors are handled where they arise; anything else is a bug
+        of ours: counted, kept as the last error, and cured by a snapshot rather than by
+        letting the thread die (the mirror would freeze with no word)."""
+        try:
+            if self._dealer in ready:
+                self._on_control()
+            if self._sub in ready:
+                self._on_live()
+            self._check_silence()
+            self._send_due()
+        except Exception as exc:  # the guard of this thread; see the docstring
+            self.stats.internal_errors += 1
+            self.last_error = f"internal error: {exc!r}"
+            self._ask(State.WAIT_SNAPSHOT)
+
+    def _malformed(self, exc: Exception) -> None:
+        self.stats.malformed += 1
+        self.last_error = f"malformed: {exc}"
+
     # -- requests -----------------------------------------------------------------------------
-    def _new_req(self) -> bytes:
-        self._req = u64(next(self._req_ids))
-        self._req_sent = time.monotonic()
-        return self._req
+    def _ask(self, state: State, start: int = 0) -> None:
+        """Wait for a snapshot (or a replay from ``start``): the request goes out when the
+        backoff allows. Answers to earlier requests are ignored from now on."""
+        if self.state is State.LIVE:
+            self._out_since = time.monotonic()
+        self.state, self._replay_from, self._req = state, start, b""
+        self._next_at = self._backoff.next_at(time.monotonic(), self._sent_at)
+
+    def _send_due(self) -> None:
+        if self.state is State.LIVE:
+            return
+        now = time.monotonic()
+        if self._req:
+            if now - self._sent_at < self._timeout:
+                return
+            self.last_error = f"no answer to a {self.state.value} request in {self._timeout:g} s"
+            self._ask(self.state, self._replay_from)
+        if now < self._next_at:
+            return
+        self._req_id = next(self._req_ids)
+        self._req, self._sent_at = u64(self._req_id), now
+        self.stats.requests += 1
+        if self.state is State.WAIT_SNAPSHOT:
+            self._request([b"snapshot", self._req])
+        else:
+            self._request([b"replay", self._req, u64(self._replay_from)])
 
     def _request(self, frames: list[bytes]) -> None:
         """Send without blocking: a DEALER with no peer (e.g. its CURVE handshake was refused)
-        would block ``send`` forever; an unsent request is sent again by ``_retry_if_late``."""
+        would block ``send`` forever; an unsent request is sent again after the timeout."""
         assert self._dealer is not None
         with contextlib.suppress(zmq.Again):
             self._dealer.send_multipart(frames, zmq.NOBLOCK)
 
-    def _ask_snapshot(self) -> None:
-        self.state = State.WAIT_SNAPSHOT
-        self._request([b"snapshot", self._new_req()])
-
-    def _ask_replay(self, start: int) -> None:
-        self.state = State.WAIT_REPLAY
-        self._replay_from = start
-        self._request([b"replay", self._new_req(), u64(start)])
-
-    def _retry_if_late(self) -> None:
-        if self.state is State.LIVE or time.monotonic() - self._req_sent < self._timeout:
-            return
-        if self.state is State.WAIT_SNAPSHOT:
-            self._ask_snapshot()
-        else:
-            self._ask_replay(self._replay_from)
-
     # -- incoming -----------------------------------------------------------------------------
     def _on_live(self) -> None:
         assert self._sub is not None
-        for _ in range(1000):  # bounded so control replies are not starved
+        end = time.monotonic() + _LIVE_BUDGET_S
+        # bounded so control replies are not starved and stop() is seen
+        while time.monotonic() < end and not self._stop.is_set():
             try:
                 data = self._sub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self._heard = time.monotonic()
             try:
-                batch = ev.decode_batch(data)
-            except (msgspec.DecodeError, ValueError):
-                self.stats.malformed += 1
-                continue
-            if self._drop is not None and self._drop(batch.seq):
+                self._live_frame(data)
+            except Malformed as exc:
+                self._malformed(exc)
+
+    def _live_frame(self, data: bytes) -> None:
+        if self.state is not State.LIVE:
+            head = validate.decode_head(data)
+            if not (self._drop is not None and self._drop(head.seq)):
+                self._hold(head.epoch, head.seq, data)
+            else:
                 self.stats.dropped_by_hook += 1
-                continue
-            if self.state is State.LIVE:
-                self._handle(batch)
-            elif len(self._buffer) < MAX_BUFFERED:
-                self._buffer.append(batch)
-            # else: dropped here; the gap it leaves is replayed once we are live again
+            return
+        batch = validate.decode_batch(data)
+        if self._drop is not None and self._drop(batch.seq):
+            self.stats.dropped_by_hook += 1
+            return
+        self._handle(batch, data)
+
+    def _hold(self, epoch: int, seq: int, data: bytes) -> None:
+        self._held.limit = MAX_BUFFER_BYTES  # read at each call (tests lower it)
+        if not self._held.add(Held(epoch, seq, self._req_id, data)):
+            self.stats.buffer_dropped += 1  # the gap it leaves is replayed once live
 
     def _on_control(self) -> None:
         assert self._dealer is not None
@@ -231,63 +284,89 @@ class Subscriber:
                 frames = self._dealer.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if len(frames) < 2 or frames[1] != self._req:
+            if len(frames) < 2 or not self._req or frames[1] != self._req:
                 continue  # a late answer to a request we gave up on, or garbage
             try:
                 self._control_reply(frames[0], frames[2:])
-            except (msgspec.DecodeError, ValueError):
-                self.stats.malformed += 1
+            except Malformed as exc:
+                self._malformed(exc)
+                self._ask(State.WAIT_SNAPSHOT)
 
     def _control_reply(self, kind: bytes, rest: list[bytes]) -> None:
-        if kind == b"snap" and self.state is State.WAIT_SNAPSHOT:
-            with gc_paused():
-                self._load(from_u64(rest[0]), from_u64(rest[1]), _SNAPSHOT.decode(rest[2]))
-        elif kind == b"batch" and self.state is State.WAIT_REPLAY:
-            batch = ev.decode_batch(rest[0])
+        if kind == b"snap" and self.state is State.WAIT_SNAPSHOT and len(rest) == 3:
+            self._on_snap(u63(rest[0]), u63(rest[1]), rest[2])
+        elif kind == b"batch" and self.state is State.WAIT_REPLAY and len(rest) == 1:
+            batch = validate.decode_batch(rest[0])
             if batch.epoch == self.epoch and batch.seq == self.seq + 1:
                 self.stats.replayed_batches += 1
                 self._apply(batch)
-        elif kind == b"end" and self.state is State.WAIT_REPLAY:
-            self._go_live()
+        elif kind == b"end" and self.state is State.WAIT_REPLAY and len(rest) == 1:
+            self._on_end(u63(rest[0]))
         elif kind == b"too-old" and self.state is State.WAIT_REPLAY:
             self.stats.too_old += 1
-            self._ask_snapshot()
+            self._ask(State.WAIT_SNAPSHOT)
         elif kind == b"error":
-            self.stats.malformed += 1
+            text = rest[0][:200].decode(errors="replace") if rest else ""
+            raise Malformed(f"the engine refused our request: {text}")
+        else:
+            raise Malformed(f"unexpected {kind[:16]!r} reply of {len(rest) + 2} frames "
+                            f"while waiting for a {self.state.value}")
 
-    def _load(self, epoch: int, seq: int, snapshot: ev.Snapshot) -> None:
-        with self.lock:
-            self.mirror.load_snapshot(snapshot)
+    def _on_snap(self, epoch: int, seq: int, data: bytes) -> None:
+        with gc_paused():
+            snapshot = validate.decode_snapshot(data)
+            with self.lock:
+                self.mirror.load_snapshot(snapshot)
         if self.epoch and epoch != self.epoch:
             self.stats.epochs += 1
         self.epoch, self.seq = epoch, seq
         self.stats.snapshots += 1
         self.synced.set()
+        if self._on_snapshot is not None:
+            self._on_snapshot(epoch, seq, snapshot)
+        self._drop_ahead(epoch, seq)
         self._go_live()
 
-    def _go_live(self) -> None:
-        """Apply the buffered live batches in order (they may reveal another gap)."""
-        self.state = State.LIVE
-        pending, self._buffer = self._buffer, []
-        pending.sort(key=lambda b: b.seq)
-        for i, batch in enumerate(pending):
-            self._handle(batch)
-            if self.state is not State.LIVE:
-                self._buffer.extend(pending[i + 1:])
-                return
+    def _on_end(self, last: int) -> None:
+        self._drop_ahead(self.epoch, last)
+        if self.seq < last:  # the replay skipped or broke a batch it had
+            self.last_error = f"replay ended at seq {self.seq}, short of {last}"
+            self._ask(State.WAIT_SNAPSHOT)
+            return
+        self._go_live()
 
-    def _handle(self, batch: ev.Batch) -> None:
+    def _drop_ahead(self, epoch: int, last: int) -> None:
+        for h in self._held.drop_ahead(self._req_id, epoch, last):
+            self._malformed(Malformed(f"batch {h.epoch}/{h.seq} ahead of the engine's "
+                                      f"{epoch}/{last}"))
+
+    def _go_live(self) -> None:
+        """Apply the held live batches in order (they may reveal another gap)."""
+        self.state, self._req, self._out_since = State.LIVE, b"", None
+        pending = self._held.take()
+        for i, h in enumerate(pending):
+            try:
+                self._handle(validate.decode_batch(h.data), h.data)
+            except Malformed as exc:
+                self._malformed(exc)
+            if self.state is not State.LIVE:
+                for rest in pending[i + 1:]:
+                    self._hold(rest.epoch, rest.seq, rest.data)
+                return
+        self._backoff.reset()  # recovered: the next gap is asked about at once
+
+    def _handle(self, batch: ev.Batch, data: bytes) -> None:
         if batch.epoch != self.epoch:
             if batch.epoch > self.epoch:  # epochs grow with time: a newer engine started
-                self._buffer.append(batch)
-                self._ask_snapshot()
+                self._hold(batch.epoch, batch.seq, data)
+                self._ask(State.WAIT_SNAPSHOT)
             return  # a straggler of an older epoch
         if batch.seq <= self.seq:
             return
         if batch.seq > self.seq + 1:
             self.stats.gaps += 1
-            self._buffer.append(batch)
-            self._ask_replay(self.seq + 1)
+            self._hold(batch.epoch, batch.seq, data)
+            self._ask(State.WAIT_REPLAY, self.seq + 1)
             return
         self._apply(batch)
 
@@ -296,10 +375,13 @@ class Subscriber:
         try:
             with self.lock:
                 self.mirror.apply_batch(batch)  # a Digest event that disagrees raises here
-        except MirrorError:
-            self.stats.resyncs += 1
-            self._buffer.clear()
-            self._ask_snapshot()
+        except Malformed as exc:  # nothing of it applied, but its seq is lost: resync
+            self._malformed(exc)
+            self._resync()
+            return
+        except MirrorError as exc:
+            self.last_error = f"out of sync at seq {batch.seq}: {exc}"
+            self._resync()
             return
         if self.mirror.stats.digest_checks != checks:
             self.stats.digest_checks += self.mirror.stats.digest_checks - checks
@@ -311,3 +393,8 @@ class Subscriber:
         self.stats.events += len(batch.events)
         if self._on_batch is not None:
             self._on_batch(batch)
+
+    def _resync(self) -> None:
+        self.stats.resyncs += 1
+        self._held.take()
+        self._ask(State.WAIT_SNAPSHOT)

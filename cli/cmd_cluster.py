@@ -1,0 +1,281 @@
+"""``radixcache cluster``, ``radixcache load`` and ``radixcache bench cluster``; and the HTTP
+front that ``serve --http`` starts beside the engine server."""
+
+from __future__ import annotations
+
+import enum
+import json
+import shlex
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cli.app import RUN, app, bench_app
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from inspector.cluster import ClusterControls, FleetView
+    from radixcache.serving.http import HttpFront
+    from radixcache.serving.server import Server
+    from radixcache.wire.fleet import Fleet
+
+console = Console()
+err_console = Console(stderr=True, markup=False, highlight=False)
+HTTP_HINT = "pip install 'radixcache[http]'"
+CLUSTER_HINT = "pip install 'radixcache[cluster]'"
+
+
+def _need_cluster_extra() -> None:
+    """Exit 2 with one line when the cluster extra's client libraries are missing."""
+    import importlib.util
+
+    for module in ("httpx", "starlette", "uvicorn"):
+        if importlib.util.find_spec(module) is None:
+            err_console.print(f"error: this command needs {module}: {CLUSTER_HINT}",
+                              highlight=False)
+            raise typer.Exit(2)
+
+
+def start_http(server: Server, host: str, port: int | None) -> HttpFront | None:
+    """An HTTP front over ``server``'s engine on ``host:port`` (None when ``port`` is None).
+    Exits 2 with one line (and closes ``server``) when the HTTP extra is missing, the
+    port cannot be bound, or the server's service is not an engine."""
+    if port is None:
+        return None
+    from radixcache.serving.engine import Engine
+
+    if not isinstance(server.service, Engine):
+        server.close()
+        err_console.print("error: --http needs the engine (a model), not a model-free tree")
+        raise typer.Exit(2)
+    try:
+        from radixcache.serving.http import EngineBackend, HttpFront
+    except ImportError as exc:
+        server.close()
+        err_console.print(f"error: --http needs {exc.name}: {HTTP_HINT}", highlight=False)
+        raise typer.Exit(2) from None
+    try:
+        front = HttpFront(EngineBackend(server.service, server.loop.wake), host, port)
+    except OSError as exc:
+        server.close()
+        err_console.print(f"error: cannot bind HTTP {host}:{port}: {exc.strerror}",
+                          highlight=False)
+        raise typer.Exit(2) from None
+    front.start()
+    console.print(f"HTTP (OpenAI, SGLang) {front.url}", highlight=False)
+    return front
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=err_console, transient=True)
+
+
+@app.command(rich_help_panel=RUN)
+def load(
+    url: str = typer.Option(..., help="An OpenAI-compatible server or router, e.g. "
+                                      "http://127.0.0.1:8000"),
+    workload: str = typer.Option("chat", help="Workload name (chat, system, tot, fork, flood)."),
+    workload_args: str = typer.Option("", help="Its arguments, e.g. \"40 --seed 7\"."),
+    rate: float = typer.Option(10.0, help="Requests per second (Poisson arrivals, open loop)."),
+    max_tokens: int = typer.Option(16, help="Answer length cap per request."),
+    model: str = typer.Option("radixcache-tiny", help="The model name sent."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """Send a workload to URL over HTTP as text (next turns carry the real answers); print
+    TTFT, throughput and the cached share of prompt tokens.
+
+    Example: [bold]radixcache load --url http://127.0.0.1:8000 --workload chat --rate 20[/bold]
+    """
+    _need_cluster_extra()
+    from radixcache.traffic.load import LoadConfig
+    from radixcache.traffic.load import load as run
+    from radixcache.traffic.workloads import WorkloadError, build_workload
+
+    if rate <= 0 or max_tokens < 1:
+        raise typer.BadParameter("--rate must be > 0 and --max-tokens >= 1")
+    try:
+        w = build_workload(workload, shlex.split(workload_args))
+    except WorkloadError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--workload") from None
+    with _progress() as bar:
+        task = bar.add_task(f"{workload} -> {url}", total=len(w.requests))
+        result = run(LoadConfig(url.rstrip("/"), rate, max_tokens, model), w,
+                     lambda _r: bar.advance(task))
+    s = result.summary()
+    if json_out:
+        console.print_json(json.dumps(s))
+    else:
+        console.print(_summary_table(s))
+    for r in result.failed[:3]:
+        err_console.print(f"request {w.requests[r.request].tag}: {r.error}", highlight=False)
+    if result.failed:
+        raise typer.Exit(1)
+
+
+def _summary_table(s: dict[str, float | int]) -> Table:
+    t = Table(title="radixcache load")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_row("requests (failed)", f"{s['requests']} ({s['failed']})")
+    t.add_row("TTFT p50 / p99", f"{s['ttft_p50_ms']:.1f} / {s['ttft_p99_ms']:.1f} ms")
+    t.add_row("throughput", f"{s['output_tokens_per_s']:.0f} tok/s, "
+                            f"{s['requests_per_s']:.1f} req/s")
+    t.add_row("cached prompt tokens", f"{100 * s['hit_rate']:.1f}%")
+    return t
+
+
+@bench_app.command("cluster")
+def bench_cluster(
+    replicas: int = typer.Option(4, min=1, max=16, help="Engine replicas."),
+    blocks: int = typer.Option(2048, min=16, help="KV blocks per replica."),
+    conversations: int = typer.Option(320, min=1, help="chat conversations sent."),
+    rate: float = typer.Option(30.0, help="Requests per second through the router."),
+    max_tokens: int = typer.Option(16, min=1, help="Answer length cap per request."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """Every sglang-router policy on the chat workload over N replicas: hit rate, load
+    imbalance, TTFT and the tokens cached on more than one replica.
+
+    Example: [bold]radixcache bench cluster --json[/bold]
+    """
+    _need_cluster_extra()
+    from radixcache.serving.cluster import ClusterError
+    from radixcache.tools import bench_cluster as bc
+
+    cfg = bc.BenchClusterConfig(replicas, blocks, conversations, rate, max_tokens)
+    w = bc.bench_workload(cfg)
+    results = {}
+    with _progress() as bar:
+        for p in cfg.policies:
+            task = bar.add_task(str(p), total=len(w.requests))
+            try:
+                results[p] = bc.run_policy(cfg, p, w, lambda _r, t=task: bar.advance(t))
+            except ClusterError as exc:
+                err_console.print(f"error: {exc}", highlight=False)
+                raise typer.Exit(1) from None
+    doc = bc.figures(cfg, results, w)
+    if json_out:
+        console.print_json(json.dumps(doc))
+        return
+    t = Table(title=f"radixcache bench cluster: {replicas} x {blocks} blocks, "
+                    f"{len(w.requests)} chat requests at {rate:g}/s through "
+                    f"sglang-router {bc.router_version()}")
+    for col in ("policy", "hit rate", "imbalance", "TTFT p50", "TTFT p99", "dup tokens",
+                "answered", "per replica"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for p, f in results.items():
+        t.add_row(str(p), f"{100 * f.hit_rate:.1f}%", f"{f.imbalance:.2f}",
+                  f"{f.ttft_p50_ms:.0f} ms", f"{f.ttft_p99_ms:.0f} ms",
+                  f"{f.duplicated_tokens:,}", f"{f.requests}/{f.requests + f.failed}",
+                  " ".join(map(str, f.requests_per_replica)))
+    console.print(t)
+
+
+class PolicyName(enum.StrEnum):
+    """sglang-router's policies (``radixcache.serving.cluster.Policy``)."""
+
+    CACHE_AWARE = "cache_aware"
+    ROUND_ROBIN = "round_robin"
+    POWER_OF_TWO = "power_of_two"
+    RANDOM = "random"
+
+
+@app.command(rich_help_panel=RUN)
+def cluster(
+    replicas: int = typer.Option(2, min=1, max=16, help="Engine replicas."),
+    policy: PolicyName = typer.Option(PolicyName.CACHE_AWARE, help="The router's policy."),
+    blocks: int = typer.Option(2048, min=16, help="KV blocks per replica."),
+    http_base: int = typer.Option(0, help="Rank r serves HTTP on BASE+r (0: a free run)."),
+    zmq_base: int = typer.Option(0, help="Rank r streams on BASE+3r..+2 (0: a free run)."),
+    router_port: int = typer.Option(0, help="The router's port (0: a free one)."),
+) -> None:
+    """Start N engine replicas behind sglang-router (127.0.0.1) and open the cluster screen;
+    q stops every process it started. Send load with `radixcache load --url ROUTER`.
+
+    Example: [bold]radixcache cluster --replicas 4 --policy cache_aware[/bold]
+    """
+    _need_cluster_extra()
+    from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, Policy
+    from radixcache.wire.endpoints import Endpoints
+    from radixcache.wire.fleet import Fleet
+
+    config = ClusterConfig(replicas, Policy(policy.value), blocks, http_base, zmq_base,
+                           router_port)
+    try:
+        with console.status(f"starting {replicas} replicas and sglang-router ..."):
+            c = Cluster(config).start()
+    except ClusterError as exc:
+        err_console.print(f"error: {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    fleet = Fleet([Endpoints.tcp("127.0.0.1", r.zmq_port) for r in c.replicas]).start()
+    try:
+        _streams_screen(fleet, c.router_url, c)
+    finally:
+        fleet.close()
+        c.close()
+    console.print(f"stopped {replicas} replicas and the router", highlight=False)
+
+
+def run_cluster_screen(view: FleetView, router_url: str | None,
+                       controls: ClusterControls | None,
+                       open_replica: Callable[[int], None]) -> None:
+    """The cluster screen until q; Enter on a replica runs ``open_replica(rank)`` (its full
+    screen), whose q comes back here."""
+    from inspector.cluster import ClusterApp
+
+    while True:
+        rank = ClusterApp(view, router_url, controls).run()
+        if rank is None:
+            return
+        open_replica(rank)
+
+
+def _streams_screen(fleet: Fleet, router_url: str | None,
+                    controls: ClusterControls | None = None) -> None:
+    from inspector.app import InspectorApp
+    from inspector.cluster import StreamFleet
+    from inspector.live import LiveSource
+
+    def open_replica(rank: int) -> None:
+        InspectorApp(LiveSource(fleet.endpoints[rank].events)).run()
+
+    run_cluster_screen(StreamFleet(fleet), router_url, controls, open_replica)
+
+
+def inspect_many(endpoints: list[str]) -> None:
+    """``radixcache inspect EP1 EP2 ...``: the cluster screen over any set of engines."""
+    from radixcache.wire.endpoints import Endpoints
+    from radixcache.wire.fleet import Fleet
+
+    fleet = Fleet([Endpoints.from_events(e) for e in endpoints]).start()
+    try:
+        _streams_screen(fleet, None)
+    finally:
+        fleet.close()
+
+
+def inspect_kv_many(endpoints: list[str], replays: list[str]) -> None:
+    """``radixcache inspect --kv-events EP1 --kv-events EP2 ...`` (``--replay`` once per
+    endpoint, or not at all): the cluster screen over a vLLM/SGLang deployment's ranks."""
+    from inspector.kv_fleet import KVFleet
+    from inspector.kv_view import KVEventsApp
+    from radixcache.traffic.workloads import Vocabulary
+
+    try:
+        kv = KVFleet(endpoints, replays)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--replay") from None
+    kv.start()
+
+    def open_replica(rank: int) -> None:
+        KVEventsApp(kv.endpoints[rank], kv.replays[rank], vocab=Vocabulary()).run()
+
+    try:
+        run_cluster_screen(kv, None, None, open_replica)
+    finally:
+        kv.close()

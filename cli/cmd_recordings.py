@@ -1,0 +1,217 @@
+"""`radixcache record | tree | export`: recordings written, printed and exported.
+
+Thin shells: the live recorder is ``radixcache.wire.recorder``, the reader
+``radixcache.wire.recording``, the text of a tree ``radixcache.wire.treeview``. Every error
+and warning goes to stderr; results to stdout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.tree import Tree
+
+from cli.app import CliError, app
+from cli.cmd_stream import CURVE_HELP, AnswerMode, ModelSize, _engine_config, _sized_workload
+from inspector.sources import DatasetWords
+from radixcache.traffic.workloads import Vocabulary, WorkloadError
+from radixcache.wire.endpoints import Endpoints
+from radixcache.wire.export import jsonl_lines, perfetto_json
+from radixcache.wire.kvevents.pubsub import KVEventsClient
+from radixcache.wire.kvevents.report import follow_lines
+from radixcache.wire.mirror import Mirror
+from radixcache.wire.recorder import LiveRecorder
+from radixcache.wire.recording import Damage, RecordingReader, RecordingWriter
+from radixcache.wire.security import ClientCurve, CurveError
+from radixcache.wire.subscriber import Subscriber
+from radixcache.wire.treeview import Line, TokenText, node_label, preview, walk
+
+console = Console(highlight=False)
+# 2,048 blocks of 16 tokens (32k tokens): 2,000 chat requests evict, so a recording shows
+# eviction, merges and the LRU at work (65,536 never filled up: no eviction to see)
+RECORD_BLOCKS = 2048
+
+
+def _client_curve(directory: Path | None) -> ClientCurve | None:
+    if directory is None:
+        return None
+    try:
+        return ClientCurve.load(directory)
+    except CurveError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _warn(line: str) -> None:
+    """One line on stderr (never wrapped: a path or an offset stays greppable)."""
+    typer.echo(line, err=True)
+
+
+def _stopped(damage: Damage | None) -> None:
+    if damage is not None:
+        _warn(f"warning: stopped at byte {damage.offset:,}: {damage.reason}")
+
+
+@app.command()
+def record(
+    out: Path = typer.Option(..., "--out", help="Recording file to write."),
+    workload: str = typer.Option("chat", help="Workload to run headless."),
+    workload_args: str = typer.Option("", help="Its arguments (default: sized to --requests)."),
+    requests: int = typer.Option(2000, help="Headless: run the first N requests."),
+    from_: str | None = typer.Option(None, "--from", help="Record a live engine instead "
+                                                          "(tcp://HOST:PORT of its events)."),
+    seconds: float = typer.Option(10.0, help="With --from: how long to record."),
+    blocks: int = typer.Option(RECORD_BLOCKS, help="Headless: KV pool blocks of 16 tokens "
+                                                   "(small enough that the workload evicts)."),
+    model: ModelSize = typer.Option(ModelSize.TINY, help="Headless model: tiny is 1 layer, "
+                                                         "d_model 32, 1 K/V head of 16."),
+    answers: AnswerMode = typer.Option(AnswerMode.PREFILL, help="Headless: prefill folds each "
+                                       "forced answer into its prompt (same tree, ~50x faster "
+                                       "on a CPU; RequestStart then counts answers as prompt); "
+                                       "decode generates them token by token."),
+    device: str | None = typer.Option(None, help="Headless torch device (default: cuda when "
+                                                 "present)."),
+    threads: int = typer.Option(1, help="torch CPU threads."),
+    keyframe_every: int = typer.Option(50_000, help="Events between snapshot keyframes."),
+    curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),
+) -> None:
+    """Record a live engine (--from), or run a workload headless on the engine with the tiny
+    model and record every step's events: 2000 chat requests take about 80 s on 2 CPU cores."""
+    if from_ is not None:
+        _record_live(from_, out, seconds, keyframe_every, _client_curve(curve_keys))
+        return
+    from radixcache.serving.engine import Answers, Engine
+    from radixcache.serving.server import record_service
+
+    try:
+        w = _sized_workload(workload, workload_args, requests)
+    except WorkloadError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--workload") from None
+    n = min(requests, len(w.requests))
+    w = dataclasses.replace(w, requests=w.requests[:n])
+    engine = Engine(_engine_config(model, blocks, device, threads, Answers(answers.value)))
+    header: dict[str, str | int | float] = {
+        "num_blocks": blocks, "block_size": 16, "model": model.value, "answers": answers.value,
+        "workload": f"{workload} {workload_args}".strip(), "requests": n,
+        "device": str(engine.model.device)}
+    t0 = time.perf_counter()
+    with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer:
+        r = record_service(engine, w, writer)
+    engine.close()
+    c = r.counters
+    console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
+                  f"{n:,} requests finished ({c.rejected} rejected) in {r.steps:,} steps, "
+                  f"{time.perf_counter() - t0:.1f} s")
+
+
+def _record_live(endpoint: str, out: Path, seconds: float, every: int,
+                 curve: ClientCurve | None) -> None:
+    rec = LiveRecorder(Endpoints.from_events(endpoint), out, keyframe_every=every, curve=curve)
+    r = rec.run_for(seconds)
+    if not r.synced:
+        why = f": {r.last_error}" if r.last_error else " (down, or it needs these --curve-keys)"
+        raise CliError(f"no snapshot from {endpoint} in {seconds:g} s{why}")
+    if r.malformed or r.resyncs:
+        _warn(f"warning: {r.malformed} malformed frames, {r.resyncs} resyncs; "
+                  f"last: {r.last_error}")
+    console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches, "
+                  f"{r.keyframes} keyframes")
+
+
+@app.command()
+def export(
+    file: Path = typer.Argument(..., help="A recording."),
+    format: str = typer.Option("jsonl", help="jsonl or perfetto."),
+    out: Path | None = typer.Option(None, help="Output file (default: FILE.jsonl/.json)."),
+) -> None:
+    """Export a recording as JSON lines or a Perfetto/Chrome trace."""
+    if format not in ("jsonl", "perfetto"):
+        raise typer.BadParameter("jsonl or perfetto", param_hint="--format")
+    with RecordingReader(file) as reader:
+        items = [r.item for r in reader.records()]
+        damage = reader.damage
+    if format == "jsonl":
+        target = out or file.with_suffix(".jsonl")
+        target.write_text("".join(line + "\n" for line in jsonl_lines(items)))
+    else:
+        target = out or file.with_suffix(".json")
+        target.write_bytes(perfetto_json(items))
+    _stopped(damage)
+    console.print(f"wrote {target}")
+
+
+def _words(lines: list[Line]) -> TokenText:
+    """The synthetic words, or, when a preview needs more (trace workloads), the ShareGPT
+    words too: loaded once, waited for at most 15 s (ids render as #id without them)."""
+    synthetic = Vocabulary()
+    if all("#" not in preview(line.node, synthetic) for line in lines):
+        return synthetic
+    words = DatasetWords()
+    words.load()
+    words.ready.wait(15)
+    return words
+
+
+def _rich_tree(mirror: Mirror, limit: int) -> Tree:
+    root = Tree(f"root ({len(mirror.nodes) - 1} nodes)")
+    lines = list(walk(mirror, limit))
+    vocab = _words(lines)
+    branches: dict[int, Tree] = {0: root}
+    for line in lines:
+        parent = line.node.parent
+        assert parent is not None
+        branches[line.node.id] = branches[parent.id].add(node_label(line.node, vocab))
+    return root
+
+
+@app.command()
+def tree(
+    source: str | None = typer.Argument(None, help="A recording file or tcp://HOST:PORT."),
+    kv_events: str | None = typer.Option(None, help="A vLLM/SGLang KV-event PUB endpoint."),
+    replay: str | None = typer.Option(None, help="Its replay ROUTER (replays from seq 0)."),
+    seconds: float = typer.Option(2.0, help="With --kv-events: how long to follow."),
+    limit: int = typer.Option(200, help="Print at most this many nodes."),
+    curve_keys: Path | None = typer.Option(None, help="With ENDPOINT: " + CURVE_HELP),
+) -> None:
+    """Print the cache tree of a recording or a live engine, or a KV-event block-hash tree.
+    Damage in a file is reported on stderr (byte offset, reason); exit 1 when nothing could
+    be read."""
+    if kv_events is not None:
+        _kv_tree(kv_events, replay, seconds, limit)
+        return
+    if source is None:
+        raise typer.BadParameter("give FILE, ENDPOINT or --kv-events")
+    if "://" in source:
+        mirror = _live_mirror(source, _client_curve(curve_keys))
+        console.print(_rich_tree(mirror, limit))
+        return
+    with RecordingReader(Path(source)) as reader:
+        mirror, events = reader.mirror_at(2**62)
+        damage = reader.damage
+    console.print(_rich_tree(mirror, limit))
+    console.print(f"{events:,} events read")
+    _stopped(damage)
+
+
+def _live_mirror(source: str, curve: ClientCurve | None) -> Mirror:
+    sub = Subscriber(Endpoints.from_events(source), curve=curve).start()
+    ok = sub.wait_synced(10)
+    sub.stop()
+    if not ok:
+        why = sub.last_error or "down, or it needs / refused these --curve-keys"
+        raise CliError(f"no snapshot from {source} in 10 s ({why})")
+    if sub.stats.malformed:
+        _warn(f"warning: {sub.stats.malformed} malformed frames; last: {sub.last_error}")
+    return sub.mirror
+
+
+def _kv_tree(endpoint: str, replay: str | None, seconds: float, limit: int) -> None:
+    client = KVEventsClient(endpoint, replay)
+    try:
+        lines = follow_lines(client, seconds, limit)
+    finally:
+        client.close()
+    typer.echo("\n".join(lines))

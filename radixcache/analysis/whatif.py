@@ -1,0 +1,209 @@
+"""What-if: from a SOURCE to the LRU curve at every capacity, the block-1 curve (for the
+alignment misses) and other policies' points by direct replay."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from radixcache.analysis.replay import Policy, ReplayCache, replay
+from radixcache.analysis.stackdist import Curve, StackDistances
+from radixcache.core import events as ev
+from radixcache.traffic.traces import (
+    MOONCAKE_BLOCK,
+    Access,
+    RequestTracker,
+    TokenRequest,
+    TraceFormat,
+    detect_format,
+    read_mooncake,
+    read_recording,
+    read_token_jsonl,
+    token_access,
+)
+
+if TYPE_CHECKING:
+    from radixcache.wire.mirror import Mirror
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfConfig:
+    """What to analyse. ``block_size`` applies to token sources (sharegpt, token JSONL,
+    recordings); a Mooncake trace's unit is its ``hash_block_size``."""
+
+    source: str
+    block_size: int = 16
+    hash_block_size: int = MOONCAKE_BLOCK
+    limit: int | None = None
+    policies: tuple[Policy, ...] = (Policy.FIFO, Policy.LFU)
+    samples: int = 6
+
+
+@dataclass(slots=True)
+class PolicyPoints:
+    """One policy's hit tokens at sampled capacities (units)."""
+
+    policy: Policy
+    capacities_units: list[int] = field(default_factory=list)
+    hits: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class WhatIf:
+    """The analysis of one source."""
+
+    source: str
+    format: TraceFormat
+    curve: Curve  # at ``curve.block_tokens``
+    token_curve: Curve | None  # at block size 1 (token sources only): the alignment misses
+    policies: list[PolicyPoints]
+    seconds: float
+    notes: list[str]
+
+
+class Source:
+    """A SOURCE that can be streamed more than once (one pass per curve or replay)."""
+
+    def __init__(self, cfg: WhatIfConfig) -> None:
+        self.cfg = cfg
+        self.format = detect_format(cfg.source)
+        self.notes: list[str] = []
+        self._tokens: list[TokenRequest] | None = None
+        if self.format is TraceFormat.SHAREGPT:
+            from radixcache.traffic.sharegpt import load_trace
+
+            trace = load_trace(cfg.limit)
+            self._tokens = [
+                TokenRequest(r.prompt, np.concatenate((r.prompt, r.output[:-1])))
+                for r in trace.requests
+            ]
+
+    @property
+    def block_tokens(self) -> int:
+        """Tokens per unit of this source's curve."""
+        if self.format is TraceFormat.MOONCAKE:
+            return self.cfg.hash_block_size
+        return self.cfg.block_size
+
+    @property
+    def has_tokens(self) -> bool:
+        """Whether the source carries token ids (so block size 1 can be analysed)."""
+        return self.format is not TraceFormat.MOONCAKE
+
+    def _token_requests(self) -> Iterator[TokenRequest]:
+        if self._tokens is not None:
+            return iter(self._tokens)
+        path = Path(self.cfg.source)
+        if self.format is TraceFormat.RECORDING:
+            return read_recording(path, self.notes)
+        return read_token_jsonl(path)
+
+    def accesses(self, block: int | None = None) -> Iterator[Access]:
+        """The requests as units of ``block`` tokens (default: the source's own)."""
+        limit = self.cfg.limit
+        if self.format is TraceFormat.MOONCAKE:
+            it: Iterator[Access] = read_mooncake(Path(self.cfg.source), self.cfg.hash_block_size)
+        else:
+            b = block or self.cfg.block_size
+            it = (token_access(r, b) for r in self._token_requests())
+        for i, a in enumerate(it):
+            if limit is not None and i >= limit:
+                return
+            yield a
+
+    def width(self, block: int | None = None) -> int:
+        """Bytes per unit in ``accesses(block)``."""
+        if self.format is TraceFormat.MOONCAKE:
+            return 8
+        return 4 * (block or self.cfg.block_size)
+
+
+def one_pass(
+    accesses: Iterable[Access], width: int, block_tokens: int, progress: Progress | None = None
+) -> Curve:
+    """The LRU curve of ``accesses`` in one pass (see ``radixcache.analysis.stackdist``)."""
+    sd = StackDistances(width, block_tokens)
+    for i, a in enumerate(accesses, 1):
+        sd.add(a)
+        if progress is not None and i % 1024 == 0:
+            progress(1024)
+    if progress is not None:
+        progress(sd.requests % 1024)
+    return sd.curve()
+
+
+def sample_units(curve: Curve, samples: int) -> list[int]:
+    """``samples`` capacities (units), log-spaced up to where the curve saturates."""
+    top = max(2, curve.saturation_units)
+    grid = np.unique(np.geomspace(1, top, samples).round().astype(np.int64))
+    return [int(u) for u in grid]
+
+
+def replay_points(
+    src: Source, policy: Policy, units: list[int], progress: Progress | None = None
+) -> PolicyPoints:
+    """One direct replay of ``policy`` per capacity in ``units``."""
+    pts = PolicyPoints(policy)
+    for u in units:
+        cache = ReplayCache(u, src.width(), src.block_tokens, policy)
+        pts.capacities_units.append(u)
+        pts.hits.append(replay(src.accesses(), cache))
+        if progress is not None:
+            progress(1)
+    return pts
+
+
+def analyse(cfg: WhatIfConfig, progress: Progress | None = None) -> WhatIf:
+    """Everything ``radixcache whatif`` shows for ``cfg``: the curves, then the replays."""
+    t0 = time.perf_counter()
+    src = Source(cfg)
+    curve = one_pass(src.accesses(), src.width(), src.block_tokens, progress)
+    token_curve = None
+    if src.has_tokens and cfg.block_size > 1:
+        token_curve = one_pass(src.accesses(1), src.width(1), 1)
+    units = sample_units(curve, cfg.samples)
+    points = [replay_points(src, p, units) for p in cfg.policies]
+    return WhatIf(
+        cfg.source, src.format, curve, token_curve, points, time.perf_counter() - t0, src.notes
+    )
+
+
+class RunningCurve:
+    """The block-1 curve of an engine's event stream as it grows, beside the engine's own
+    measured hits (its ``RequestStart`` events): the inspector's what-if screen.
+
+    ``apply`` each event in order (it applies it to ``mirror`` first); ``curve()`` is the
+    token-granular LRU curve of the requests finished so far."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self.mirror = mirror
+        self.tracker = RequestTracker(mirror)
+        self.stack = StackDistances(4, 1)
+        self.measured_hits = 0
+        self.measured_prompt = 0
+
+    def apply(self, e: ev.AnyEvent) -> None:
+        """Apply ``e`` to the mirror and count the request it finished or started."""
+        self.mirror.apply(e)
+        req = self.tracker.after(e)
+        if req is not None:
+            self.stack.add(token_access(req, 1))
+        if isinstance(e, ev.RequestStart):
+            self.measured_hits += e.hit_tokens
+            self.measured_prompt += e.prompt_tokens
+
+    def curve(self) -> Curve:
+        """The curve of the requests finished so far (hits at every capacity, in tokens)."""
+        return self.stack.curve()
+
+    @property
+    def capacity_tokens(self) -> int:
+        """The engine's pool: blocks x block size, as its snapshots say."""
+        return self.mirror.num_blocks * self.mirror.block_size

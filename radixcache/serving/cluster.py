@@ -1,0 +1,235 @@
+"""Many engine replicas behind a real router: the processes of ``radixcache cluster``.
+
+``Cluster(config).start()`` spawns, on 127.0.0.1::
+
+    rank r   radixcache serve --http H+r --port Z+3r      (Z+3r..Z+3r+2: events, snapshot,
+                                                          commands; serve binds three in a row)
+    router   sglang-router launch --port R --worker-urls http://127.0.0.1:H+r ... --policy P
+
+HTTP ports are offset by rank as vLLM offsets data-parallel ranks; a base of 0 picks a free run.
+``start`` returns once every replica's ``/health`` and the router's answer; it raises
+``ClusterError`` (one line: which process, why) and stops what it started when one cannot start
+(the router not installed, a port taken, a replica exiting). ``kill(r)`` sends SIGKILL to a
+replica and ``restart(r)`` starts it again on the same ports; the router's own health checks
+(every second here) take it out of rotation and back. ``close()`` stops every process.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import NamedTuple
+
+ROUTER_EXE = "sglang-router"
+ROUTER_VERSION = "0.3.2"
+INSTALL_HINT = "pip install 'radixcache[cluster]'"
+ZMQ_STRIDE = 3
+
+
+class Policy(enum.StrEnum):
+    """sglang-router's routing policies."""
+
+    CACHE_AWARE = "cache_aware"
+    ROUND_ROBIN = "round_robin"
+    POWER_OF_TWO = "power_of_two"
+    RANDOM = "random"
+
+
+class ClusterError(RuntimeError):
+    """A process of the cluster could not start; every process started is stopped."""
+
+
+class ClusterConfig(NamedTuple):
+    """What ``Cluster`` starts. Ports of 0 are picked free at ``start``."""
+
+    replicas: int = 2
+    policy: Policy = Policy.CACHE_AWARE
+    blocks: int = 2048
+    http_base: int = 0
+    zmq_base: int = 0
+    router_port: int = 0
+    startup_s: float = 60.0
+    router_args: tuple[str, ...] = ()  # more sglang-router flags (e.g. --cache-threshold 0.5)
+
+
+class Replica(NamedTuple):
+    """One rank's ports."""
+
+    rank: int
+    http_port: int
+    zmq_port: int
+
+    @property
+    def url(self) -> str:
+        """Its HTTP front."""
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def events(self) -> str:
+        """Its event stream (snapshot/replay and commands on the next two ports)."""
+        return f"tcp://127.0.0.1:{self.zmq_port}"
+
+
+def port_taken(port: int) -> bool:
+    """True when ``port`` cannot be bound on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port_run(count: int) -> int:
+    """The first of ``count`` consecutive ports free on 127.0.0.1 now (racy, as any probe)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        if base + count < 65000 and not any(port_taken(base + i) for i in range(count)):
+            return base
+    raise ClusterError(f"no {count} free consecutive ports on 127.0.0.1")
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    """True when ``GET url`` answers 200 within ``timeout`` seconds."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return int(r.status) == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+class _Proc(NamedTuple):
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+class Cluster:
+    """The replicas and the router of one cluster (see the module doc)."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self._tmp = tempfile.TemporaryDirectory(prefix="rc-cluster-")  # the processes' logs
+        self.workdir = Path(self._tmp.name)
+        n = config.replicas
+        http = config.http_base or free_port_run(n)
+        zmq = config.zmq_base or free_port_run(ZMQ_STRIDE * n)
+        self.replicas = [Replica(r, http + r, zmq + ZMQ_STRIDE * r) for r in range(n)]
+        self.router_port = config.router_port or free_port_run(1)
+        self._procs: dict[int, _Proc] = {}
+        self._router: _Proc | None = None
+
+    @property
+    def router_url(self) -> str:
+        """The router's HTTP address."""
+        return f"http://127.0.0.1:{self.router_port}"
+
+    def start(self) -> Cluster:
+        """Start every replica and the router and wait until all answer (see the module doc)."""
+        exe = shutil.which(ROUTER_EXE)
+        try:
+            if exe is None:
+                raise ClusterError(f"{ROUTER_EXE} is not installed: {INSTALL_HINT}")
+            for port in (self.router_port, *(r.http_port for r in self.replicas)):
+                if port_taken(port):
+                    raise ClusterError(f"port {port} on 127.0.0.1 is taken")
+            for r in self.replicas:
+                self._procs[r.rank] = self._spawn_replica(r)
+            for r in self.replicas:
+                self._wait(self._procs[r.rank], f"{r.url}/health")
+            self._router = self._spawn("router", self._router_argv(exe))
+            self._wait(self._router, f"{self.router_url}/health")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _router_argv(self, exe: str) -> list[str]:
+        return [exe, "launch", "--host", "127.0.0.1", "--port", str(self.router_port),
+                "--worker-urls", *(r.url for r in self.replicas),
+                "--policy", str(self.config.policy),
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port_run(1)),
+                "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+                "--health-success-threshold", "1", "--log-level", "warn",
+                *self.config.router_args]
+
+    def _spawn_replica(self, r: Replica) -> _Proc:
+        argv = [sys.executable, "-m", "cli.main", "serve", "--endpoint-host", "127.0.0.1",
+                "--port", str(r.zmq_port), "--http", str(r.http_port),
+                "--blocks", str(self.config.blocks)]
+        return self._spawn(f"replica {r.rank}", argv)
+
+    def _spawn(self, name: str, argv: list[str]) -> _Proc:
+        log = self.workdir / (name.replace(" ", "-") + ".log")
+        with log.open("wb") as out:
+            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=dict(os.environ),
+                                     start_new_session=True)  # Ctrl-C reaches us, not them
+        return _Proc(name, popen, log)
+
+    def _wait(self, proc: _Proc, health: str) -> None:
+        deadline = time.monotonic() + self.config.startup_s
+        while not http_ok(health):
+            if proc.popen.poll() is not None:
+                raise ClusterError(f"{proc.name} exited ({proc.popen.returncode}): "
+                                   f"{_last_line(proc.log)}")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{proc.name} not healthy after {self.config.startup_s:g} s"
+                                   f" ({health})")
+            time.sleep(0.1)
+
+    # -- faults --------------------------------------------------------------------------------
+    def kill(self, rank: int) -> None:
+        """SIGKILL replica ``rank`` (no goodbye: as a crash)."""
+        p = self._procs[rank].popen
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+
+    def restart(self, rank: int) -> None:
+        """Start replica ``rank`` again on its ports and wait for its ``/health``."""
+        r = self.replicas[rank]
+        self._procs[rank] = self._spawn_replica(r)
+        self._wait(self._procs[rank], f"{r.url}/health")
+
+    def kill_router(self) -> None:
+        """SIGKILL the router."""
+        if self._router is not None:
+            self._router.popen.send_signal(signal.SIGKILL)
+            self._router.popen.wait()
+
+    def router_alive(self) -> bool:
+        """True while the router process runs."""
+        return self._router is not None and self._router.popen.poll() is None
+
+    def close(self) -> None:
+        """Stop the router and every replica (SIGTERM, then SIGKILL after 5 s)."""
+        procs = [*self._procs.values(), *([self._router] if self._router else [])]
+        for p in procs:
+            if p.popen.poll() is None:
+                p.popen.terminate()
+        for p in procs:
+            try:
+                p.popen.wait(5)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait()
+        self._procs, self._router = {}, None
+        self._tmp.cleanup()
+
+
+def _last_line(log: Path) -> str:
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "(no output)"

@@ -1,0 +1,231 @@
+"""The engine's request types: configuration, a request's handle (a ``Future``), its result
+and metrics, the engine's running totals, and the errors a handle can carry."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from radixcache.core.tree import Lease, MatchResult
+from radixcache.serving.model import ModelConfig, SeqInput
+from radixcache.traffic.workloads import Workload
+
+TokenArray = npt.NDArray[np.uint32]
+TokenHook = Callable[[int], None]  # called with each output token as it is chosen
+
+
+class EngineError(Exception):
+    """Base class of the errors a request's handle can carry."""
+
+
+class RequestRejected(EngineError):
+    """The request can never be served (it needs more blocks than the whole pool holds)."""
+
+
+class RequestCancelled(EngineError):
+    """The request was dropped by ``reset()`` or ``close()`` before it finished."""
+
+
+class Answers(Enum):
+    """How forced answers (trace outputs) are computed.
+
+    DECODE: token by token, as a server decodes (requests stay running, pinned).
+    PREFILL: teacher forcing in one pass -- the request's prompt becomes prompt + answer[:-1]
+    and it decodes one token. The engine inserts the same sequence, so the tree ends the same;
+    ``RequestStart.prompt_tokens`` then counts the answer. Tens of times faster on a CPU.
+    """
+
+    DECODE = "decode"
+    PREFILL = "prefill"
+
+
+def fold_answers(workload: Workload) -> Workload:
+    """``workload`` with each forced answer moved into its prompt (see ``Answers.PREFILL``);
+    requests without a forced answer, or with a one-token answer, are kept as they are."""
+    out = []
+    for r in workload.requests:
+        f = r.forced_output
+        if f is not None and len(f) > 1:
+            r = r._replace(prompt=np.concatenate([r.prompt, f[:-1]]).astype(np.uint32),
+                           max_new_tokens=1, forced_output=f[-1:])
+        out.append(r)
+    return dataclasses.replace(workload, requests=out)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What an engine runs with. ``cache=False`` serves without reuse (match forced to 0,
+    nothing inserted, blocks freed at finish) for on/off comparisons."""
+
+    num_blocks: int = 4096
+    block_size: int = 16
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: bool = True
+    max_step_tokens: int = 512
+    max_running: int = 64
+    high: float = 0.92
+    low: float = 0.85
+    record_events: bool = True
+    answers: Answers = Answers.DECODE  # how workloads' forced answers are computed
+    device: str | None = None
+
+
+class RequestMetrics(NamedTuple):
+    """One finished request. Times in ms since ``submit``; token counts exact."""
+
+    request: int
+    prompt_tokens: int
+    hit_tokens: int  # served from the cache (never more than prompt_tokens - 1)
+    prefill_tokens: int  # computed by the model: prompt_tokens - hit_tokens
+    output_tokens: int
+    queue_ms: float  # submit -> admitted
+    ttft_ms: float  # submit -> first output token
+    latency_ms: float  # submit -> last output token
+    decode_tokens_per_s: float  # (output_tokens - 1) / (last - first token time); 0 if one
+
+
+class RequestResult(NamedTuple):
+    """What ``RequestHandle.result`` returns. ``logits`` is ``(output_tokens, vocab)`` on the
+    CPU when submitted with ``keep_logits=True``: row i is the distribution of token i."""
+
+    tokens: list[int]
+    metrics: RequestMetrics
+    logits: torch.Tensor | None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    """Running totals since the engine started (or since ``reset``)."""
+
+    submitted: int
+    finished: int
+    rejected: int
+    cancelled: int
+    waiting: int  # queue depth
+    running: int
+    steps: int
+    prompt_tokens: int  # of admitted requests
+    hit_tokens: int
+    prefill_tokens: int  # computed by the model
+    output_tokens: int
+    busy_s: float  # wall time of steps that ran the model
+    hit_rate: float  # hit_tokens / prompt_tokens (0 when none)
+    decode_tokens_per_s: float  # output_tokens / busy_s (0 when idle)
+
+
+class StepReport(NamedTuple):
+    """What one ``step`` did."""
+
+    admitted: int
+    sequences: int
+    prefill_tokens: int
+    decode_tokens: int
+    forwards: int
+    finished: int
+
+
+class RequestHandle(Future[RequestResult]):
+    """A ``concurrent.futures.Future`` of one request's ``RequestResult``; it fails with the
+    request's ``EngineError`` (rejected, cancelled). It cannot be cancelled by the caller
+    (the engine owns the request once submitted: ``reset()`` cancels). ``id`` is the engine's
+    request id, ``None`` until a workload's dependent request is submitted."""
+
+    def __init__(self, request_id: int | None = None) -> None:
+        super().__init__()
+        self.id = request_id
+        self.set_running_or_notify_cancel()  # from now on ``cancel()`` is refused
+
+    def settle(self, result: RequestResult | None, error: EngineError | None) -> None:
+        """Finish the future with ``result``, or fail it with ``error`` (the engine's side)."""
+        if error is not None:
+            self.set_exception(error)
+        else:
+            assert result is not None
+            self.set_result(result)
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One request inside the engine, from ``submit`` to its finish (see ``engine``)."""
+
+    id: int
+    prompt: TokenArray
+    max_new: int
+    forced: TokenArray | None
+    keep_logits: bool
+    handle: RequestHandle
+    submitted: float
+    admitted: float = 0.0
+    match: MatchResult | None = None
+    lease: Lease | None = None
+    computed: int = 0  # positions whose K/V are in the pool
+    output: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+    first_token_at: float = 0.0
+    on_token: TokenHook | None = None
+
+    @property
+    def total(self) -> int:
+        """Positions whose K/V the request writes or reuses."""
+        return len(self.prompt) + self.max_new - 1
+
+    def next_input(self) -> SeqInput:
+        """The tokens of this request's next forward (a decode: its last output token)."""
+        assert self.lease is not None
+        pos = len(self.prompt) + len(self.output) - 1
+        return SeqInput([self.output[-1]], pos, self.lease.table)
+
+
+@dataclass(slots=True)
+class Totals:
+    """The engine's running totals (zeroed by ``reset``)."""
+
+    submitted: int = 0
+    finished: int = 0
+    rejected: int = 0
+    cancelled: int = 0
+    steps: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    prefill_tokens: int = 0
+    output_tokens: int = 0
+    busy_s: float = 0.0
+
+
+class WorkloadRun(NamedTuple):
+    """Handles of a workload's requests, in the workload's order (a dependent request's
+    handle exists at once; it is submitted when the request it waits for is done)."""
+
+    handles: list[RequestHandle]
+
+    def wait(self, timeout: float | None = None) -> list[RequestResult | EngineError]:
+        """Wait for every request; each entry is its result or its error."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out: list[RequestResult | EngineError] = []
+        for h in self.handles:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            err = h.exception(left)
+            if err is None:
+                out.append(h.result(0))
+            else:
+                assert isinstance(err, EngineError)  # the engine fails handles with no other
+                out.append(err)
+        return out
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else 0.0
+
+
+
+def percentiles(values: Sequence[float]) -> tuple[float, float]:
+    """(p50, p99) of ``values``; (0, 0) for none."""
+    return _percentile(values, 50), _percentile(values, 99)

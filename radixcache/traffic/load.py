@@ -1,0 +1,189 @@
+"""An open-loop HTTP client: a workload sent as text to any OpenAI ``/v1/completions`` URL.
+
+Request i is due at the i-th arrival of a Poisson process of ``rate`` per second (seeded),
+whatever the earlier replies did (open loop); a dependent request (the next turn of a chat)
+goes at its arrival time or when the turn before it is answered, whichever is later, because
+its prompt carries that answer. Like a chat client, the next turn's prompt is the previous
+prompt, the server's real answer, then the workload's new message -- so the engine's cached
+``prompt + answer`` is a prefix of what comes next, exactly as in production. Prompts and
+answers travel as text (``traffic.chattext``, exact both ways), so a router that routes on
+text (sglang-router's ``cache_aware``) sees what it would see in production.
+
+Every request streams (``stream: true``): the time to first token is the first chunk's
+arrival; ``stream_options.include_usage`` brings the cached prompt tokens back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import httpx
+import numpy as np
+
+from radixcache.traffic.chattext import TextCodec
+from radixcache.traffic.sharegpt import TokenArray
+from radixcache.traffic.workloads import Workload, WorkloadRequest
+
+
+class Reply(NamedTuple):
+    """One answered (or failed) request."""
+
+    request: int  # its index in the workload
+    error: str | None  # why it failed; None when answered
+    prompt_tokens: int
+    cached_tokens: int
+    output: list[int]
+    ttft_ms: float
+    latency_ms: float
+
+    @property
+    def ok(self) -> bool:
+        """Answered."""
+        return self.error is None
+
+
+@dataclass(slots=True)
+class LoadResult:
+    """Every reply, in workload order, and the wall time of the whole run."""
+
+    replies: list[Reply]
+    wall_s: float
+
+    @property
+    def failed(self) -> list[Reply]:
+        """Replies that carry an error."""
+        return [r for r in self.replies if not r.ok]
+
+    def summary(self) -> dict[str, float | int]:
+        """Requests, failures, TTFT p50/p99 (ms), output tokens/s, requests/s, hit rate."""
+        ok = [r for r in self.replies if r.ok]
+        ttft = np.asarray([r.ttft_ms for r in ok] or [0.0])
+        prompt = sum(r.prompt_tokens for r in ok)
+        wall = self.wall_s or 1e-9
+        return {"requests": len(self.replies), "failed": len(self.replies) - len(ok),
+                "ttft_p50_ms": float(np.percentile(ttft, 50)),
+                "ttft_p99_ms": float(np.percentile(ttft, 99)),
+                "output_tokens_per_s": sum(len(r.output) for r in ok) / wall,
+                "requests_per_s": len(ok) / wall,
+                "hit_rate": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0}
+
+
+class LoadConfig(NamedTuple):
+    """How to send: ``rate`` requests/s (Poisson), answers of at most ``max_tokens``."""
+
+    url: str
+    rate: float
+    max_tokens: int = 16
+    model: str = "radixcache-tiny"
+    seed: int = 0
+    timeout_s: float = 300.0
+
+
+@dataclass(slots=True)
+class _Run:
+    config: LoadConfig
+    workload: Workload
+    codec: TextCodec
+    on_reply: Callable[[Reply], None] | None
+    sent: dict[int, list[int]] = field(default_factory=dict)  # index -> prompt + answer sent
+    done: dict[int, asyncio.Event] = field(default_factory=dict)
+    replies: dict[int, Reply] = field(default_factory=dict)
+
+
+def _ids(tokens: TokenArray) -> list[int]:
+    return [int(t) for t in tokens]
+
+
+def _prompt(run: _Run, r: WorkloadRequest) -> list[int]:
+    """``r``'s prompt with the turn it follows replaced by what was really said."""
+    prompt = _ids(r.prompt)
+    if r.after is None or r.after not in run.sent:
+        return prompt
+    before = run.workload.requests[r.after]
+    known = _ids(before.prompt)
+    if before.forced_output is not None:
+        known += _ids(before.forced_output)
+    if prompt[: len(known)] != known:
+        return prompt  # not a continuation: send it as built
+    return run.sent[r.after] + prompt[len(known):]
+
+
+async def _post(client: httpx.AsyncClient, run: _Run, prompt: list[int],
+                max_tokens: int) -> tuple[list[int], int, float]:
+    """Stream one completion; returns (answer ids, cached tokens, ms to first chunk)."""
+    body = {"model": run.config.model, "prompt": run.codec.decode(prompt),
+            "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}}
+    t0, first, text, cached = time.perf_counter(), 0.0, [], 0
+    async with client.stream("POST", f"{run.config.url}/v1/completions", json=body) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(str(chunk["error"].get("message")))
+            if chunk.get("choices"):
+                first = first or time.perf_counter()
+                text.append(chunk["choices"][0].get("text") or "")
+            if chunk.get("usage"):
+                details = chunk["usage"].get("prompt_tokens_details") or {}
+                cached = int(details.get("cached_tokens") or 0)
+    return run.codec.encode("".join(text)), cached, (first - t0) * 1e3
+
+
+async def _one(client: httpx.AsyncClient, run: _Run, i: int, due: float) -> None:
+    r = run.workload.requests[i]
+    if r.after is not None:
+        await run.done[r.after].wait()
+    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+    prompt = _prompt(run, r)
+    cap = min(r.max_new_tokens or run.config.max_tokens, run.config.max_tokens)
+    t0 = time.perf_counter()
+    try:
+        out, cached, ttft = await _post(client, run, prompt, cap)
+        reply = Reply(i, None, len(prompt), cached, out, ttft,
+                      (time.perf_counter() - t0) * 1e3)
+        run.sent[i] = prompt + out
+    except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+        reply = Reply(i, f"{type(exc).__name__}: {exc}", len(prompt), 0, [], 0.0, 0.0)
+    run.replies[i] = reply
+    run.done[i].set()
+    if run.on_reply is not None:
+        run.on_reply(reply)
+
+
+def arrivals(count: int, rate: float, seed: int) -> list[float]:
+    """Seconds from the start of each of ``count`` Poisson arrivals at ``rate`` per second."""
+    gaps = np.random.default_rng([7, seed]).exponential(1.0 / rate, size=count)
+    return [float(t) for t in np.cumsum(gaps)]
+
+
+async def run_load(config: LoadConfig, workload: Workload,
+                   on_reply: Callable[[Reply], None] | None = None) -> LoadResult:
+    """Send every request of ``workload`` (see the module doc) and wait for all replies.
+    ``on_reply`` is called on the event loop as each one ends (a progress bar)."""
+    if config.rate <= 0:
+        raise ValueError(f"rate must be > 0, got {config.rate}")
+    run = _Run(config, workload, TextCodec(), on_reply)
+    n = len(workload.requests)
+    run.done = {i: asyncio.Event() for i in range(n)}
+    start = time.perf_counter()
+    due = [start + t for t in arrivals(n, config.rate, config.seed)]
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=config.timeout_s, limits=limits) as client:
+        await asyncio.gather(*(_one(client, run, i, due[i]) for i in range(n)))
+    return LoadResult([run.replies[i] for i in range(n)], time.perf_counter() - start)
+
+
+def load(config: LoadConfig, workload: Workload,
+         on_reply: Callable[[Reply], None] | None = None) -> LoadResult:
+    """``run_load`` in a fresh event loop (blocks until every reply is in)."""
+    return asyncio.run(run_load(config, workload, on_reply))
+

@@ -1,0 +1,256 @@
+"""Trace readers for the what-if analysis: every source becomes a stream of ``Access``.
+
+Sources:
+
+- Mooncake-format JSONL (the format Mooncake publishes its traces in and Dynamo's and AIPerf's
+  tools read): one request a line, ``{"timestamp": ms, "input_length": n, "output_length": m,
+  "hash_ids": [...]}``; ``hash_ids`` name the prompt's blocks of ``hash_block_size`` tokens
+  (512 by default), equal ids meaning a shared prefix up to and including that block. Only
+  the prompt's blocks are cached (the format has no ids for outputs).
+- token JSONL (ours): one request a line, ``{"prompt": [ids], "output": [ids]}``; ``output``
+  is optional; other keys are ignored. The cache holds ``prompt + output[:-1]`` (the last
+  generated token's K/V is never computed), as the engine inserts it.
+- a recording (``.rcx``): the requests the engine finished, rebuilt from its events.
+- ``sharegpt``: the built-in multi-turn trace that ``bench tree`` replays.
+
+Readers stream (a million-line file is never held in memory) and stop at the first bad line
+with a ``TraceError`` that names the file and line.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import random
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, NamedTuple
+
+import msgspec
+import numpy as np
+
+from radixcache.core import events as ev
+
+if TYPE_CHECKING:
+    from radixcache.wire.mirror import Mirror, MirrorNode
+
+MOONCAKE_BLOCK = 512
+
+
+class TraceError(ValueError):
+    """A trace that cannot be read; the message names the file and line."""
+
+
+class Access(NamedTuple):
+    """One request as the analysis sees it.
+
+    ``units``: the cached sequence's units (blocks), ``width`` bytes each, root first;
+    ``prompt_units``: how many leading units belong to the prompt (the hit candidates);
+    ``prompt_tokens``: the prompt's length in tokens (the hit-rate denominator). A matched
+    prompt unit at depth d is worth ``min(block_tokens, prompt_tokens - d * block_tokens)``
+    tokens (the Mooncake rule ``min(matched * block, input_length)``)."""
+
+    units: bytes
+    prompt_units: int
+    prompt_tokens: int
+
+
+class TokenRequest(NamedTuple):
+    """A request with token ids: ``prompt`` is matched, ``cached`` (``prompt + output[:-1]``)
+    is what the cache keeps after it. uint32 arrays."""
+
+    prompt: np.ndarray
+    cached: np.ndarray
+
+
+class TraceFormat(enum.Enum):
+    """What a SOURCE is."""
+
+    SHAREGPT = "sharegpt"
+    RECORDING = "recording"
+    MOONCAKE = "mooncake"
+    TOKENS = "tokens"
+
+
+def token_access(req: TokenRequest, block: int) -> Access:
+    """The request at block size ``block``: whole blocks only (a partly filled block has no
+    key of its own under page-aligned or full-block-hash reuse; at block 1 every token is a
+    unit)."""
+    n = len(req.cached) // block
+    return Access(req.cached[: n * block].tobytes(), len(req.prompt) // block, len(req.prompt))
+
+
+class _Mooncake(msgspec.Struct):
+    input_length: int
+    hash_ids: list[int]
+    output_length: int = 0
+    timestamp: float = 0.0
+
+
+class _Tokens(msgspec.Struct):
+    prompt: list[int]
+    output: list[int] = []
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Non-blank lines with their 1-based numbers, streamed."""
+    try:
+        f: IO[bytes] = path.open("rb")
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot open: {exc.strerror}") from None
+    with f:
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                yield i, line
+
+
+def read_mooncake(path: Path, hash_block_size: int = MOONCAKE_BLOCK) -> Iterator[Access]:
+    """Stream a Mooncake-format trace as ``Access`` items (units: 8-byte hash ids)."""
+    dec = msgspec.json.Decoder(_Mooncake)
+    for i, line in _lines(path):
+        try:
+            rec = dec.decode(line)
+            ids = array("q", rec.hash_ids)
+        except (msgspec.DecodeError, OverflowError) as exc:
+            raise TraceError(f"{path}:{i}: not a Mooncake-format request: {exc}") from None
+        if rec.input_length < 1 or not ids or min(ids) < 0:
+            raise TraceError(
+                f"{path}:{i}: need input_length >= 1 and a non-empty hash_ids of ids >= 0")
+        if rec.input_length > len(ids) * hash_block_size:
+            raise TraceError(
+                f"{path}:{i}: input_length {rec.input_length} exceeds {len(ids)} blocks of "
+                f"{hash_block_size} tokens: is --hash-block-size right?")
+        yield Access(ids.tobytes(), len(ids), rec.input_length)
+
+
+def read_token_jsonl(path: Path) -> Iterator[TokenRequest]:
+    """Stream a token JSONL trace (see the module docstring for the format)."""
+    dec = msgspec.json.Decoder(_Tokens)
+    for i, line in _lines(path):
+        try:
+            rec = dec.decode(line)
+            prompt = np.asarray(rec.prompt, dtype=np.int64)
+            out = np.asarray(rec.output[:-1], dtype=np.int64)
+        except (msgspec.DecodeError, OverflowError) as exc:
+            raise TraceError(f"{path}:{i}: not a token request: {exc}") from None
+        both = np.concatenate((prompt, out))
+        if not len(prompt) or both.min() < 0 or both.max() >= 2**32:
+            raise TraceError(f"{path}:{i}: need a non-empty prompt of token ids in [0, 2^32)")
+        yield TokenRequest(prompt.astype(np.uint32), both.astype(np.uint32))
+
+
+def detect_format(source: str) -> TraceFormat:
+    """Which reader a SOURCE needs: ``sharegpt``, ``*.rcx``, else by the first line's keys."""
+    if source == "sharegpt":
+        return TraceFormat.SHAREGPT
+    path = Path(source)
+    if path.suffix == ".rcx":
+        return TraceFormat.RECORDING
+    for i, line in _lines(path):
+        try:
+            keys = json.loads(line)
+        except ValueError:  # not JSON, or not UTF-8
+            raise TraceError(f"{path}:{i}: not JSON (want a JSONL trace or a .rcx)") from None
+        if isinstance(keys, dict) and "hash_ids" in keys:
+            return TraceFormat.MOONCAKE
+        if isinstance(keys, dict) and "prompt" in keys:
+            return TraceFormat.TOKENS
+        raise TraceError(f"{path}:{i}: neither a Mooncake request (hash_ids) nor tokens (prompt)")
+    raise TraceError(f"{path}: empty trace")
+
+
+def generate_mooncake(n: int, seed: int) -> Iterator[dict[str, object]]:
+    """A seeded Mooncake-format trace of ``n`` requests with Mooncake-like reuse: 64 shared
+    system prompts (Zipf-popular, 1-8 blocks), multi-turn sessions that resend their whole
+    history plus 1-4 new blocks, and one-off documents; ~1 request in 5 opens a session."""
+    rnd = random.Random(seed)
+    systems = [list(range(k * 8, k * 8 + rnd.randint(1, 8))) for k in range(64)]
+    weights = [1 / (k + 1) for k in range(64)]
+    next_id = 64 * 8
+    sessions: list[list[int]] = []
+    t = 0.0
+    for _ in range(n):
+        t += rnd.expovariate(1 / 20)
+        roll = rnd.random()
+        if roll < 0.7 and sessions:  # the next turn of a recent session
+            k = len(sessions) - 1 - min(int(rnd.expovariate(1 / 40)), len(sessions) - 1)
+            ids = sessions[k]
+            if len(ids) > 96:  # a context limit: the session ends
+                sessions.pop(k)
+        elif roll < 0.9:  # a new session under a shared system prompt
+            ids = list(rnd.choices(systems, weights)[0])
+            sessions.append(ids)
+            if len(sessions) > 2000:
+                sessions.pop(0)
+        else:  # a one-off document
+            ids = []
+        grow = rnd.randint(1, 4)
+        ids.extend(range(next_id, next_id + grow))
+        next_id += grow
+        length = len(ids) * MOONCAKE_BLOCK - rnd.randrange(MOONCAKE_BLOCK)
+        yield {"timestamp": round(t), "input_length": length,
+               "output_length": rnd.randint(16, 512), "hash_ids": list(ids)}
+
+
+class RequestTracker:
+    """Rebuilds the requests an engine finished from its event stream, one event at a time
+    (a recording here; a live inspector can feed it the same way).
+
+    Call ``after(e)`` once ``e`` has been applied to ``mirror``. A finished request's
+    sequence is the path to the node its insert touched last (the ``Access`` right before
+    its ``RequestFinish``), cut to prompt + output - 1 tokens; its prompt length comes from
+    its ``RequestStart``. The path is read at the ``Access``, before a merge or an eviction
+    can change it."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self.mirror = mirror
+        self._prompts: dict[int, int] = {}
+        self._path = b""
+
+    def after(self, e: ev.AnyEvent) -> TokenRequest | None:
+        """The request ``e`` finished, if it finished one."""
+        if isinstance(e, ev.Access):
+            self._path = _path_tokens(self.mirror, e.node)
+        elif isinstance(e, ev.RequestStart):
+            self._prompts[e.req] = e.prompt_tokens
+        elif isinstance(e, ev.RequestFinish) and e.req in self._prompts:
+            p = self._prompts.pop(e.req)
+            seq = np.frombuffer(self._path, dtype="<u4")[: p + e.output_tokens - 1]
+            if len(seq) >= p:
+                return TokenRequest(seq[:p].astype(np.uint32), seq.astype(np.uint32))
+        return None
+
+
+def read_recording(path: Path, notes: list[str]) -> Iterator[TokenRequest]:
+    """The requests a recording's engine finished, in finishing order (``RequestTracker``).
+    A damaged file yields the requests before the damage and says where in ``notes``."""
+    from radixcache.wire.mirror import Mirror
+    from radixcache.wire.recording import Keyframe, RecordingReader
+
+    reader = RecordingReader(path)
+    tracker = RequestTracker(Mirror())
+    started = False
+    for rec in reader.records():
+        if isinstance(rec.item, Keyframe):
+            if not started:
+                tracker.mirror.load_snapshot(rec.item.snapshot)
+            continue
+        started = True
+        for e in rec.item.events:
+            tracker.mirror.apply(e)
+            req = tracker.after(e)
+            if req is not None:
+                yield req
+    if reader.damage is not None:
+        notes.append(f"{path}: read up to byte {reader.damage.offset}: {reader.damage.reason}")
+
+
+def _path_tokens(mirror: Mirror, node_id: int) -> bytes:
+    """The tokens from the root to the end of node ``node_id`` in ``mirror``."""
+    parts = []
+    n: MirrorNode | None = mirror.node(node_id)
+    while n is not None:
+        parts.append(n.tokens)
+        n = n.parent
+    return b"".join(reversed(parts))

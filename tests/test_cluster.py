@@ -1,0 +1,181 @@
+"""Replicas behind the real sglang-router: the openai client through it, the merged tree of
+the replicas' streams, the cluster screen, and the faults (a replica SIGKILLed and restarted,
+a taken port, no router installed). Two small replicas, a few requests."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from textual.widgets import DataTable, Static
+
+from inspector.cluster import ClusterApp, StreamFleet, replica_views, tree_lines
+from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, Policy
+from radixcache.traffic.chattext import TextCodec
+from radixcache.traffic.workloads import Vocabulary, build_workload
+from radixcache.wire.endpoints import Endpoints
+from radixcache.wire.fleet import Fleet
+from tests.helpers.stream import wait_for
+
+MODEL = "radixcache-tiny"
+SHARED = list(range(100, 148))  # 48 tokens every request starts with
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster(ClusterConfig(replicas=2, policy=Policy.ROUND_ROBIN, blocks=128)).start()
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def fleet(cluster: Cluster) -> Iterator[Fleet]:
+    f = Fleet([Endpoints.tcp("127.0.0.1", r.zmq_port) for r in cluster.replicas]).start()
+    f.wait_synced()
+    yield f
+    f.close()
+
+
+def finished(cluster: Cluster, ranks: tuple[int, ...] = (0, 1)) -> list[int]:
+    out = []
+    for rank in ranks:
+        url = cluster.replicas[rank].url
+        with urllib.request.urlopen(f"{url}/server_info", timeout=5) as resp:
+            out.append(json.loads(resp.read())["finished"])
+    return out
+
+
+def text(ids: list[int]) -> str:
+    """The router takes text prompts (422 for token ids)."""
+    return TextCodec().decode(ids)
+
+
+def complete(client: openai.OpenAI, prompt: list[int]) -> str:
+    r = client.completions.create(model=MODEL, prompt=text(prompt), max_tokens=3)
+    return r.choices[0].text
+
+
+def test_openai_client_through_the_router(cluster: Cluster, fleet: Fleet) -> None:
+    assert [r.http_port - cluster.replicas[0].http_port for r in cluster.replicas] == [0, 1]
+    client = openai.OpenAI(base_url=f"{cluster.router_url}/v1", api_key="unused")
+    first = complete(client, [*SHARED, 1])
+    streamed = client.completions.create(model=MODEL, prompt=text([*SHARED, 1]), max_tokens=3,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == first  # same model on each replica
+    complete(client, [*SHARED, 2])
+    complete(client, [*SHARED, 3])
+    assert finished(cluster) == [2, 2]  # round robin
+    fleet.settle()
+    stats = fleet.merged().stats()
+    # each replica cached prompt + 2 of its 3 answer tokens (the last one's K/V is never
+    # written): SHARED + [1] + 2 answer tokens on both, [2] + 2 on one and [3] + 2 on the other
+    assert stats.replication == {2: len(SHARED) + 3, 1: 6}
+    assert stats.duplicated_tokens == len(SHARED) + 3
+
+
+def test_cluster_screen_rows_and_tree(cluster: Cluster, fleet: Fleet) -> None:
+    fleet.settle()
+    views = replica_views(fleet)
+    assert [(v.rank, v.up, v.total) for v in views] == [(0, True, 128), (1, True, 128)]
+    lines = tree_lines(fleet.merged(), 2, Vocabulary())
+    assert lines[0].plain.startswith("[48] ") and lines[0].plain.endswith("●● x2")
+
+    n = len(build_workload("chat", {"conversations": 1}).requests)
+
+    async def run() -> None:
+        app = ClusterApp(StreamFleet(fleet), cluster.router_url, cluster, words=Vocabulary())
+        async with app.run_test() as pilot:
+            await pilot.pause(0.3)
+            table = app.query_one(DataTable)
+            assert table.row_count == 2
+            assert "2/2 replicas up" in app.header_text().plain
+            await pilot.press("colon", *"chat 1", "enter")  # through the router
+            for _ in range(200):
+                await pilot.pause(0.05)
+                if "failed" in str(app.query_one("#message", Static).render()):
+                    break
+            assert str(app.query_one("#message", Static).render()).startswith(
+                f"{n} requests, 0 failed")
+            await pilot.press("escape", "down", "enter")
+        assert app.return_value == 1  # Enter opens replica 1's full screen
+
+    import asyncio
+
+    asyncio.run(run())
+
+
+def test_a_killed_replica_is_down_routed_around_and_back_after_restart(
+        cluster: Cluster, fleet: Fleet) -> None:
+    client = openai.OpenAI(base_url=f"{cluster.router_url}/v1", api_key="unused")
+    before = finished(cluster)
+    cluster.kill(1)
+    assert wait_for(lambda: not fleet.up(1), timeout=2.0)  # the screen's mark: within 2 s
+    assert fleet.up(0)
+    time.sleep(1.5)  # the router's health check (every 1 s) takes it out
+    answers = [complete(client, [*SHARED, 10 + i]) for i in range(3)]
+    assert len(answers) == 3 and finished(cluster, (0,)) == [before[0] + 3]
+    cluster.restart(1)
+    assert wait_for(lambda: fleet.up(1) and fleet.subscribers[1].synced.is_set(), timeout=10)
+    assert fleet.subscribers[1].stats.epochs == 1  # a new engine: resynced from its snapshot
+    time.sleep(1.5)
+    for i in range(2):
+        complete(client, [*SHARED, 20 + i])
+    assert finished(cluster)[1] == 1  # routed to again (round robin: one of the two)
+    fleet.settle()  # both mirrors equal their engines' trees
+    s0 = fleet.subscribers[0].stats
+    assert (s0.epochs, s0.snapshots) == (0, 1)  # replica 0's view was never disturbed
+
+
+def test_the_screen_says_when_the_router_is_killed(cluster: Cluster, fleet: Fleet) -> None:
+    cluster.kill_router()
+    assert not cluster.router_alive()
+
+    async def run() -> str:
+        app = ClusterApp(StreamFleet(fleet), cluster.router_url, cluster, words=Vocabulary())
+        async with app.run_test() as pilot:
+            for _ in range(100):
+                await pilot.pause(0.05)
+                if app.router_up is not None:
+                    break
+            return app.header_text().plain
+
+    import asyncio
+
+    assert f"router {cluster.router_url} ✕ DOWN" in asyncio.run(run())
+
+
+def test_cluster_command_without_router_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    r = CliRunner().invoke(app, ["cluster", "--replicas", "1"])
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines() == [
+        "error: sglang-router is not installed: pip install 'radixcache[cluster]'"]
+
+
+def test_router_port_taken_is_one_line_and_nothing_left_running() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        c = Cluster(ClusterConfig(replicas=1, router_port=port))
+        with pytest.raises(ClusterError, match=f"^port {port} on 127.0.0.1 is taken$"):
+            c.start()
+    assert c._procs == {}
+
+
+def test_no_router_installed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ClusterError, match=r"^sglang-router is not installed: pip install "
+                                           r"'radixcache\[cluster\]'$"):
+        Cluster(ClusterConfig(replicas=1)).start()

@@ -1,0 +1,210 @@
+"""Recordings of a live engine read back with equal digests (issue 12 item 1), and the reader
+and `tree FILE` report damage instead of printing a partial tree (items 5, 7, 8)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+from radixcache.core import events as ev
+from radixcache.wire.endpoints import Endpoints, u64
+from radixcache.wire.mirror import Mirror
+from radixcache.wire.recorder import LiveRecorder
+from radixcache.wire.recording import Keyframe, RecordingError, RecordingReader, RecordingWriter
+from tests.helpers.hostile import FakeEngine, encode
+from tests.helpers.stream import drive, make_source, prompts, serving, wait_for
+
+
+def read_back(path: Path) -> tuple[Mirror, RecordingReader]:
+    reader = RecordingReader(path)
+    mirror, _ = reader.play_all()  # every digest of the file checked on the way
+    return mirror, reader
+
+
+def flood(source, stop: threading.Event, batches: int = 600) -> None:
+    """Publish ``batches`` batches of two requests (or fewer, when ``stop`` is set first)."""
+    reqs = prompts(400, seed=3)
+    i = 0
+    while not stop.is_set() and i < 2 * batches:
+        drive(source, reqs[i % 400:i % 400 + 2], per_step=2)
+        i += 2
+
+
+def test_record_from_a_flooding_engine_reads_back_with_equal_digests(tmp_path):
+    source = make_source(num_blocks=256, digest_every=4)
+    out = tmp_path / "flood.rcx"
+    with serving(source) as pub:
+        stop = threading.Event()
+        driver = threading.Thread(target=flood, args=(source, stop), daemon=True)
+        driver.start()
+        rec = LiveRecorder(pub.endpoints, out, keyframe_every=500).start()
+        try:
+            driver.join(120)  # a bounded flood: it ends by itself
+            assert not driver.is_alive()
+            assert wait_for(lambda: rec.subscriber.seq == pub.seq, 60)
+            assert rec.subscriber.stats.batches >= 200
+        finally:
+            stop.set()
+            result = rec.stop()
+    assert result.synced and result.malformed == 0 and result.resyncs == 0
+    assert result.keyframes >= 2  # the first one and at least one periodic one
+    mirror, reader = read_back(out)
+    assert reader.damage is None
+    assert mirror.stats.digest_checks >= 40 and mirror.stats.digest_mismatches == 0
+    assert mirror.digest() == source.tree.digest()
+
+
+def test_record_across_an_engine_restart_reads_back_with_equal_digests(tmp_path):
+    # ipc: a TCP port freed by the first engine can be taken meanwhile by the subscriber's own
+    # reconnect (a self-connect) or another process; the SIGKILL run on TCP is record_runs
+    endpoints = Endpoints.ipc(str(tmp_path / "engine"))
+    first = make_source(num_blocks=256, digest_every=2)
+    out = tmp_path / "restart.rcx"
+    with serving(first, endpoints, epoch=1000) as pub:
+        rec = LiveRecorder(pub.endpoints, out, request_timeout_s=0.5).start()
+        drive(first, prompts(30, seed=1))
+        assert wait_for(lambda: rec.subscriber.seq == pub.seq)
+    second = make_source(num_blocks=256, digest_every=2)
+    with serving(second, endpoints, epoch=2000) as pub2:
+        drive(second, prompts(30, seed=2))
+        assert wait_for(lambda: rec.subscriber.epoch == pub2.epoch
+                        and rec.subscriber.seq == pub2.seq, 20)
+        result = rec.stop()
+    assert result.keyframes == 2 and rec.subscriber.stats.epochs == 1
+    mirror, reader = read_back(out)
+    assert reader.damage is None and mirror.stats.digest_mismatches == 0
+    assert mirror.digest() == second.tree.digest()
+    kinds = [type(r.item).__name__ for r in reader.records()]
+    assert kinds.count("Keyframe") == 2
+
+
+def chain_batches(depth: int, per_batch: int) -> list[list[ev.AnyEvent]]:
+    """A chain ``depth`` nodes deep (one token each), then a request pinning its deepest
+    node, with the digest after every batch (computed by a mirror on the engine's side)."""
+    truth = Mirror()
+    truth.load_snapshot(ev.Snapshot(16, 64, [ev.NodeState(0, -1, 0, b"", [], 0, 0)],
+                                    0, 1, [], 0.92, 0.85))
+    out = []
+    for lo in range(1, depth + 1, per_batch):
+        events: list[ev.AnyEvent] = [
+            ev.NodeCreated(i, i - 1, i - 1, (i % 1000).to_bytes(4, "little"), [i % 64], False)
+            for i in range(lo, min(lo + per_batch, depth + 1))]
+        out.append(events)
+    out += [[ev.Lock(depth, 1), ev.Access(depth, 5)], [ev.Lock(depth, -1)]]
+    for events in out:
+        for e in events:
+            truth.apply(e)
+        events.append(ev.Digest(truth.digest()))
+    return out
+
+
+def test_record_of_a_deep_chain_reads_back_with_equal_digests(tmp_path):
+    engine = FakeEngine()
+    out = tmp_path / "deep.rcx"
+    rec = LiveRecorder(engine.endpoints, out).start()
+    try:
+        engine.wait_subscribed()
+        ident, (_, req) = engine.request()
+        root = ev.Snapshot(16, 64, [ev.NodeState(0, -1, 0, b"", [], 0, 0)], 0, 1, [], 0.9, 0.8)
+        engine.reply(ident, b"snap", req, u64(3), u64(0), encode(root))
+        batches = chain_batches(2_000, 500)
+        for seq, events in enumerate(batches, 1):
+            engine.publish(ev.encode_batch(ev.Batch(seq, 3, 0.0, "deep", events)))
+        assert wait_for(lambda: rec.subscriber.seq == len(batches))
+        result = rec.stop()
+    finally:
+        engine.close()
+    assert (result.events, result.malformed) == (2_000 + 3 + len(batches), 0)
+    mirror, reader = read_back(out)
+    assert reader.damage is None
+    assert mirror.stats.digest_checks == len(batches) and len(mirror.nodes) == 2_001
+
+
+# -- the reader and `tree FILE` ---------------------------------------------------------------
+def small_recording(path: Path) -> None:
+    snap = ev.Snapshot(16, 8, [ev.NodeState(0, -1, 0, b"", [], 0, 0)], 0, 1, [], 0.9, 0.8)
+    with RecordingWriter(path, {}) as w:
+        w.write_keyframe(0, 1, snap)
+        for seq in (1, 2):
+            tok = (seq * 7).to_bytes(4, "little")
+            w.write_batch(ev.Batch(seq, 1, 0.0, "t", [ev.NodeCreated(seq, 0, 0, tok, [seq],
+                                                                     False)]))
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    out = capsys.readouterr()
+    return int(info.value.code or 0), out.out, out.err
+
+
+def test_tree_of_a_cut_file_says_where_on_stderr(tmp_path, capsys):
+    path = tmp_path / "cut.rcx"
+    small_recording(path)
+    data = path.read_bytes()
+    second = [r.offset for r in RecordingReader(path).records()][-1]
+    path.write_bytes(data[:second + 5])
+    code, out, err = run_cli(["tree", str(path)], capsys)
+    assert code == 0
+    assert "root (1 nodes)" in out and "1 events read" in out
+    assert err.splitlines() == [f"warning: stopped at byte {second:,}: truncated frame header"]
+
+
+def test_tree_when_the_only_keyframe_is_damaged_exits_1_with_one_line(tmp_path, capsys):
+    path = tmp_path / "bad.rcx"
+    small_recording(path)
+    key = next(r.offset for r in RecordingReader(path).records() if isinstance(r.item, Keyframe))
+    data = bytearray(path.read_bytes())
+    data[key + 12] ^= 0xFF
+    path.write_bytes(bytes(data))
+    code, out, err = run_cli(["tree", str(path)], capsys)
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [f"error: {path}: no readable keyframe at or before event "
+                                f"{2**62} (bad keyframe: checksum mismatch at byte {key})"]
+
+
+def test_tree_prints_block_counts_runs_and_text(tmp_path, capsys):
+    path = tmp_path / "ok.rcx"
+    snap = ev.Snapshot(16, 32, [ev.NodeState(0, -1, 0, b"", [], 0, 0)], 0, 1, [], 0.9, 0.8)
+    tokens = b"".join(t.to_bytes(4, "little") for t in range(1, 41))
+    with RecordingWriter(path, {}) as w:
+        w.write_keyframe(0, 1, snap)
+        w.write_batch(ev.Batch(1, 1, 0.0, "t", [
+            ev.NodeCreated(1, 0, 0, tokens, [4, 5, 6, 20], False)]))
+    code, out, err = run_cli(["tree", str(path)], capsys)
+    assert (code, err) == (0, "")
+    assert '4 blocks b4-6,b20 r0' in out and "n1 [40 tok] \"" in out and '…"' in out
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: Path("/dev/zero"), "not a regular file"),
+    (lambda p: (os.mkfifo(p / "fifo"), p / "fifo")[1], "not a regular file"),
+    (lambda p: (p / "e").write_bytes(b"") or p / "e", "empty file"),
+])
+def test_devices_fifos_and_empty_files_are_refused_at_once(tmp_path, make, message, capsys):
+    path = make(tmp_path)
+    code, out, err = run_cli(["tree", str(path)], capsys)
+    assert (code, out) == (1, "")
+    assert err == f"error: {path}: {message}\n"
+
+
+def test_a_sparse_8_gib_file_is_read_without_memory(tmp_path):
+    path = tmp_path / "sparse.rcx"
+    with open(path, "wb") as f:
+        f.truncate(8 * 2**30)
+    with pytest.raises(RecordingError, match="bad magic"):
+        RecordingReader(path)
+    with pytest.raises(RecordingError, match="exceeds the 1,024-byte limit"):
+        RecordingReader(path, max_bytes=1024)
+
+
+def test_record_from_a_dead_port_fails_on_stderr(tmp_path, capsys):
+    code, out, err = run_cli(["record", "--from", "tcp://127.0.0.1:9", "--seconds", "0.3",
+                              "--out", str(tmp_path / "x.rcx")], capsys)
+    assert (code, out) == (1, "")
+    assert err.startswith("error: no snapshot from tcp://127.0.0.1:9 in 0.3 s")
+    assert not (tmp_path / "x.rcx").exists()

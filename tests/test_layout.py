@@ -1,0 +1,111 @@
+"""The layout rules of issue 11, checked on the source: no import cycle between the project's
+modules (``TYPE_CHECKING`` and function-level imports count), and in ``radixcache/`` no module
+over 400 lines and no function over 50 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("radixcache", "inspector", "cli")
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """Project modules ``path`` imports anywhere in its body."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        else:
+            continue
+        found.update(n for n in names if n in known)
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, edges = work[-1]
+            w = next(edges, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_cycle_finder_reports_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle() -> None:
+    known = _modules()
+    graph = {name: _imports(path, known) - {name} for name, path in known.items()}
+    assert _cycles(graph) == []
+
+
+def test_tree_and_invariants_do_not_import_each_other() -> None:
+    known = _modules()
+    assert "radixcache.core.tree" not in _imports(known["radixcache.core.invariants"], known)
+
+
+def test_no_module_over_400_lines() -> None:
+    sizes = {
+        str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+        for p in sorted((ROOT / "radixcache").rglob("*.py"))
+    }
+    assert {name: n for name, n in sizes.items() if n > 400} == {}
+
+
+def test_no_function_over_50_lines() -> None:
+    long = {}
+    for path in sorted((ROOT / "radixcache").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > 50:
+                    long[f"{path.relative_to(ROOT)}:{node.name}"] = lines
+    assert long == {}

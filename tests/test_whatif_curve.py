@@ -1,0 +1,166 @@
+"""The one-pass curve against independent direct replays, token for token, and what the real
+tree does differently (whole-leaf eviction), on small traces with exact expectations."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from radixcache.analysis.replay import Policy, ReplayCache, replay
+from radixcache.analysis.stackdist import StackDistances
+from radixcache.analysis.treecheck import replay_tree
+from radixcache.analysis.whatif import one_pass
+from radixcache.traffic.traces import Access, TokenRequest, token_access
+
+CAPS = [1, 2, 3, 5, 8, 13, 21, 40, 100, 1000]  # >= 8 capacities, in units
+
+
+def tok(seq: list[int]) -> np.ndarray:
+    return np.asarray(seq, dtype=np.uint32)
+
+
+def conversations(seed: int, n: int, vocab: int = 4) -> list[TokenRequest]:
+    """Multi-turn traffic over a tiny vocabulary: shared prefixes, branches inside nodes."""
+    rnd = random.Random(seed)
+    seen: list[list[int]] = []
+    out = []
+    for _ in range(n):
+        base = rnd.choice(seen) if seen and rnd.random() < 0.6 else []
+        seq = base + [rnd.randrange(vocab) for _ in range(rnd.randrange(1, 9))]
+        p = rnd.randrange(1, len(seq) + 1)
+        out.append(TokenRequest(tok(seq[:p]), tok(seq)))
+        seen.append(seq)
+    return out
+
+
+def curve_hits(accesses: list[Access], width: int, block: int, caps: list[int]) -> list[int]:
+    return [int(h) for h in one_pass(accesses, width, block).hits(np.asarray(caps))]
+
+
+def direct_hits(accesses: list[Access], width: int, block: int, caps: list[int]) -> list[int]:
+    return [replay(accesses, ReplayCache(c, width, block, Policy.LRU)) for c in caps]
+
+
+@given(st.integers(0, 10_000), st.sampled_from([1, 2, 4]))
+def test_curve_equals_direct_lru_replays_at_every_capacity(seed, block):
+    acc = [token_access(r, block) for r in conversations(seed, 60)]
+    assert curve_hits(acc, 4 * block, block, CAPS) == direct_hits(acc, 4 * block, block, CAPS)
+
+
+@given(st.integers(0, 10_000))
+def test_curve_equals_direct_replays_on_mooncake_blocks_with_partial_last_blocks(seed):
+    rnd = random.Random(seed)
+    acc, seen = [], [[]]
+    for _ in range(60):
+        ids = [*rnd.choice(seen), *(rnd.randrange(20) for _ in range(rnd.randrange(1, 4)))]
+        seen.append(ids)
+        # mostly a partly filled last block; sometimes an input_length that ends blocks early
+        length = len(ids) * 512 - rnd.randrange(512 if rnd.random() < 0.8 else len(ids) * 512)
+        acc.append(Access(np.asarray(ids, dtype=np.int64).tobytes(), len(ids), length))
+    assert curve_hits(acc, 8, 512, CAPS) == direct_hits(acc, 8, 512, CAPS)
+
+
+def test_a_hand_worked_trace():
+    # A = 1 2 3 4, B = 1 2 5, A again. Stack after B (top first): 1 2 5 3 4 -- B touched
+    # deepest-first, so its 1 and 2 are on top and A's 3 4 sank below B's 5.
+    a, b = tok([1, 2, 3, 4]), tok([1, 2, 5])
+    acc = [token_access(TokenRequest(s, s), 1) for s in (a, b, a)]
+    sd = StackDistances(4, 1)
+    for x in acc:
+        sd.add(x)
+    curve = sd.curve()
+    # B hits 1 2 at distances 0 and 1; A again hits 1 2 (distances 0, 1) and 3 4
+    # (distances 3, 4): at capacity c, the hits are the distances below c
+    assert [int(h) for h in curve.hits(np.arange(7))] == [0, 2, 4, 4, 5, 6, 6]
+    assert (curve.requests, curve.prompt_tokens, curve.max_hits) == (3, 11, 6)
+    assert curve.saturation_units == 5
+
+
+def test_prompt_tokens_of_a_partial_last_block_count_as_mooncake_says():
+    # two requests over the same 3 blocks of 512; the second's input_length 1100 makes its
+    # last block worth 1100 - 2 * 512 = 76 tokens: min(3 * 512, 1100) = 1100 at full size
+    ids = np.asarray([7, 8, 9], dtype=np.int64).tobytes()
+    acc = [Access(ids, 3, 1536), Access(ids, 3, 1100)]
+    curve = one_pass(acc, 8, 512)
+    assert [int(h) for h in curve.hits(np.arange(5))] == [0, 512, 1024, 1100, 1100]
+
+
+def test_block_size_16_counts_whole_blocks_only():
+    # 40 tokens: 2 whole blocks; a repeat hits 32 of its 40 prompt tokens at block 16
+    s = tok(list(range(40)))
+    acc = [token_access(TokenRequest(s, s), 16) for _ in range(2)]
+    assert curve_hits(acc, 64, 16, [0, 1, 2, 3]) == [0, 16, 32, 32]
+
+
+def test_whole_leaf_eviction_is_why_the_real_tree_differs():
+    # A (10 tokens), B (10 other tokens), A again, capacity 15. The stack model drops A's 5
+    # deepest tokens for B and keeps A's first 5: A again hits 5. The tree evicts A's whole
+    # leaf (one node of 10 tokens) to make room: A again hits 0.
+    a, b = tok(list(range(10))), tok(list(range(100, 110)))
+    reqs = [TokenRequest(s, s) for s in (a, b, a)]
+    acc = [token_access(r, 1) for r in reqs]
+    assert curve_hits(acc, 4, 1, [15]) == direct_hits(acc, 4, 1, [15]) == [5]
+    assert replay_tree(reqs, 15, 1).hit_tokens == 0
+    # with room for both, nothing is evicted and all three agree
+    assert curve_hits(acc, 4, 1, [20]) == [10]
+    assert replay_tree(reqs, 20, 1).hit_tokens == 10
+
+
+def test_the_real_tree_equals_the_curve_when_leaves_are_evicted_whole_anyway():
+    # requests that never share a node with a later one: each leaf is evicted whole in the
+    # stack model too (capacity a multiple of the request size), at 8 capacities
+    reqs = [TokenRequest(tok([i % 7 * 10 + j for j in range(4)]), tok([i % 7 * 10 + j
+                                                                      for j in range(4)]))
+            for i in range(50)]
+    acc = [token_access(r, 1) for r in reqs]
+    caps = [4, 8, 12, 16, 20, 24, 28, 32]
+    curve = curve_hits(acc, 4, 1, caps)
+    assert curve == [replay_tree(reqs, c, 1).hit_tokens for c in caps]
+    assert curve == [0, 0, 0, 0, 0, 0, 172, 172]
+
+
+def test_fifo_and_lfu_replays_on_hand_worked_traces():
+    a, b, c = tok([1, 2]), tok([3, 4]), tok([5, 6])
+
+    def hits(*seqs: np.ndarray) -> dict[Policy, int]:
+        acc = [token_access(TokenRequest(s, s), 1) for s in seqs]
+        return {p: replay(acc, ReplayCache(4, 4, 1, p)) for p in Policy}
+
+    # A B A C A (room for two): C evicts B under LRU and LFU (A was used twice, and last),
+    # but the first-in A under FIFO, whose last A then misses
+    assert hits(a, b, a, c, a) == {Policy.LRU: 4, Policy.FIFO: 2, Policy.LFU: 4}
+    # A A A B C B: C evicts the least recent A under LRU (and the first-in A under FIFO),
+    # but B under LFU (1 use against A's 3), whose last B then misses
+    assert hits(a, a, a, b, c, b) == {Policy.LRU: 6, Policy.FIFO: 6, Policy.LFU: 4}
+
+
+def test_routing_sends_a_conversation_back_to_its_cache_only_under_cache_aware():
+    from radixcache.analysis.routing import Router, shared, simulate
+
+    # two conversations of two turns: A's two turns, then B's
+    a1, b1 = tok(list(range(8))), tok(list(range(100, 108)))
+    a2, b2 = tok([*range(8), 50, 51]), tok([*range(100, 108), 60, 61])
+    acc = [token_access(TokenRequest(s, s), 1) for s in (a1, a2, b1, b2)]
+    rr = simulate(acc, Router.ROUND_ROBIN, 2, 100, 4, 1)
+    # round robin: A's turns land on replicas 0 and 1 -- 0 hits, both prefixes held twice
+    assert (rr.hit_tokens, rr.requests_per_replica, rr.imbalance) == (0, [2, 2], 1.0)
+    assert rr.duplicated_tokens == 16
+    ca = simulate(acc, Router.CACHE_AWARE, 2, 100, 4, 1)
+    # cache_aware: each t2 matches 8 of its 10 tokens (> 0.5) where its t1 went; B's t1
+    # matches nothing and goes to the emptier replica
+    assert (ca.hit_tokens, ca.requests_per_replica, ca.duplicated_tokens) == (16, [2, 2], 0)
+    assert shared(acc, 200, 4, 1).hit_tokens == 16
+    assert ca.hit_rate == 16 / 36
+
+
+def test_duplicated_units_count_copies_beyond_the_first():
+    from radixcache.analysis.routing import duplicated_units
+
+    caches = [ReplayCache(100, 4, 1, Policy.LRU) for _ in range(3)]
+    for c, seq in zip(caches, ([1, 2, 3], [1, 2, 4], [1, 2, 3, 5]), strict=True):
+        c.add(token_access(TokenRequest(tok(seq), tok(seq)), 1))
+    # 1 2 held 3 times (2 copies extra each), 3 held twice (1 extra): 4 + 1
+    assert duplicated_units(caches) == 5
