@@ -15,9 +15,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import ClassVar, NamedTuple, Protocol
+from typing import ClassVar, Protocol
 
-from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
@@ -27,23 +26,20 @@ from textual.widgets import Footer, Input, Static
 
 from inspector.commands import CommandReplies
 from inspector.feed import Delta, Feed
-from inspector.frame import EMPTY, Builder, Frame, Want
+from inspector.frame import Builder, Frame, Want
 from inspector.layout import Row, collapse, expand, flatten
+from inspector.paint import Outside, Painter, Panes
 from inspector.sources import (
-    DatasetWords,
     ReplayControls,
-    ReplayPosition,
     Source,
-    SourceStatus,
 )
 from inspector.widgets.block_map import BlockMap
 from inspector.widgets.command_line import CommandLine
 from inspector.widgets.event_log import EventLog
 from inspector.widgets.help import HelpScreen
 from inspector.widgets.lru import LruPane, next_victims
-from inspector.widgets.memory import HISTORY, MemoryPane
-from inspector.widgets.stats import Rate, StatsPane, figures, header_line
-from inspector.widgets.timeline import timeline
+from inspector.widgets.memory import MemoryPane
+from inspector.widgets.stats import StatsPane
 from inspector.widgets.tree_view import Folding, TreeView
 from radixcache.wire.mirror import MirrorNode
 
@@ -55,30 +51,6 @@ EVICTED_SHOW_S = 2.0
 WINDOW_MARGIN = 2  # screens of tree rows copied above and below the visible ones
 PANES = ("tree", "blocks", "memory", "lru", "events", "stats")
 SHORT, NARROW = 30, 100  # below these many rows / columns the compact layout is used
-
-
-class Panes(NamedTuple):
-    """The widgets the frame updates, found once at mount."""
-
-    tree: TreeView
-    blocks: BlockMap
-    memory: MemoryPane
-    lru: LruPane
-    events: EventLog
-    stats: StatsPane
-    header: Static
-    fault: Static
-    timeline: Static
-    message: Static
-    command: CommandLine
-
-
-class Outside(NamedTuple):
-    """What a frame shows besides the mirror, read before the feed's lock is taken."""
-
-    wall: float
-    status: SourceStatus
-    position: ReplayPosition | None
 
 
 class FrameCheck(Protocol):
@@ -128,13 +100,10 @@ class InspectorApp(App[None]):
         self.source = source
         self.feed = Feed()
         self.builder = Builder()
-        self.view: Frame = EMPTY
         self.check = check
         self.frame_interval = frame_interval
         self.frame_ms: deque[float] = deque(maxlen=10_000)
-        self.rate = Rate()
-        self.req_per_s = 0.0
-        self.commands = CommandReplies(self)
+        self.commands = CommandReplies(self, source, self.action_help)
         self.tree_width = 50
         self._layout_due = True
         self._pending: tuple[list[Row] | None, list[tuple[MirrorNode, int]]] | None = None
@@ -143,9 +112,6 @@ class InspectorApp(App[None]):
         self._next_big = 0.0
         self._big_cost = 0.0
         self._selected: int | None = None
-        self._words_in = False
-        self._legend: list[tuple[str, str]] = []
-        self._header = ""
 
     @property
     def messages(self) -> list[str]:
@@ -183,6 +149,7 @@ class InspectorApp(App[None]):
         self._panes = Panes(q(TreeView), q(BlockMap), q(MemoryPane), q(LruPane), q(EventLog),
                             q(StatsPane), q("#header", Static), q("#fault", Static),
                             q("#timeline", Static), q("#message", Static), q(CommandLine))
+        self.painter = Painter(self._panes, self.commands, self.flash_s)
         self.tree_pane.vocab = self.source.vocabulary()
         self.tree_pane.border_title = "tree"
         self.blocks.border_title = "block map"
@@ -253,10 +220,10 @@ class InspectorApp(App[None]):
                         self.evicted_s)
             frame = self.builder.build(self.feed, d, want)
             if check is not None:
-                self._show(frame, d, Outside(wall, status, position))
+                self._paint(frame, d, Outside(wall, self.size.width, status, position))
                 check.check(self)
         if check is None:
-            self._show(frame, d, Outside(wall, status, position))
+            self._paint(frame, d, Outside(wall, self.size.width, status, position))
         self._start_background(wall)
         if not d.empty:
             self.frame_ms.append((time.perf_counter() - t0) * 1000)
@@ -272,69 +239,19 @@ class InspectorApp(App[None]):
                 self.tree_pane.set_rows(flatten(self.feed.mirror, self.tree_pane.collapsed))
                 self._layout_due = False
 
-    def _show(self, frame: Frame, d: Delta, out: Outside) -> None:
-        """Every pane takes ``frame``; the log and the memory history take the delta. A frame
-        equal to the one on screen with nothing new in the delta costs nothing."""
-        p = self._panes
-        if d.empty and frame == self.view and not p.tree.flashes:
-            self.view = frame
-            return
-        self.view = frame
-        wall = out.wall
-        if d.flashes:
-            p.tree.flash(d.flashes, wall, self.flash_s)
-        p.tree.expire_flashes(wall)
-        self._words_arrived()
-        p.tree.show(frame)
-        if d.structure or d.rebuild or d.flashes:
-            p.tree.refresh()
-        p.tree.border_title = f"tree ({frame.node_count:,} nodes, {len(p.tree.rows):,} rows)"
-        p.tree.border_subtitle = frame.selection.footer() if frame.selection else ""
-        p.blocks.show(frame)
-        p.blocks.border_title = f"block map {frame.used_blocks:,}/{frame.num_blocks:,}"
-        legend = p.blocks.legend()
-        if legend != self._legend:
-            self._legend = legend
-            p.blocks.border_subtitle = Text.assemble(
-                *[(f"{t}  ", p.blocks.styled(c)) for t, c in legend])
-        if d.log:
-            p.events.refresh()
-        for err in d.errors:
-            self.commands.say(f"[out of sync] {err}", error=True)
-        if self.builder.note:
-            self.commands.say(self.builder.note)
-        if self.builder.selected_id != self._selected:
-            self._selected = self.builder.selected_id
-        if d.watermarks:  # each sample, so the sparkline does not depend on the frame rate
-            note = out.status.memory_note
-            for sample in d.watermarks[-HISTORY:]:
-                p.memory.push(sample, note)
-        p.memory.show(frame)
-        p.lru.show(frame)
-        self._figures(frame, out)
+    def _paint(self, frame: Frame, d: Delta, out: Outside) -> None:
+        self.painter.show(frame, d, out, self.builder.note)
+        self._selected = self.builder.selected_id  # it follows merges, or was cleared
 
-    def _words_arrived(self) -> None:
-        """Once the dataset's words are in, previews drawn with ids are drawn again."""
-        vocab = self.tree_pane.vocab
-        if not self._words_in and isinstance(vocab, DatasetWords) and vocab.ready.is_set():
-            self._words_in = True
-            self.tree_pane.forget_previews()
+    @property
+    def view(self) -> Frame:
+        """The frame on screen."""
+        return self.painter.view
 
-    def _figures(self, frame: Frame, out: Outside) -> None:
-        p = self._panes
-        self.req_per_s = self.rate.add(frame.now, figures(frame).requests)
-        if out.position is not None:
-            p.timeline.update(timeline(out.position, self.size.width))
-        header = header_line(out.status, frame, self.req_per_s, out.wall, self.size.width)
-        if header.plain != self._header:
-            self._header = header.plain
-            p.header.update(header)
-        p.stats.show(frame, self.req_per_s)
-        fault = frame.fault
-        p.fault.display = fault is not None
-        if fault is not None:
-            p.fault.update(f" ✗ the engine's {fault.thread} thread died: {fault.error} "
-                           "— it no longer serves; its log has the traceback")
+    @property
+    def req_per_s(self) -> float:
+        """Requests per second, as the header shows."""
+        return self.painter.req_per_s
 
     # -- big trees: layout in a worker -----------------------------------------------------
     def _start_background(self, wall: float) -> None:

@@ -10,25 +10,26 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
 
 from rich.text import Text
+from textual.app import App
 from textual.widgets import Static
 
+from inspector.sources import Source
 from inspector.widgets.command_line import CommandLine, Parsed, parse
 from inspector.widgets.event_log import KINDS, NOISY, EventLog
 from radixcache.wire import commands as cmd
-
-if TYPE_CHECKING:
-    from inspector.app import InspectorApp
 
 
 class CommandReplies:
     """Messages and replies of one app; ``command_ms`` the time from enter to reply."""
 
-    def __init__(self, app: InspectorApp) -> None:
+    def __init__(self, app: App[None], source: Source, show_help: Callable[[], None]) -> None:
         self.app = app
+        self.source = source
+        self.show_help = show_help
         self.messages: list[str] = []
         self.replies: list[object] = []
         self.command_ms: deque[float] = deque(maxlen=10_000)
@@ -53,7 +54,7 @@ class CommandReplies:
 
     def _send(self, line: str, parsed: Parsed, t0: float) -> None:
         assert parsed.command is not None
-        reply = self.app.source.send(parsed.command)
+        reply = self.source.send(parsed.command)
         self.app.call_from_thread(self._replied, line, parsed, reply, t0)
 
     def _replied(self, line: str, parsed: Parsed, reply: cmd.AnyReply, t0: float) -> None:
@@ -73,7 +74,7 @@ class CommandReplies:
     def _local(self, words: tuple[str, ...]) -> None:
         head, rest = words[0], words[1:]
         if head == "help":
-            self.app.action_help()
+            self.show_help()
         elif head == "quit":
             self.app.exit()
         else:

@@ -31,6 +31,7 @@ KEYS: tuple[Key, ...] = (
         "show / hide tree, block map, memory, LRU, events, stats"),
     Key("`ctrl+←` `ctrl+→`", ("ctrl+left", "ctrl+right"), "narrow / widen the tree pane"),
     Key("`z`", ("z",), "block map: whole pool at a glance / one cell per block"),
+    Key("`w`", ("w",), "what-if: the hit-rate curve of the replay so far"),
     Key("`p`", ("p",), "replay: play / pause"),
     Key("`.` `,`", ("full_stop", "comma"), "replay: step forward / back one batch"),
     Key("`>` `<`", ("greater_than_sign", "less_than_sign"), "replay: next / previous keyframe"),

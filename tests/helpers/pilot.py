@@ -71,7 +71,8 @@ class ManualSource:
     def start(self, feed: Feed) -> None:
         """An empty tree of ``num_blocks`` blocks."""
         self.feed = feed
-        feed.load(ev.Snapshot(16, self.num_blocks, [], 0, 1, [], 0.92, 0.85), 0, T0)
+        root = ev.NodeState(0, -1, 0, b"", [], 0, 0)
+        feed.load(ev.Snapshot(16, self.num_blocks, [root], 0, 1, [], 0.92, 0.85), 0, T0)
 
     def push(self, events: Sequence[ev.AnyEvent]) -> None:
         """Deliver one batch."""
