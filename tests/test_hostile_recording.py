@@ -40,9 +40,11 @@ def test_record_from_a_flooding_engine_reads_back_with_equal_digests(tmp_path):
     with serving(source) as pub:
         stop = threading.Event()
         driver = threading.Thread(target=flood, args=(source, stop), daemon=True)
-        driver.start()
+        drive(source, prompts(20, seed=4), per_step=2)  # the recorder joins a non-empty tree
         rec = LiveRecorder(pub.endpoints, out, keyframe_every=500).start()
         try:
+            assert rec.subscriber.wait_synced(30)
+            driver.start()  # the flood runs while the recorder follows it
             driver.join(120)  # a bounded flood: it ends by itself
             assert not driver.is_alive()
             assert wait_for(lambda: rec.subscriber.seq == pub.seq, 60)
