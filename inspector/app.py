@@ -22,6 +22,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer, Input, Static
 
 from inspector.commands import CommandReplies
@@ -99,6 +100,9 @@ class InspectorApp(App[None]):
         self.flash_s, self.evicted_s = flash_s, evicted_s
         self.source = source
         self.feed = Feed()
+        # set before mount: a source whose start raises (a crafted recording) unmounts the
+        # app at once, and on_unmount must not hide the real error behind a missing attribute
+        self._frame_timers: list[Timer] = []
         self.builder = Builder()
         self.check = check
         self.frame_interval = frame_interval
