@@ -16,7 +16,9 @@ connecting. A client without the right keys completes no handshake: it receives 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -140,8 +142,7 @@ class CurveServer:
         self.keys = ServerKeys(*_load(files.server_secret, secret=True))
         if not files.client_public.exists():
             raise CurveError(f"no client public key {files.client_public}")
-        self._auth = ThreadAuthenticator(zmq.Context.instance())
-        self._auth.start()
+        self._auth = _start_authenticator()
         self._auth.configure_curve(domain="*", location=str(directory))
 
     def close(self) -> None:
@@ -149,3 +150,21 @@ class CurveServer:
         handshake afterwards."""
         if self._auth.is_alive():
             self._auth.stop()
+
+
+def _start_authenticator(attempts: int = 100) -> ThreadAuthenticator:
+    """A started ZAP authenticator on the process's context. Its handler binds
+    ``inproc://zeromq.zap.01``, which a just-stopped authenticator may still hold for a moment
+    (ZeroMQ closes sockets asynchronously): retried for up to a second on EADDRINUSE."""
+    for attempt in range(attempts):
+        auth = ThreadAuthenticator(zmq.Context.instance())
+        try:
+            auth.start()
+            return auth
+        except zmq.ZMQError as exc:
+            with contextlib.suppress(Exception):
+                auth.stop()
+            if exc.errno != zmq.EADDRINUSE or attempt == attempts - 1:
+                raise
+            time.sleep(0.01)
+    raise AssertionError("unreachable")
