@@ -146,9 +146,10 @@ def bench_tui(
     Example: radixcache bench tui --nodes 100000 --json
     """
     from inspector.bench import run_bench
+    from radixcache.serving.driver import TreeDriver
 
     if as_json:
-        result = run_bench(nodes, seconds)
+        result = run_bench(TreeDriver(nodes * 2 + 4096), nodes, seconds)
         print(json.dumps(result._asdict()))
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}"),
@@ -159,7 +160,7 @@ def bench_tui(
         def step(name: str) -> None:
             progress.update(phase, description=name, advance=0 if name == "scrolling" else 1)
 
-        result = run_bench(nodes, seconds,
+        result = run_bench(TreeDriver(nodes * 2 + 4096), nodes, seconds,
                            progress=lambda done, _: progress.update(build, completed=done),
                            step=step)
         progress.update(phase, completed=3)

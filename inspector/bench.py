@@ -16,7 +16,6 @@ violations (``inspector.fidelity``) over at least ``FIDELITY_FRAMES`` checked fr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import queue
 import statistics
@@ -24,9 +23,10 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
+import numpy.typing as npt
 from textual import events
 
 from inspector.app import InspectorApp
@@ -35,9 +35,6 @@ from inspector.fidelity import Fidelity
 from inspector.layout import TokenText
 from inspector.sources import ConnState, SourceStatus
 from radixcache.core import events as ev
-from radixcache.core.pool import KVPool
-from radixcache.core.tree import RadixTree, TreeError
-from radixcache.serving.driver import serve_request
 from radixcache.traffic.workloads import Vocabulary
 from radixcache.wire import commands as cmd
 
@@ -68,23 +65,57 @@ class TuiBench(NamedTuple):
     resync_growth_mb: float
 
 
-def build_tree(nodes: int, progress: Progress | None = None) -> RadixTree:
-    """A tree of at least ``nodes`` nodes from seeded random sequences (seed 0)."""
-    tree = RadixTree(KVPool(nodes * 2 + 4096, 16))
+class DrivenCache(Protocol):
+    """What the bench needs of the model-free cache the CLI hands it (``TreeDriver``): the
+    inspector never builds a tree itself."""
+
+    def serve_now(self, tokens: npt.NDArray[np.uint32]) -> None:
+        """Serve one sequence at once."""
+        ...
+
+    def take_events(self) -> list[ev.AnyEvent]:
+        """Events since the last call."""
+        ...
+
+    def snapshot(self) -> ev.Snapshot:
+        """The whole state."""
+        ...
+
+    def watermark(self) -> ev.Watermark:
+        """A memory sample."""
+        ...
+
+    def evict(self, tokens: int) -> EvictedLike:
+        """Evict LRU leaves."""
+        ...
+
+    def __len__(self) -> int:
+        """Nodes."""
+        ...
+
+
+class EvictedLike(Protocol):
+    """What an eviction reports."""
+
+    nodes: int
+    tokens: int
+
+
+def build_tree(cache: DrivenCache, nodes: int, progress: Progress | None = None) -> None:
+    """Grow ``cache`` to at least ``nodes`` nodes from seeded random sequences (seed 0)."""
     rng = np.random.default_rng(0)
-    while len(tree) < nodes:
+    while len(cache) < nodes:
         for _ in range(512):
-            serve_request(tree, rng.integers(0, 64, int(rng.integers(3, 9)), dtype=np.uint32))
-        tree.take_events()
+            cache.serve_now(rng.integers(0, 64, int(rng.integers(3, 9)), dtype=np.uint32))
+        cache.take_events()
         if progress is not None:
-            progress(min(len(tree), nodes), nodes)
-    return tree
+            progress(min(len(cache), nodes), nodes)
 
 
 class BenchSource:
     """A ``Source`` streaming Access floods and, while ``changing`` is set, new nodes."""
 
-    def __init__(self, tree: RadixTree, *, events_per_s: int = 50_000,
+    def __init__(self, tree: DrivenCache, *, events_per_s: int = 50_000,
                  requests_per_batch: int = 4, interval: float = 0.01) -> None:
         self.tree = tree
         self.events_per_s = events_per_s
@@ -119,17 +150,14 @@ class BenchSource:
                 for _ in range(self.requests_per_batch):
                     tokens = self._rng.integers(0, 64, int(self._rng.integers(3, 12)),
                                                 dtype=np.uint32)
-                    with contextlib.suppress(TreeError):
-                        serve_request(self.tree, tokens)
+                    self.tree.serve_now(tokens)  # a prompt that does not fit is refused
                 events.extend(self.tree.take_events())
             for _ in range(max(0, owed - len(events))):  # keep up with the target rate
                 events.append(ev.Access(0, clock))
                 clock += 1
             if t0 - last_wm >= 0.1:
                 last_wm = t0
-                a = self.tree.alloc
-                events.append(ev.Watermark(a.used_count, a.num_blocks, self.tree.high,
-                                           self.tree.low, None, None))
+                events.append(self.tree.watermark())
             self._feed.apply(ev.Batch(seq, 1, time.time(), "bench", events))
             self.streamed += len(events)
             seq += 1
@@ -261,7 +289,7 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
-def resync_growth(tree: RadixTree, times: int = 10) -> float:
+def resync_growth(tree: DrivenCache, times: int = 10) -> float:
     """MB the process grew over the last ``times - 5`` of ``times`` resyncs of a mirror to
     ``tree``'s snapshot, each followed by ``gc.freeze()`` as the app does after a big layout
     (0 when a dropped tree is freed; a frozen cycle would keep each one)."""
@@ -275,12 +303,12 @@ def resync_growth(tree: RadixTree, times: int = 10) -> float:
     return round(_rss_mb() - base, 1)
 
 
-def run_bench(nodes: int = 100_000, seconds: float = 3.0, *,
+def run_bench(tree: DrivenCache, nodes: int = 100_000, seconds: float = 3.0, *,
               progress: Progress | None = None,
               step: Callable[[str], None] | None = None) -> TuiBench:
-    """Build the tree, run the phases (``seconds`` each; fidelity until 100 frames are
-    checked), return the figures."""
-    tree = build_tree(nodes, progress)
+    """Grow ``tree`` (a fresh model-free cache from the CLI) to ``nodes`` nodes, run the
+    phases (``seconds`` each; fidelity until 100 frames are checked), return the figures."""
+    build_tree(tree, nodes, progress)
     gc.freeze()  # the engine's tree lives in another process in real use, not in the UI's heap
     src = BenchSource(tree)
     check = Fidelity(every=1 << 30)  # off until the fidelity phase

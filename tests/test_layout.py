@@ -92,6 +92,31 @@ def test_tree_and_invariants_do_not_import_each_other() -> None:
     assert "radixcache.core.tree" not in _imports(known["radixcache.core.invariants"], known)
 
 
+def test_the_arrows_go_one_way() -> None:
+    """cli -> inspector -> radixcache; inside radixcache tools/analysis -> serving -> wire ->
+    core; and the inspector never imports the tree, the pool or the engine (it drives a
+    service or follows a stream)."""
+    known = _modules()
+    rank = {"core": 0, "traffic": 1, "wire": 1, "serving": 2, "analysis": 3, "tools": 3}
+    wrong = []
+    for name, path in known.items():
+        parts = name.split(".")
+        for dep in _imports(path, known):
+            dparts = dep.split(".")
+            if parts[0] == "radixcache" and dparts[0] in ("inspector", "cli"):
+                wrong.append(f"{name} -> {dep}")
+            elif parts[0] == "inspector" and dparts[0] == "cli":
+                wrong.append(f"{name} -> {dep}")
+            elif parts[0] == "inspector" and dep in ("radixcache.core.tree",
+                                                     "radixcache.core.pool",
+                                                     "radixcache.serving.engine"):
+                wrong.append(f"{name} -> {dep}")
+            elif (parts[0] == dparts[0] == "radixcache" and len(parts) > 2 and len(dparts) > 2
+                  and rank.get(parts[1], 9) < rank.get(dparts[1], 9)):
+                wrong.append(f"{name} -> {dep}")
+    assert wrong == []
+
+
 def test_no_module_over_400_lines() -> None:
     sizes = {
         str(p.relative_to(ROOT)): len(p.read_text().splitlines())

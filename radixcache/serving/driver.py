@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from radixcache.core import events as ev
 from radixcache.core.pool import KVPool, PoolExhausted
+from radixcache.core.tokens import TokenArray
 from radixcache.core.tree import EvictResult, PromptTooLarge, RadixTree
 from radixcache.serving.memory import MemorySource
 from radixcache.serving.service import MAX_WAITING, Figures, QueueFull, Submitted
@@ -161,6 +162,16 @@ class TreeDriver:
     def close(self) -> None:
         """Release the memory source."""
         self._memory.close()
+
+    def serve_now(self, tokens: TokenArray) -> None:
+        """Serve one sequence at once, outside the queue and with no output (a benchmark
+        driving the tree request by request); counted like a queued request."""
+        self._counts.submitted += 1
+        self._serve(WorkloadRequest(tokens, 0, np.zeros(0, np.uint32), "direct", None))
+
+    def __len__(self) -> int:
+        """Nodes in the tree, the root excluded."""
+        return len(self.tree)
 
     # -- one request -------------------------------------------------------------------------
     def _serve(self, request: WorkloadRequest) -> None:
