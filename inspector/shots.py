@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -41,30 +40,6 @@ from radixcache.wire import commands as cmd
 SIZE = (160, 48)
 Check = Callable[[], bool]
 Log = Callable[[str], None]
-
-
-def free_ports(count: int) -> int:
-    """A port P such that P .. P + count - 1 are free on 127.0.0.1 right now (an engine binds
-    events on P, snapshot/replay on P + 1, commands on P + 2, vLLM KV events on P + 3, P + 4)."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count > 65535:
-            continue
-        try:
-            held = []
-            for port in range(base, base + count):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-        return base
-    raise OSError(f"no {count} consecutive free ports on 127.0.0.1")
 
 
 def svg_to_png(svg: str, png: Path) -> None:

@@ -92,29 +92,40 @@ def test_tree_and_invariants_do_not_import_each_other() -> None:
     assert "radixcache.core.tree" not in _imports(known["radixcache.core.invariants"], known)
 
 
+RANK = {"core": 0, "traffic": 1, "wire": 1, "serving": 2, "analysis": 3, "tools": 3}
+FORBIDDEN_FOR_INSPECTOR = ("radixcache.core.tree", "radixcache.core.pool",
+                           "radixcache.serving.engine")
+
+
+def _wrong_way(name: str, dep: str) -> bool:
+    """True when ``name`` importing ``dep`` runs against the arrows."""
+    top, dtop = name.split(".")[0], dep.split(".")[0]
+    if top == "radixcache":
+        if dtop != "radixcache":
+            return True  # the library never imports the inspector or the CLI
+        room, droom = name.split(".")[1:2], dep.split(".")[1:2]
+        return bool(room and droom) and RANK.get(room[0], 9) < RANK.get(droom[0], 9)
+    if top == "inspector":
+        return dtop == "cli" or dep in FORBIDDEN_FOR_INSPECTOR
+    return False
+
+
 def test_the_arrows_go_one_way() -> None:
     """cli -> inspector -> radixcache; inside radixcache tools/analysis -> serving -> wire ->
     core; and the inspector never imports the tree, the pool or the engine (it drives a
     service or follows a stream)."""
     known = _modules()
-    rank = {"core": 0, "traffic": 1, "wire": 1, "serving": 2, "analysis": 3, "tools": 3}
-    wrong = []
-    for name, path in known.items():
-        parts = name.split(".")
-        for dep in _imports(path, known):
-            dparts = dep.split(".")
-            if parts[0] == "radixcache" and dparts[0] in ("inspector", "cli"):
-                wrong.append(f"{name} -> {dep}")
-            elif parts[0] == "inspector" and dparts[0] == "cli":
-                wrong.append(f"{name} -> {dep}")
-            elif parts[0] == "inspector" and dep in ("radixcache.core.tree",
-                                                     "radixcache.core.pool",
-                                                     "radixcache.serving.engine"):
-                wrong.append(f"{name} -> {dep}")
-            elif (parts[0] == dparts[0] == "radixcache" and len(parts) > 2 and len(dparts) > 2
-                  and rank.get(parts[1], 9) < rank.get(dparts[1], 9)):
-                wrong.append(f"{name} -> {dep}")
+    wrong = [f"{name} -> {dep}" for name, path in known.items()
+             for dep in sorted(_imports(path, known)) if _wrong_way(name, dep)]
     assert wrong == []
+
+
+def test_the_arrow_check_catches_a_wrong_import() -> None:
+    assert _wrong_way("radixcache.core.tree", "radixcache.serving.engine")
+    assert _wrong_way("radixcache.wire.mirror", "inspector.app")
+    assert _wrong_way("inspector.app", "radixcache.core.tree")
+    assert not _wrong_way("radixcache.serving.engine", "radixcache.core.tree")
+    assert not _wrong_way("cli.main", "radixcache.core.tree")
 
 
 def test_no_module_over_400_lines() -> None:

@@ -23,7 +23,7 @@ from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
 from radixcache.serving.service import CacheService
 from radixcache.traffic.workloads import Workload
 from radixcache.wire import commands as cmd
-from radixcache.wire.endpoints import BindPolicy, Endpoints
+from radixcache.wire.endpoints import BindPolicy, Endpoints, free_ports
 from radixcache.wire.kvevents.pubsub import KVEventPublisher
 from radixcache.wire.kvevents.translate import KVTranslator
 from radixcache.wire.publisher import Publisher, SnapshotAt
@@ -149,9 +149,12 @@ def tiny_engine_server(blocks: int, *, kv_events: bool = False) -> Server:
 
     engine = Engine(EngineConfig(num_blocks=blocks, model=tiny_model(),
                                  answers=Answers.PREFILL))
-    kv = ("tcp://127.0.0.1:*", "tcp://127.0.0.1:*") if kv_events else None
+    # consecutive ports (events P, snapshot P+1, commands P+2, KV P+3/P+4), so a client that
+    # knows only the event endpoint finds the others, as with ``serve --port P``
+    port = free_ports(5)
+    kv = (f"tcp://127.0.0.1:{port + 3}", f"tcp://127.0.0.1:{port + 4}") if kv_events else None
     config = ServerConfig(block_size=engine.config.block_size, num_blocks=blocks)
-    return Server(engine, Endpoints.tcp("127.0.0.1", 0), config, kv_endpoints=kv)
+    return Server(engine, Endpoints.tcp("127.0.0.1", port), config, kv_endpoints=kv)
 
 
 def record_file(path: Path, workload: Workload, *, model: bool, blocks: int = 2048,

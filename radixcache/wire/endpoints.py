@@ -12,6 +12,7 @@ import enum
 import gc
 import os
 import random
+import socket
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -189,3 +190,26 @@ def split_request(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
         return frames[:2], frames[2:]
     return frames[:1], frames[1:]
 
+
+def free_ports(count: int) -> int:
+    """A port P such that P .. P + count - 1 are free on 127.0.0.1 right now (an engine binds
+    events on P, snapshot/replay on P + 1, commands on P + 2, vLLM KV events on P + 3, P + 4)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = int(probe.getsockname()[1])
+        if base + count > 65535:
+            continue
+        try:
+            held = []
+            for port in range(base, base + count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+        return base
+    raise EndpointError(f"no {count} consecutive free ports on 127.0.0.1")
