@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.tree import Tree
 
 from cli.app import CliError, app
-from cli.cmd_stream import CURVE_HELP, AnswerMode, ModelSize, _engine_config, _sized_workload
+from cli.options import CURVE_HELP, AnswerMode, ModelSize, engine_config, sized_workload
 from inspector.sources import DatasetWords
 from radixcache.traffic.workloads import Vocabulary, WorkloadError
 from radixcache.wire.endpoints import Endpoints
@@ -87,12 +87,12 @@ def record(
     from radixcache.serving.server import record_service
 
     try:
-        w = _sized_workload(workload, workload_args, requests)
+        w = sized_workload(workload, workload_args, requests)
     except WorkloadError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workload") from None
     n = min(requests, len(w.requests))
     w = dataclasses.replace(w, requests=w.requests[:n])
-    engine = Engine(_engine_config(model, blocks, device, threads, Answers(answers.value)))
+    engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value)))
     header: dict[str, str | int | float] = {
         "num_blocks": blocks, "block_size": 16, "model": model.value, "answers": answers.value,
         "workload": f"{workload} {workload_args}".strip(), "requests": n,

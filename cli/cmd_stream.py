@@ -1,11 +1,8 @@
-"""`radixcache serve | keys` and `radixcache bench events` (record, tree, export: see
-cmd_recordings)."""
+"""`radixcache serve | keys` (record, tree, export: cmd_recordings; bench events:
+cmd_bench_events)."""
 
 from __future__ import annotations
 
-import enum
-import json
-import shlex
 import signal
 import threading
 import warnings
@@ -15,36 +12,18 @@ from typing import TYPE_CHECKING
 import typer
 import zmq
 from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
 
-from cli.app import RUN, app, bench_app
-from radixcache.traffic.workloads import WORKLOADS, Workload, build_workload
+from cli.app import RUN, app
+from cli.options import CURVE_HELP, AnswerMode, ModelSize, engine_config
 from radixcache.wire.endpoints import BindPolicy, EndpointError, Endpoints
-from radixcache.wire.security import ClientCurve, CurveError, create_keys
+from radixcache.wire.security import CurveError, create_keys
 
 if TYPE_CHECKING:  # these import torch (seconds): the commands import them when they run
-    from radixcache.serving.engine import Answers, Engine, EngineConfig
+    from radixcache.serving.engine import Engine
     from radixcache.serving.server import Server, ServerConfig
-    from radixcache.tools.bench_events import BenchResult
 
 console = Console()
 err_console = Console(stderr=True)
-
-
-CURVE_HELP = ("A key directory from `radixcache keys DIR`: CURVE-encrypt and authenticate "
-              "(for non-loopback use).")
-
-
-def _client_curve(directory: Path | None) -> ClientCurve | None:
-    """The client keys of ``directory`` (None: plain); a clear error and exit 2 if unusable."""
-    if directory is None:
-        return None
-    try:
-        return ClientCurve.load(directory)
-    except CurveError as exc:
-        console.print(f"[red]{exc}[/]")
-        raise typer.Exit(2) from None
 
 
 @app.command(rich_help_panel=RUN)  # next to serve (cli/app.py PANELS does not list it)
@@ -68,33 +47,6 @@ def keys(
 
 def _endpoints(port: int, host: str, ipc: str | None) -> Endpoints:
     return Endpoints.ipc(ipc) if ipc else Endpoints.tcp(host, port)
-
-
-class ModelSize(enum.StrEnum):
-    """Which model the engine runs."""
-
-    TINY = "tiny"
-    DEFAULT = "default"
-
-
-class AnswerMode(enum.StrEnum):
-    """How forced answers are computed: the values of ``radixcache.serving.server.Answers`` (which
-    imports torch, so it is imported only when a command runs)."""
-
-    DECODE = "decode"
-    PREFILL = "prefill"
-
-
-def _engine_config(model: ModelSize, blocks: int, device: str | None,
-                   threads: int, answers: Answers) -> EngineConfig:
-    import torch
-
-    from radixcache.serving.engine import EngineConfig
-    from radixcache.serving.model import ModelConfig, tiny_model
-
-    torch.set_num_threads(threads)
-    mc = tiny_model() if model is ModelSize.TINY else ModelConfig()
-    return EngineConfig(num_blocks=blocks, model=mc, device=device, answers=answers)
 
 
 @app.command()
@@ -130,7 +82,7 @@ def serve(
     from radixcache.serving.loop import DEFAULT_PROGRAM, LoopConfig
     from radixcache.serving.server import ServerConfig
 
-    engine = Engine(_engine_config(model, blocks, device, threads, Answers(answers.value)))
+    engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value)))
     config = ServerConfig(LoopConfig(digest_every, program=DEFAULT_PROGRAM if loop else ()),
                           block_size=16, num_blocks=blocks)
     server = _bind(engine, config, _endpoints(port, endpoint_host, ipc), allow_remote,
@@ -202,104 +154,3 @@ def _serve_until_stopped(server: Server, device: str, workload: str | None, args
     if fault is not None:
         err_console.print(f"error: {fault.line()}", highlight=False)
         raise typer.Exit(1)
-
-
-_SIZE_PARAM = {"chat": "conversations", "system": "users", "flood": "requests"}
-
-
-def _sized_workload(name: str, args: str, requests: int) -> Workload:
-    """``name`` built from ``args``, or (no args) sized to hold at least ``requests``."""
-    if args or name not in _SIZE_PARAM:
-        return build_workload(name, shlex.split(args))
-    high = next(p.high for p in WORKLOADS[name].params if p.name == _SIZE_PARAM[name])
-    return build_workload(name, {_SIZE_PARAM[name]: min(requests, high)})
-
-
-@bench_app.command("events")
-def bench_events(
-    requests: int = typer.Option(20_000, help="Requests the tree driver runs."),
-    per_step: int = typer.Option(16, help="Requests per engine step (batch)."),
-    late_join_nodes: int = typer.Option(100_000, help="Tree size for the late-join test."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    drop: float = typer.Option(0.0, help="With --verify-every-batch: the fraction of batches "
-                                         "the subscriber drops (deterministic hash of the seq)."),
-    verify_every_batch: bool = typer.Option(False, help="Instead of the figures above: publish "
-                                            "until --min-events, drop --drop of the batches at "
-                                            "the subscriber, and compare the mirror digest with "
-                                            "the tree's after every applied batch."),
-    min_events: int = typer.Option(1_000_000, help="With --verify-every-batch: events to run."),
-    publishers: int = typer.Option(1, min=1, max=64, help="Instead of the figures above: N "
-                                   "engine streams followed by one process (fan-in)."),
-) -> None:
-    """Events/s from a tree driver to a mirror in another process, and what publishing costs.
-
-    Measures the stream, not the model: the driver runs chat requests (prompt + forced
-    answer) through the radix tree with no model (``TreeSource``), as fast as the tree goes.
-
-    Example: radixcache bench events --drop 0.01 --verify-every-batch --json"""
-    from radixcache.tools.bench_events import run_bench, verify_drops  # torch: imported here
-    from radixcache.tools.bench_hostile import hostile_rows, run_hostile
-
-    if publishers > 1:
-        _bench_fanin(publishers, as_json)
-        return
-    if verify_every_batch:
-        checked = verify_drops(min_events, drop, per_step)
-        if as_json:
-            typer.echo(json.dumps(checked._asdict()))
-        else:
-            console.print(checked)
-        if checked.batches_digest_equal != checked.batches_checked:
-            raise typer.Exit(1)
-        return
-    with Progress(console=console, disable=as_json, transient=True) as progress:
-        result = run_bench(requests, per_step, late_join_nodes, progress)
-        progress.add_task("hostile peer: a clean run, then a hostile one", total=None)
-        hostile = run_hostile()
-    if as_json:
-        typer.echo(json.dumps({**result._asdict(), "hostile": hostile._asdict()}))
-    else:
-        table = _bench_table(result)
-        for row in hostile_rows(hostile):
-            table.add_row(*row)
-        console.print(table)
-
-
-def _bench_table(r: BenchResult) -> Table:
-    t = Table(title="bench events")
-    t.add_column("figure")
-    t.add_column("value", justify="right")
-    rows = [
-        ("events", f"{r.events:,}"),
-        ("events/s engine -> mirror (other process)", f"{r.events_per_s:,.0f}"),
-        ("lost / recovered by replay", f"{r.lost} / {r.recovered}"),
-        ("digest equal at the end", str(r.digest_equal)),
-        ("publishing / tree-op time", f"{r.publish_overhead:.1%}"),
-        ("events on vs off (tree + publish)", f"{r.events_overhead:+.1%}"),
-        ("tree driver events/s", f"{r.driver_events_per_s:,.0f}"),
-        (f"late join of {r.late_join_nodes:,} nodes", f"{r.late_join_seconds:.3f} s"),
-    ]
-    for k, v in rows:
-        t.add_row(k, v)
-    return t
-
-
-def _bench_fanin(publishers: int, as_json: bool) -> None:
-    from radixcache.tools.bench_fanin import run_fanin
-
-    with Progress(console=console, disable=as_json, transient=True) as progress:
-        task = progress.add_task("fan-in", total=None)
-        r = run_fanin(publishers, progress=lambda what: progress.update(task, description=what))
-    if as_json:
-        typer.echo(json.dumps(r._asdict()))
-        return
-    t = Table(title=f"bench events: {publishers} streams into one process")
-    t.add_column("figure")
-    t.add_column("value", justify="right")
-    for k, v in (("events (all streams)", f"{r.events:,}"),
-                 ("events/s arriving in total", f"{r.events_per_s:,.0f}"),
-                 ("batches lost", str(r.lost)),
-                 ("mirrors with the engine's digest", f"{r.digests_equal} of {r.publishers}"),
-                 ("resyncs", str(r.resyncs)), ("seconds", f"{r.seconds:.2f}")):
-        t.add_row(k, v)
-    console.print(t)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
+import cli.cmd_bench_events
 import cli.cmd_bench_tree
 import cli.cmd_cluster
 import cli.cmd_demo

@@ -23,7 +23,7 @@ def test_cli_starts_without_importing_torch() -> None:
 
 def test_the_cli_answer_modes_are_the_servers() -> None:
     """``--answers`` is typed by a CLI-side enum (the server's imports torch): same values."""
-    from cli.cmd_stream import AnswerMode
+    from cli.options import AnswerMode
     from radixcache.serving.engine import Answers
 
     assert [m.value for m in AnswerMode] == [a.value for a in Answers] == ["decode", "prefill"]

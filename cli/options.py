@@ -1,0 +1,54 @@
+"""Options and helpers shared by the CLI's engine commands (`serve`, `record`)."""
+
+from __future__ import annotations
+
+import enum
+import shlex
+from typing import TYPE_CHECKING
+
+from radixcache.traffic.workloads import WORKLOADS, Workload, build_workload
+
+if TYPE_CHECKING:  # these import torch (seconds): imported when a command runs
+    from radixcache.serving.engine import Answers, EngineConfig
+
+CURVE_HELP = ("A key directory from `radixcache keys DIR`: CURVE-encrypt and authenticate "
+              "(for non-loopback use).")
+
+
+class ModelSize(enum.StrEnum):
+    """Which model the engine runs."""
+
+    TINY = "tiny"
+    DEFAULT = "default"
+
+
+class AnswerMode(enum.StrEnum):
+    """How forced answers are computed: the values of ``radixcache.serving.server.Answers`` (which
+    imports torch, so it is imported only when a command runs)."""
+
+    DECODE = "decode"
+    PREFILL = "prefill"
+
+
+def engine_config(model: ModelSize, blocks: int, device: str | None,
+                  threads: int, answers: Answers) -> EngineConfig:
+    """The engine's configuration for these options (sets torch's CPU threads)."""
+    import torch
+
+    from radixcache.serving.engine import EngineConfig
+    from radixcache.serving.model import ModelConfig, tiny_model
+
+    torch.set_num_threads(threads)
+    mc = tiny_model() if model is ModelSize.TINY else ModelConfig()
+    return EngineConfig(num_blocks=blocks, model=mc, device=device, answers=answers)
+
+
+_SIZE_PARAM = {"chat": "conversations", "system": "users", "flood": "requests"}
+
+
+def sized_workload(name: str, args: str, requests: int) -> Workload:
+    """``name`` built from ``args``, or (no args) sized to hold at least ``requests``."""
+    if args or name not in _SIZE_PARAM:
+        return build_workload(name, shlex.split(args))
+    high = next(p.high for p in WORKLOADS[name].params if p.name == _SIZE_PARAM[name])
+    return build_workload(name, {_SIZE_PARAM[name]: min(requests, high)})
