@@ -19,7 +19,7 @@ from inspector.frame import Cell
 from inspector.layout import block_ranges, flatten
 from inspector.live import LiveSource
 from inspector.replay import Recording, ReplaySource, load_recording
-from inspector.shots import free_ports, record_demo
+from inspector.shots import record_demo
 from inspector.sources import ConnState, SourceStatus
 from inspector.widgets.command_line import complete, parse
 from inspector.widgets.lru import LruPane, next_victims
@@ -28,6 +28,7 @@ from radixcache.serving.driver import TreeDriver
 from radixcache.serving.memory import MemorySource
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire import commands as cmd
+from radixcache.wire.endpoints import free_ports
 from radixcache.wire.mirror import Mirror
 from tests.helpers.local import LocalSource
 

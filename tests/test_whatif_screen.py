@@ -11,11 +11,12 @@ from textual.widgets import Static
 from inspector.app import InspectorApp
 from inspector.live import LiveSource
 from inspector.replay import ReplaySource, load_recording
-from inspector.shots import free_ports, record_demo
+from inspector.shots import record_demo
 from inspector.whatif_screen import NO_HISTORY, WhatIfScreen
 from radixcache.analysis.whatif import one_pass
 from radixcache.core import events as ev
 from radixcache.traffic.traces import read_recording, token_access
+from radixcache.wire.endpoints import free_ports
 
 SIZE = (150, 44)
 
