@@ -194,11 +194,18 @@ class _Crashing(demo_mod.EngineProcess):
                 "sys.exit(1)"]
 
 
-def test_an_engine_that_exits_early_is_a_one_line_error() -> None:
+def test_an_engine_that_exits_early_is_a_one_line_error_and_its_log_is_kept(
+        capsys: pytest.CaptureFixture[str]) -> None:
     with _Crashing(16) as engine, pytest.raises(DemoError) as info:
         engine.start().wait_ready(timeout_s=20)
     assert str(info.value) == "the engine exited before it answered: error: port in use"
     assert not Path(engine.dir).exists()
+    kept = engine.dir.parent / f"{engine.dir.name}-engine.log"
+    try:
+        assert kept.read_text() == "error: port in use\n"
+        assert capsys.readouterr().err == f"the engine exited with status 1; its log: {kept}\n"
+    finally:
+        kept.unlink(missing_ok=True)
 
 
 def test_demo_stops_its_engine_when_the_inspector_raises(
