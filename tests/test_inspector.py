@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine
 
 import pytest
 
@@ -31,18 +28,11 @@ from radixcache.wire import commands as cmd
 from radixcache.wire.endpoints import free_ports
 from radixcache.wire.mirror import Mirror
 from tests.helpers.local import LocalSource
+from tests.helpers.pilot import T0, NoNvml, sync, type_line, wait_until
 
-T0 = 1_700_000_000.0
 STATES_AFTER_EVICT = {"SELECTED": 16, "EVICTED": 41, "FREE": 967}
 SIZE = (150, 44)
 FRAME_S = 0.02  # tests wait on conditions, never on an idle screen
-
-
-class NoNvml:
-    """An NVML module whose init fails (so every machine renders the same memory pane)."""
-
-    def nvmlInit(self) -> None:
-        raise RuntimeError("no driver (test)")
 
 
 def local(recording: Recording | None = None) -> LocalSource:
@@ -50,37 +40,10 @@ def local(recording: Recording | None = None) -> LocalSource:
                        memory=MemorySource(nvml=NoNvml()))  # type: ignore[arg-type]
 
 
-async def wait_until(pilot, predicate: Callable[[], bool], timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    """Let the app run until ``predicate()`` holds (an AssertionError after ``timeout`` s)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await pilot.pause(0.01)
-
-
 async def settle(app: InspectorApp, pilot, source: EmbeddedSource, replies: int) -> None:  # type: ignore[no-untyped-def]
     """Wait for ``replies`` command replies, an idle source and every batch on screen."""
     await wait_until(pilot, lambda: len(app.replies) >= replies and source.idle()
                      and app.caught_up())
-
-
-async def type_line(pilot, line: str) -> None:  # type: ignore[no-untyped-def]
-    """Focus the command line with ``:``, put ``line`` in it, press enter (each pilot key
-    press waits for the screen to settle, so the line is set rather than typed key by key)."""
-    await pilot.press("escape", "colon")
-    pilot.app.query_one("#command").value = line
-    await pilot.press("enter")
-
-
-def sync(fn: Callable[..., Coroutine[None, None, None]]) -> Callable[..., None]:
-    """Run an async Pilot test with asyncio (no async pytest plugin is installed)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: object, **kwargs: object) -> None:
-        asyncio.run(fn(*args, **kwargs))
-
-    return wrapper
 
 
 # -- units ---------------------------------------------------------------------------------

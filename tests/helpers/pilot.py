@@ -14,6 +14,7 @@ from inspector.feed import Feed
 from inspector.layout import TokenText
 from inspector.sources import ConnState, Source, SourceStatus
 from radixcache.core import events as ev
+from radixcache.core import tokens as tk
 from radixcache.traffic.workloads import Vocabulary
 from radixcache.wire import commands as cmd
 
@@ -54,8 +55,8 @@ def sync(fn: Callable[..., Coroutine[None, None, None]]) -> Callable[..., None]:
 
 
 def tokens(*ids: int) -> bytes:
-    """Token ids as the wire carries them (uint32 little-endian)."""
-    return b"".join(i.to_bytes(4, "little") for i in ids)
+    """Token ids as the wire carries them (``core.tokens``: uint32 little-endian)."""
+    return tk.from_ids(ids)
 
 
 class ManualSource:
