@@ -15,7 +15,7 @@ import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from radixcache.analysis.stackdist import common_units
+from radixcache.core.tokens import common_units
 from radixcache.traffic.traces import Access
 
 

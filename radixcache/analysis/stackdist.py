@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from radixcache.core.tokens import common_units
 from radixcache.traffic.traces import Access
 
 
@@ -79,26 +80,6 @@ class _Node:
     key: bytes  # this node's units
     last: int  # the request that last touched every unit of it
     children: dict[bytes, _Node] = field(default_factory=dict)
-
-
-def common_units(seq: bytes, off: int, key: bytes, w: int) -> int:
-    """Whole units shared by ``seq[off:]`` and ``key`` (galloping + bisection over slice
-    compares, each a C memcmp: O(log k) compares for a k-unit run)."""
-    n = min(len(seq) - off, len(key)) // w
-    lo, step = 0, 1
-    while lo + step <= n and seq.startswith(key[lo * w : (lo + step) * w], off + lo * w):
-        lo += step
-        step *= 2
-    hi = min(n, lo + step)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if seq.startswith(key[lo * w : mid * w], off + lo * w):
-            lo = mid
-        else:
-            hi = mid
-    if hi == lo + 1 and seq.startswith(key[lo * w : hi * w], off + lo * w):
-        lo = hi
-    return lo
 
 
 class Curve(NamedTuple):

@@ -105,23 +105,22 @@ def _check_range(arr: npt.NDArray[np.integer], vocab_limit: int, what: str) -> N
                             f"max {hi}")
 
 
-def common_prefix(seq: bytes, pos: int, tokens: bytes) -> int:
-    """Tokens shared by ``seq[pos:]`` and ``tokens``: galloping then bisection over slice
-    comparisons, each one a C ``memcmp`` (O(log k) compares for a k-token common run)."""
-    W = TOKEN_BYTES
-    n = min(len(seq) // W - pos, len(tokens) // W)
-    off = pos * W
-    lo, step = 0, 1  # invariant: the first ``lo`` tokens match
-    while lo + step <= n and seq.startswith(tokens[lo * W : (lo + step) * W], off + lo * W):
+def common_units(seq: bytes, off: int, key: bytes, w: int = TOKEN_BYTES) -> int:
+    """Whole ``w``-byte units shared by ``seq[off:]`` and ``key`` (tokens when ``w`` is
+    ``TOKEN_BYTES``; the what-if analysis compares block hashes): galloping then bisection
+    over slice comparisons, each one a C ``memcmp`` (O(log k) compares for a k-unit run)."""
+    n = min(len(seq) - off, len(key)) // w
+    lo, step = 0, 1  # invariant: the first ``lo`` units match
+    while lo + step <= n and seq.startswith(key[lo * w : (lo + step) * w], off + lo * w):
         lo += step
         step *= 2
     hi = min(n, lo + step)  # the first mismatch lies in [lo, hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if seq.startswith(tokens[lo * W : mid * W], off + lo * W):
+        if seq.startswith(key[lo * w : mid * w], off + lo * w):
             lo = mid
         else:
             hi = mid
-    if lo < n and hi == lo + 1 and seq.startswith(tokens[lo * W : hi * W], off + lo * W):
+    if hi == lo + 1 and seq.startswith(key[lo * w : hi * w], off + lo * w):
         lo = hi
     return lo

@@ -46,9 +46,8 @@ from radixcache.core.nodes import TreeStats as TreeStats
 from radixcache.core.nodes import UnknownNode as UnknownNode
 from radixcache.core.snapshot import SnapshotMixin
 from radixcache.core.snapshot import structure_digest as structure_digest
-from radixcache.core.tokens import TOKEN_BYTES, U32, TokenSeq
+from radixcache.core.tokens import TOKEN_BYTES, U32, TokenSeq, common_units
 from radixcache.core.tokens import InvalidTokens as InvalidTokens
-from radixcache.core.tokens import common_prefix as _common_prefix
 from radixcache.core.tokens import unpack_token as _first
 
 if TYPE_CHECKING:
@@ -145,7 +144,7 @@ class RadixTree(LeaseMixin, SnapshotMixin):
             if seq.startswith(child.tokens, pos * TOKEN_BYTES):
                 pos = child.end
             else:
-                pos += _common_prefix(seq, pos, child.tokens)
+                pos += common_units(seq, pos * TOKEN_BYTES, child.tokens)
                 break
         return node, pos
 
@@ -170,7 +169,7 @@ class RadixTree(LeaseMixin, SnapshotMixin):
             if seq.startswith(child.tokens, pos * TOKEN_BYTES):
                 pos = child.end
             else:
-                pos += _common_prefix(seq, pos, child.tokens)
+                pos += common_units(seq, pos * TOKEN_BYTES, child.tokens)
                 break
         del table[(pos + B - 1) // B :]
         return node, pos, table
