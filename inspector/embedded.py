@@ -40,7 +40,6 @@ class EmbeddedSource:
         self._feed: Feed | None = None
         self._text = DatasetWords()
         self._started = clock()
-        self._note = ""  # why device memory is missing, from the last Watermark
         self._commands = 0  # in flight
         self._count_lock = threading.Lock()
 
@@ -66,9 +65,6 @@ class EmbeddedSource:
                 rec.keyframe(self.service.snapshot())
         assert self._feed is not None
         self._feed.apply(batch)
-        for e in batch.events:
-            if type(e) is ev.Watermark:
-                self._note = e.note or ""
 
     def stop(self) -> None:
         """Stop stepping and close the service (idempotent)."""
@@ -81,8 +77,12 @@ class EmbeddedSource:
         fault, if its thread died, as the detail."""
         loop = self.loop
         fault = loop.fault.line() if loop is not None and loop.fault is not None else ""
+        # why device memory is missing: the last Watermark the mirror applied (one attribute
+        # read of an immutable event, no feed lock: the app asks for status outside it)
+        wm = self._feed.mirror.watermark if self._feed is not None else None
+        note = (wm.note or "") if wm is not None else ""
         return SourceStatus(ConnState.LOCAL, "embedded", self._started, fault, not self.idle(),
-                            self._note)
+                            note)
 
     def send(self, command: cmd.AnyCommand) -> cmd.AnyReply:
         """Run ``command`` through the loop's handler (between two steps) and reply."""

@@ -22,7 +22,7 @@ from radixcache.core.pool import KVPool, PoolExhausted
 from radixcache.core.tokens import TokenArray
 from radixcache.core.tree import EvictResult, PromptTooLarge, RadixTree
 from radixcache.serving.memory import MemorySource
-from radixcache.serving.service import MAX_WAITING, Figures, QueueFull, Submitted
+from radixcache.serving.service import Figures, Submitted, check_room
 from radixcache.traffic.workloads import Vocabulary, Workload, WorkloadRequest
 
 
@@ -75,9 +75,7 @@ class TreeDriver:
         """Queue the workload's requests in order (a dependent request follows the one it
         waits for, so serving in order respects ``after``)."""
         n = len(workload.requests)
-        if len(self._waiting) + n > MAX_WAITING:
-            raise QueueFull(f"queue full: {len(self._waiting)} requests waiting, {n} more would "
-                            f"pass the limit of {MAX_WAITING}")
+        check_room(len(self._waiting), n)
         self._waiting.extend(workload.requests)
         self._counts.submitted += n
         return Submitted(n, self._paused)

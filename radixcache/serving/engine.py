@@ -60,7 +60,7 @@ from radixcache.serving.requests import WorkloadRun as WorkloadRun
 from radixcache.serving.requests import fold_answers as fold_answers
 from radixcache.serving.requests import percentiles as percentiles
 from radixcache.serving.scheduler import Scheduler
-from radixcache.serving.service import MAX_WAITING, QueueFull, Submitted
+from radixcache.serving.service import Submitted, check_room
 from radixcache.traffic.workloads import Workload, WorkloadRequest
 
 
@@ -262,9 +262,7 @@ class Engine(Scheduler):
         if self.config.answers is Answers.PREFILL:
             workload = fold_answers(workload)
         n = len(workload.requests)
-        if len(self._waiting) + n > MAX_WAITING:
-            raise QueueFull(f"queue full: {len(self._waiting)} requests waiting, {n} more would "
-                            f"pass the limit of {MAX_WAITING}")
+        check_room(len(self._waiting), n)
         self.run_workload(workload)
         return Submitted(n, self._paused)
 

@@ -35,6 +35,14 @@ class QueueFull(ServiceError):
     """Submitting would put more than ``MAX_WAITING`` requests in the waiting queue."""
 
 
+def check_room(waiting: int, more: int) -> None:
+    """Raise ``QueueFull`` when ``more`` requests on top of ``waiting`` would pass
+    ``MAX_WAITING`` (every ``submit_workload`` asks before queueing anything)."""
+    if waiting + more > MAX_WAITING:
+        raise QueueFull(f"queue full: {waiting} requests waiting, {more} more would pass the "
+                        f"limit of {MAX_WAITING}")
+
+
 class Submitted(NamedTuple):
     """What ``submit`` queued: ``requests`` of ``workload.name`` and whether the service is
     paused (the requests then wait for ``resume``)."""
@@ -120,11 +128,6 @@ class CacheService(Protocol):
         ...
 
 
-def submit_line(name: str, args: list[str]) -> Workload:
-    """The workload a ``start`` command names (raises ``WorkloadError`` with its usage)."""
-    return build_workload(name, args)
-
-
 def handle(service: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
     """Do one command on ``service`` and word its reply. The caller holds the loop's state lock
     (``ServiceLoop.command``). A refused command leaves the service unchanged."""
@@ -137,7 +140,7 @@ def handle(service: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
 def _handle(s: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
     match c:
         case cmd.StartWorkload():
-            w = submit_line(c.name, c.args)
+            w = build_workload(c.name, c.args)
             done = s.submit_workload(w)
             state = "queued (engine paused)" if done.paused else "submitted"
             return cmd.Ok(f"{c.name}: {done.requests} requests {state} ({w.source})",
