@@ -24,7 +24,8 @@ from rich.progress import Progress
 from radixcache.core import events as ev
 from radixcache.core.pool import KVPool
 from radixcache.core.tree import RadixTree
-from radixcache.serving.driver import serve_request
+from radixcache.serving.driver import TreeDriver, serve_request
+from radixcache.serving.loop import LoopConfig, ServiceLoop
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.mirror import Mirror
@@ -33,23 +34,35 @@ from radixcache.wire.subscriber import HashDrop, Subscriber
 
 
 class _Stream:
-    """A tree and the publisher of its events, stepped by the bench itself (the bench times
-    tree operations one by one, which a ``ServiceLoop`` would hide)."""
+    """A tree driver that the bench steps request by request (it times tree operations one by
+    one), published through the one ``ServiceLoop``: its state lock, digest cadence and
+    snapshots. It is the loop's sink, so it can keep each batch's events (``keep``) and count
+    them on the way to the publisher."""
 
-    def __init__(self, tree: RadixTree, *, ring: int = 4096, heartbeat_s: float = 0.5,
-                 hwm: int = 10_000) -> None:
-        self.tree = tree
-        self.lock = threading.Lock()
-        self.pub = Publisher(Endpoints.tcp("127.0.0.1", 0), self.snapshot_at, ring=ring,
-                             heartbeat_s=heartbeat_s, hwm=hwm)
+    def __init__(self, num_blocks: int, *, digest_every: int = 0, ring: int = 4096,
+                 heartbeat_s: float = 0.5, hwm: int = 10_000,
+                 keep: list[list[ev.AnyEvent]] | None = None) -> None:
+        self.driver = TreeDriver(num_blocks)
+        self.tree = self.driver.tree
+        self.keep, self.events = keep, 0
+        loops: list[ServiceLoop] = []
+        self.pub = Publisher(Endpoints.tcp("127.0.0.1", 0), lambda: loops[0].snapshot_at(),
+                             ring=ring, heartbeat_s=heartbeat_s, hwm=hwm)
+        self.loop = ServiceLoop(self.driver, self,
+                                LoopConfig(digest_every, sample_every_s=float("inf")))
+        loops.append(self.loop)
 
-    def snapshot_at(self) -> SnapshotAt:
-        """The tree's snapshot and the last seq it includes."""
-        with self.lock:
-            leftover = self.tree.take_events()
-            if leftover:
-                self.pub.publish(leftover)
-            return SnapshotAt(self.tree.snapshot(), self.pub.seq)
+    @property
+    def seq(self) -> int:
+        """The publisher's last seq (the loop's ``Sink``)."""
+        return self.pub.seq
+
+    def publish(self, events: list[ev.AnyEvent]) -> int:
+        """Keep (when asked) and count ``events``, then publish them."""
+        if self.keep is not None:
+            self.keep.append(events)
+        self.events += len(events)
+        return self.pub.publish(events)
 
 
 def _workload_prompts(name: str, requests: int) -> list[np.ndarray]:
@@ -132,10 +145,11 @@ def _phase_cost(prompts: list[np.ndarray], per_step: int, progress: Progress) ->
         list[float], _Stream, list[list[ev.AnyEvent]], ev.Snapshot]:
     """Same run, step by step: tree ops with events off, with events on, and publishing."""
     off = RadixTree(KVPool(4096, 16), record_events=False)
-    source = _Stream(RadixTree(KVPool(4096, 16)), ring=1 << 17)
+    kept: list[list[ev.AnyEvent]] = []
+    # a digest every 256 batches, as a served stream has
+    source = _Stream(4096, digest_every=256, ring=1 << 17, keep=kept)
     snap0 = source.tree.snapshot()
     pub = source.pub
-    kept: list[list[ev.AnyEvent]] = []
     times = [0.0, 0.0, 0.0]
     task = progress.add_task("engine: events off vs on", total=len(prompts))
     with pub:
@@ -143,14 +157,10 @@ def _phase_cost(prompts: list[np.ndarray], per_step: int, progress: Progress) ->
         for i in range(0, len(prompts), per_step):
             step = prompts[i:i + per_step]
             times[0] += _timed(off, step)
-            times[1] += _timed(source.tree, step)
-            t = time.perf_counter()
-            events = source.tree.take_events()
-            if len(kept) % 256 == 255:  # a digest now and then, as a served stream has
-                events.append(ev.Digest(source.tree.digest()))
-            pub.publish(events)
-            times[2] += time.perf_counter() - t
-            kept.append(events)
+            with source.loop.changing():
+                times[1] += _timed(source.tree, step)
+                t = time.perf_counter()
+            times[2] += time.perf_counter() - t  # the loop's flush: take, digest, publish
             progress.advance(task, len(step))
         _finish(child, pub.seq)
     return times, source, kept, snap0
@@ -183,7 +193,7 @@ def _phase_throughput(batches: list[list[ev.AnyEvent]], snap0: ev.Snapshot, dige
 
 
 def _big_tree(nodes: int, progress: Progress) -> _Stream:
-    source = _Stream(RadixTree(KVPool(nodes * 2 + 1024, 16)))
+    source = _Stream(nodes * 2 + 1024)
     rng = np.random.default_rng(0)
     task = progress.add_task(f"late join: building {nodes:,} nodes", total=nodes)
     tree = source.tree
@@ -265,7 +275,7 @@ def _catch_up(sub: Subscriber, source: _Stream, digests: dict[int, str]) -> None
         if sub.seq != last:
             last, since = sub.seq, time.monotonic()
         elif time.monotonic() - since > 0.2:
-            with source.lock:
+            with source.loop.lock:
                 digests[pub.seq + 1] = source.tree.digest()
                 pub.publish([])
             since = time.monotonic()
@@ -277,7 +287,7 @@ def verify_drops(min_events: int, drop: float, per_step: int = 16,
     recording the tree's digest for each batch's seq; a subscriber on 127.0.0.1 drops the
     batches ``HashDrop(drop)`` picks, recovers them (replay, or a snapshot when too old), and
     after every batch it applies compares its mirror's digest with the recorded one."""
-    source = _Stream(RadixTree(KVPool(4096, 16)), ring=ring, heartbeat_s=1e9,
+    source = _Stream(4096, ring=ring, heartbeat_s=1e9,
                      hwm=1 << 17)  # no heartbeats: every seq has a digest
     pub = source.pub
     digests: dict[int, str] = {}
@@ -290,26 +300,23 @@ def verify_drops(min_events: int, drop: float, per_step: int = 16,
 
     sub = Subscriber(pub.endpoints, Mirror(16, 4096), drop=hook, on_batch=on_batch)
     t0 = time.perf_counter()
-    events = 0
     with pub:
         sub.start()
         if not sub.wait_synced(10):
             raise RuntimeError("the subscriber did not sync")
         prompts = _chat_prompts()
-        while events < min_events:
+        while source.events < min_events:
             while pub.seq - sub.seq > ring // 2:  # keep the gaps replayable from the ring
                 time.sleep(0.001)
-            with source.lock:
+            with source.loop.changing():  # publishes what changed as batch pub.seq + 1
                 for tokens in itertools.islice(prompts, per_step):
                     serve_request(source.tree, tokens)
-                batch = source.tree.take_events()
                 digests[pub.seq + 1] = source.tree.digest()
-                pub.publish(batch)
-            events += len(batch)
         _catch_up(sub, source, digests)
         sub.stop()
     seconds = time.perf_counter() - t0
     st = sub.stats
+    events = source.events
     return DropCheck(events, pub.seq, counts.checked, counts.equal, st.dropped_by_hook,
                      counts.recovered, st.replayed_batches, st.gaps, st.snapshots,
                      round(seconds, 2), round(events / seconds))
