@@ -117,11 +117,14 @@ class ServiceLoop:
             events.append(ev.Digest(self.service.digest()))
         self.sink.publish(events)
 
+    def _sample(self) -> list[ev.AnyEvent]:
+        self._last_sample = self._clock()
+        return [self.service.watermark(), self.service.counters()]
+
     def _flush(self, *, sample: bool = False) -> None:
         events = self.service.take_events()
         if sample:
-            self._last_sample = self._clock()
-            events += [self.service.watermark(), self.service.counters()]
+            events += self._sample()
         if events:
             self._publish(events)
 
@@ -216,9 +219,9 @@ class ServiceLoop:
                 self.service.step()
                 self._flush(sample=self._sample_due(stepped=True))
             steps += 1
-        with self.lock:
-            events = [*self.service.take_events(), self.service.watermark(),
-                      self.service.counters(), ev.Digest(self.service.digest())]
+        with self.lock:  # the closing batch: exactly one Digest, whatever the cadence says
+            events = [*self.service.take_events(), *self._sample(),
+                      ev.Digest(self.service.digest())]
             self._batches += 1
             self.sink.publish(events)
         return steps
