@@ -68,7 +68,6 @@ class Server:
         self.config = config if config is not None else ServerConfig()
         self.service = service
         self.kv: KVEventPublisher | None = None
-        self._loop: ServiceLoop | None = None
         with secured(policy, curve_keys) as (policy, self.curve):
             self.publisher = Publisher(endpoints, self._snapshot_at, commands=self._command,
                                        ring=self.config.ring, policy=policy)
@@ -76,16 +75,14 @@ class Server:
                 translator = KVTranslator(self.config.block_size, self.config.num_blocks)
                 kv = self.kv = KVEventPublisher(*kv_endpoints, policy=policy)
                 self.publisher.tap = lambda events: kv.publish(translator.translate(events))
-        self.loop = self._loop = ServiceLoop(service, self.publisher, self.config.loop)
+        self.loop = ServiceLoop(service, self.publisher, self.config.loop)
 
     # the publisher is made before the loop (the loop publishes to it): these two bind late
     def _snapshot_at(self) -> SnapshotAt:
-        assert self._loop is not None
-        return self._loop.snapshot_at()
+        return self.loop.snapshot_at()
 
     def _command(self, c: cmd.AnyCommand) -> cmd.AnyReply:
-        assert self._loop is not None
-        return self._loop.command(c)
+        return self.loop.command(c)
 
     def start(self) -> Server:
         """Start publishing and stepping."""
