@@ -186,3 +186,25 @@ def test_reset_event_empties_the_mirror() -> None:
     assert m.digest() == tree.digest()
     assert list(m.nodes) == [0] and m.ref == [0] * 32 and m.request_blocks == set()
     assert (m.block_size, m.num_blocks) == (B, 32)
+
+
+def test_a_schema_2_stream_with_merge_dropped_minus_one_still_reads() -> None:
+    """Schema 3 made ``Merge.dropped`` nil for "no boundary block"; streams and recordings of
+    schema 2 wrote -1, and must rebuild the same tree."""
+    from radixcache.serving.driver import serve_request
+    from tests.helpers.stream import prompts
+
+    tree = RadixTree(KVPool(64, 16))
+    mirror = Mirror(16, 64)
+    mirror.load_snapshot(tree.snapshot())
+    merges = 0
+    for tokens in prompts(300, seed=0):
+        serve_request(tree, tokens)
+        events = tree.take_events()
+        old = [ev.Merge(e.parent, e.child, -1) if type(e) is ev.Merge and e.dropped is None
+               else e for e in events]
+        merges += sum(type(e) is ev.Merge and e.dropped == -1 for e in old)
+        raw = ev.encode_batch(ev.Batch(1, 1, 0.0, "schema-2", old))
+        mirror.apply_batch(ev.decode_batch(raw))
+    assert merges > 0
+    assert mirror.digest() == tree.digest()
