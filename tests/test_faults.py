@@ -80,6 +80,21 @@ def _engine_snapshot(endpoints: Endpoints) -> tuple[int, str]:
     return int.from_bytes(seq, "big"), m.digest()
 
 
+def _pause_and_drain(endpoints: Endpoints) -> tuple[int, str]:
+    """Pause the engine and wait until its running requests have finished (``pause`` stops
+    admission only), then return ``_engine_snapshot``: nothing changes the tree after it, so
+    a subscriber at or past its seq must hold the same digest."""
+    assert send_command(endpoints.commands, cmd.Pause()) == cmd.Ok("paused")
+
+    def drained() -> bool:
+        reply = send_command(endpoints.commands, cmd.Stats())
+        assert isinstance(reply, cmd.Ok), reply
+        return reply.values["running"] == 0
+
+    assert wait_for(drained, timeout=30.0)
+    return _engine_snapshot(endpoints)
+
+
 def test_sigkill_mid_stream_then_restart_resyncs():
     port = _free_port_triple()
     endpoints = Endpoints.tcp("127.0.0.1", port)
@@ -95,8 +110,7 @@ def test_sigkill_mid_stream_then_restart_resyncs():
         assert epoch2 > epoch1
         # liveness bounds (generous); the recovery time itself is a figure of the benches
         assert wait_for(lambda: sub.epoch == epoch2, timeout=10.0)
-        assert send_command(endpoints.commands, cmd.Pause()) == cmd.Ok("paused")
-        seq, digest = _engine_snapshot(endpoints)
+        seq, digest = _pause_and_drain(endpoints)
         assert wait_for(lambda: sub.epoch == epoch2 and sub.seq >= seq, timeout=10.0)
         with sub.lock:
             assert sub.mirror.digest() == digest
@@ -231,8 +245,7 @@ def test_inspector_process_killed_the_engine_serves_on_and_a_new_one_syncs():
         sub = Subscriber(endpoints, request_timeout_s=0.3).start()
         assert sub.wait_synced(30)
         assert wait_for(lambda: sub.stats.batches >= 5)  # the engine kept publishing
-        assert send_command(endpoints.commands, cmd.Pause()) == cmd.Ok("paused")
-        seq, digest = _engine_snapshot(endpoints)
+        seq, digest = _pause_and_drain(endpoints)
         assert wait_for(lambda: sub.seq >= seq, timeout=10.0)
         with sub.lock:
             assert sub.mirror.digest() == digest

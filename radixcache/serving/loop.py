@@ -16,7 +16,7 @@ headless ``record``, the screenshots and the benchmarks -- is a ``CacheService``
 
 ::
 
-    loop thread:   with lock: service.step(); publish(take_events() [+ Digest])   seq S+1
+    loop thread:   with lock.turn(): service.step(); publish(take_events() [+ Digest])   seq S+1
     command:       with lock: handle(service, c); publish(take_events())          seq S+2
     snapshot:      with lock: publish(leftover events); snapshot(), seq
 """
@@ -33,6 +33,7 @@ from typing import NamedTuple, Protocol
 from radixcache.core import events as ev
 from radixcache.core.guard import Guard, ThreadFault
 from radixcache.serving.service import CacheService, Figures, handle
+from radixcache.serving.statelock import StateLock
 from radixcache.wire import commands as cmd
 from radixcache.wire.publisher import SnapshotAt
 
@@ -98,7 +99,7 @@ class ServiceLoop:
                  *, clock: Callable[[], float] = time.monotonic) -> None:
         self.service, self.sink = service, sink
         self.config = config if config is not None else LoopConfig()
-        self.lock = threading.Lock()  # the state lock (see the module doc)
+        self.lock = StateLock()  # the state lock (see the module doc): fair to commands
         self.guard = Guard(self._on_fault)
         self._clock = clock
         self._batches = 0
@@ -198,7 +199,7 @@ class ServiceLoop:
     def step_once(self) -> bool:
         """One step if there is work (then publishes it); a sample when one is due; the next
         program entry when idle. Returns whether the service stepped."""
-        with self.lock:
+        with self.lock.turn():
             worked = self.service.busy()
             if worked:
                 self.service.step()
@@ -215,7 +216,7 @@ class ServiceLoop:
         steps taken. The last batch carries a sample and a ``Digest``."""
         steps = 0
         while self.service.busy() and (max_steps is None or steps < max_steps):
-            with self.lock:
+            with self.lock.turn():
                 self.service.step()
                 self._flush(sample=self._sample_due(stepped=True))
             steps += 1
