@@ -106,6 +106,7 @@ class Feed:
         d = self._delta
         d.batches += 1
         self.seq, self.epoch, self.engine = batch.seq, batch.epoch, batch.engine
+        self.mirror.seq = batch.seq
         self.last_ts = batch.ts
         return d
 
@@ -142,6 +143,7 @@ class Feed:
         sets what a snapshot does not hold (a replay's counters at that point), in the same
         lock hold, so no frame shows the tree of one point with the counts of another."""
         with self.lock:
+            self.mirror.seq = seq
             self.mirror.load_snapshot(snapshot)
             if restore is not None:
                 restore(self.mirror)

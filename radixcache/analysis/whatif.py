@@ -179,8 +179,9 @@ class RunningCurve:
     """The block-1 curve of an engine's event stream as it grows, beside the engine's own
     measured hits (its ``RequestStart`` events): the inspector's what-if screen.
 
-    ``apply`` each event in order (it applies it to ``mirror`` first); ``curve()`` is the
-    token-granular LRU curve of the requests finished so far."""
+    ``apply`` each event in order (it applies it to ``mirror`` first), or ``observe`` it
+    after someone else did; ``curve()`` is the token-granular LRU curve of the requests
+    finished so far."""
 
     def __init__(self, mirror: Mirror) -> None:
         self.mirror = mirror
@@ -192,12 +193,18 @@ class RunningCurve:
     def apply(self, e: ev.AnyEvent) -> None:
         """Apply ``e`` to the mirror and count the request it finished or started."""
         self.mirror.apply(e)
+        self.observe(e)
+
+    def observe(self, e: ev.AnyEvent) -> TokenRequest | None:
+        """Count ``e`` once someone applied it to the mirror (the inspector's feed); returns
+        the request it finished, if any."""
         req = self.tracker.after(e)
         if req is not None:
             self.stack.add(token_access(req, 1))
-        if isinstance(e, ev.RequestStart):
+        elif isinstance(e, ev.RequestStart):
             self.measured_hits += e.hit_tokens
             self.measured_prompt += e.prompt_tokens
+        return req
 
     def curve(self) -> Curve:
         """The curve of the requests finished so far (hits at every capacity, in tokens)."""

@@ -195,28 +195,32 @@ def generate_mooncake(n: int, seed: int) -> Iterator[dict[str, object]]:
 
 class RequestTracker:
     """Rebuilds the requests an engine finished from its event stream, one event at a time
-    (a recording here; a live inspector can feed it the same way).
+    (a recording here; the inspector feeds it the live stream the same way).
 
     Call ``after(e)`` once ``e`` has been applied to ``mirror``. A finished request's
     sequence is the path to the node its insert touched last (the ``Access`` right before
-    its ``RequestFinish``), cut to prompt + output - 1 tokens; its prompt length comes from
-    its ``RequestStart``. The path is read at the ``Access``, before a merge or an eviction
-    can change it."""
+    its ``RequestFinish``: only its unlock and the frees of duplicate blocks come between,
+    and neither changes a path), cut to prompt + output - 1 tokens; its prompt length comes
+    from its ``RequestStart``. The path is read at the ``RequestFinish``, so the many
+    ``Access`` events of matches cost nothing."""
 
     def __init__(self, mirror: Mirror) -> None:
         self.mirror = mirror
         self._prompts: dict[int, int] = {}
-        self._path = b""
+        self._node = -1
 
     def after(self, e: ev.AnyEvent) -> TokenRequest | None:
         """The request ``e`` finished, if it finished one."""
         if isinstance(e, ev.Access):
-            self._path = _path_tokens(self.mirror, e.node)
+            self._node = e.node
         elif isinstance(e, ev.RequestStart):
             self._prompts[e.req] = e.prompt_tokens
         elif isinstance(e, ev.RequestFinish) and e.req in self._prompts:
             p = self._prompts.pop(e.req)
-            seq = np.frombuffer(self._path, dtype="<u4")[: p + e.output_tokens - 1]
+            node = self.mirror.nodes.get(self._node)
+            if node is None:
+                return None
+            seq = np.frombuffer(path_tokens(node), dtype="<u4")[: p + e.output_tokens - 1]
             if len(seq) >= p:
                 return TokenRequest(seq[:p].astype(np.uint32), seq.astype(np.uint32))
         return None
@@ -246,10 +250,9 @@ def read_recording(path: Path, notes: list[str]) -> Iterator[TokenRequest]:
         notes.append(f"{path}: read up to byte {reader.damage.offset}: {reader.damage.reason}")
 
 
-def _path_tokens(mirror: Mirror, node_id: int) -> bytes:
-    """The tokens from the root to the end of node ``node_id`` in ``mirror``."""
+def path_tokens(n: MirrorNode | None) -> bytes:
+    """The tokens from the root to the end of node ``n``."""
     parts = []
-    n: MirrorNode | None = mirror.node(node_id)
     while n is not None:
         parts.append(n.tokens)
         n = n.parent

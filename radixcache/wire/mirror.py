@@ -82,6 +82,13 @@ class Mirror:
         self.counters: ev.Counters | None = None  # the engine's own, from its heartbeat
         self.fault: ev.Fault | None = None  # a worker thread of the engine died
         self.version = 0  # bumped on every applied event, never rewound (the UI redraws on change)
+        self.seq = 0  # the batch being applied (``apply_batch``; a feed applying event by event
+        # sets it) or the snapshot's seq (set by the loader)
+        # called after every applied event, and after a snapshot load with the snapshot: the
+        # stream analysis of the inspector (``radixcache.analysis.follow``) sees each event
+        # at the state right after it. An ``Evict`` leaves its node in ``last_evicted``.
+        self.after_event: Callable[[ev.AnyEvent], None] | None = None
+        self.last_evicted: MirrorNode | None = None
         self._reset(block_size, num_blocks)
 
     def _reset(self, block_size: int, num_blocks: int) -> None:
@@ -127,6 +134,7 @@ class Mirror:
         state (the events before it stay applied: the caller resyncs from a snapshot)."""
         for e in batch.events:
             check_event(e, self.num_blocks)
+        self.seq = batch.seq
         for e in batch.events:
             self._apply(e)
 
@@ -143,6 +151,8 @@ class Mirror:
             _HANDLERS[type(e)](self, e)
         except (IndexError, KeyError) as exc:
             raise MirrorError(f"{type(e).__name__} does not fit the mirror: {exc!r}") from exc
+        if self.after_event is not None:
+            self.after_event(e)
 
     def _access(self, e: ev.Access) -> None:
         self._path(self.node(e.node), "clock", e.clock)
@@ -197,6 +207,11 @@ class Mirror:
     def load_snapshot(self, s: ev.Snapshot) -> None:
         """Replace the whole state with a snapshot's; raises ``Malformed`` (state unchanged,
         nothing allocated) unless the snapshot passes ``check_snapshot``."""
+        self._load(s)
+        if self.after_event is not None:
+            self.after_event(s)
+
+    def _load(self, s: ev.Snapshot) -> None:
         check_snapshot(s)
         self._reset(s.block_size, s.num_blocks)
         self.high, self.low, self.clock = s.high, s.low, s.clock
@@ -299,6 +314,7 @@ class Mirror:
         self.cow_blocks.difference_update(e.freed)
         del n.parent.children[_first(n.tokens, 0)[0]]
         del self.nodes[n.id]
+        self.last_evicted = n  # its parent link kept: observers read the evicted span's path
         self.stats.evictions += 1
         self.stats.evicted_tokens += e.tokens
 
@@ -319,7 +335,7 @@ _HANDLERS: Mapping[type, Callable[[Mirror, Any], None]] = MappingProxyType(
         ev.Watermark: Mirror._watermark,
         ev.RequestStart: Mirror._request_start,
         ev.RequestFinish: Mirror._request_finish,
-        ev.Snapshot: Mirror.load_snapshot,
+        ev.Snapshot: Mirror._load,
         ev.Reset: Mirror._reset_event,
         ev.Digest: Mirror._digest,
         ev.Counters: Mirror._counters,

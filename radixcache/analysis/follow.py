@@ -1,0 +1,51 @@
+"""Follower: what the inspector learns from the stream it follows, event by event.
+
+Attached to a mirror (``Mirror.after_event``), it sees every event right after the mirror
+applied it, whoever applies it (an embedded loop's feed, a live subscriber, a replay), and
+keeps:
+
+- ``curve``: the what-if curve of the requests finished since it began (``RunningCurve``,
+  token-granular LRU), beside the engine's measured hits over the same requests;
+- ``misses``: why each request missed (``MissHistory``).
+
+It runs under whatever lock guards the mirror (the feed's), so readers take that lock too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from radixcache.analysis.misses import MAX_TOKENS, MissHistory
+from radixcache.analysis.whatif import RunningCurve
+from radixcache.core import events as ev
+
+if TYPE_CHECKING:
+    from radixcache.wire.mirror import Mirror
+
+
+class Follower:
+    """The curve and the miss history of one mirror's stream (see the module doc)."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self.mirror = mirror
+        self.curve = RunningCurve(mirror)
+        self.misses = MissHistory(mirror)
+        self.since = mirror.seq  # the curve covers the requests finished after this seq
+        self.curve_full = False  # MAX_TOKENS distinct tokens: later requests not counted
+        self._last_seq = mirror.seq
+        mirror.after_event = self.observe
+
+    def observe(self, e: ev.AnyEvent) -> None:
+        """Account one event the mirror has just applied."""
+        m = self.mirror
+        if isinstance(e, ev.Snapshot) and m.seq < self._last_seq:
+            self.curve, self.since = RunningCurve(m), m.seq  # a replay went back: start over
+        self._last_seq = m.seq
+        curve = self.curve
+        if self.curve_full:
+            req = curve.tracker.after(e)
+        else:
+            req = curve.observe(e)
+            self.curve_full = curve.stack.distinct_units >= MAX_TOKENS
+        prompt = None if req is None else req.prompt.astype("<u4").tobytes()
+        self.misses.observe(e, prompt)

@@ -1,0 +1,341 @@
+"""Why a request missed: the history of what the engine's tree held while we followed it.
+
+A ghost trie holds every token sequence the tree held since the last snapshot the follower
+loaded (join, resync, replay seek): the snapshot's paths, then every ``NodeCreated`` and
+``Extend``. Each ghost span keeps its in/out history, one entry per change: in at the event
+that inserted it, out at the ``Evict`` (or ``Reset``) that removed it. The history is
+stamped with the mirror's event counter (``Mirror.version``, which orders events inside a
+batch) and the batch seq (what the person sees).
+
+A request is explained once it finishes (the stream names a prompt's tokens only then, as
+the path its insert touched: ``RequestTracker``), against the history at the moment of its
+match (the ``Lock`` right before its ``RequestStart``). Its prompt splits into:
+
+- the hit: the matched path, node by node;
+- each missed span with its cause:
+
+  ========================  ==============================================================
+  ``evicted``               in the tree before, out at its match: evicted at seq S
+  ``never seen``            not in the tree at any time before its match (compulsory)
+  ``diverged inside a       the match ended inside a block where the cached sequence went
+  block``                   on with other tokens: the rest of that block (the matched part
+                            of it was reused by copying the block, COW)
+  ``capacity``              in the tree at its match, but the pool could not hold the match
+                            and the request: the engine admitted it without the match
+  ``last prompt token``     in the tree, but the engine computes the last prompt token
+                            always (its logits start the output)
+  ``not followed``          in the tree at its match and not matched: the history missed
+                            a change (the follower was resyncing)
+  ========================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import enum
+from bisect import bisect_left
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from radixcache.core import events as ev
+from radixcache.core.tokens import common_units
+from radixcache.traffic.traces import path_tokens
+
+if TYPE_CHECKING:
+    from radixcache.wire.mirror import Mirror, MirrorNode
+
+W = 4  # bytes per token
+MAX_TOKENS = 16_000_000  # ghost tokens kept (64 MB of ids); past it, new spans are not kept
+KEEP_REQUESTS = 4_096  # explained requests kept (the event log scrolls back 2,000 events)
+
+
+class Cause(enum.Enum):
+    """Why a span of a prompt was not served from the cache."""
+
+    EVICTED = "evicted"
+    NEVER_SEEN = "never seen"
+    DIVERGED = "diverged inside a block"
+    CAPACITY = "capacity"
+    LAST_TOKEN = "last prompt token"
+    NOT_FOLLOWED = "not followed"
+
+
+class Span(NamedTuple):
+    """Prompt tokens ``[start, end)`` missed for ``cause``; ``seq`` is the eviction's batch."""
+
+    start: int
+    end: int
+    cause: Cause
+    seq: int = -1
+
+    def line(self, resets: frozenset[int] = frozenset()) -> str:
+        """``tokens 40-96 (56): evicted at seq 812``."""
+        what = self.cause.value
+        if self.cause is Cause.EVICTED:
+            what += f" at seq {self.seq}" + (" (engine reset)" if self.seq in resets else "")
+        return f"tokens {self.start}-{self.end} ({self.end - self.start}): {what}"
+
+
+@dataclass(slots=True)
+class Why:
+    """One request, as far as the stream tells. ``spans`` is None until it finishes."""
+
+    req: int
+    seq: int  # the batch of its RequestStart
+    prompt_tokens: int
+    hit_tokens: int
+    path: list[tuple[int, int, int]]  # the matched nodes: (node, start, end), root first
+    dropped: int = 0  # tokens of a match given up for room (capacity), once finished
+    dropped_path: bytes = b""  # the path of that match's node (the match is a prefix of it)
+    spans: list[Span] | None = None
+    version: int = 0  # the mirror's event counter at its match
+
+    @property
+    def missed(self) -> int:
+        """Prompt tokens computed rather than read from the cache."""
+        return self.prompt_tokens - self.hit_tokens
+
+
+@dataclass(slots=True, eq=False)
+class _Ghost:
+    key: bytes
+    history: list[int]  # version, seq, version, seq ...: in, out, in, ... (in first)
+    children: dict[bytes, _Ghost] = field(default_factory=dict)
+
+    @property
+    def held(self) -> bool:
+        """In the tree now (an odd number of changes: in, out, ..., in)."""
+        return len(self.history) % 4 == 2
+
+    def state_at(self, version: int) -> tuple[bool, int] | None:
+        """(in the tree, seq of that change) just before event ``version``; None before
+        the span first appeared."""
+        h = self.history
+        i = bisect_left(h[0::2], version) - 1
+        return None if i < 0 else (i % 2 == 0, h[2 * i + 1])
+
+
+class Ghosts:
+    """The ghost trie: every sequence the tree held, with each span's in/out history."""
+
+    def __init__(self) -> None:
+        self.root = _Ghost(b"", [])
+        self.tokens = 0
+        self.full = False  # MAX_TOKENS reached: spans first seen after that are not kept
+
+    @staticmethod
+    def _split(node: _Ghost, k: int) -> None:
+        rest = _Ghost(node.key[k:], list(node.history), node.children)
+        node.key, node.children = node.key[:k], {rest.key[:W]: rest}
+
+    def _walk(self, seq: bytes, lo: int) -> list[_Ghost]:
+        """The nodes covering ``seq[lo:]`` (byte offsets) as far as the trie holds it, split
+        so that each lies inside it; the trie's path along ``seq`` then ends on a node
+        boundary (``insert`` hangs the rest there)."""
+        node, pos, n, out = self.root, 0, len(seq), []
+        while pos < n:
+            child = node.children.get(seq[pos : pos + W])
+            if child is None:
+                break
+            k = common_units(seq, pos, child.key) * W
+            if pos < lo < pos + k:
+                k = lo - pos
+            if k < len(child.key):
+                self._split(child, k)
+            if pos + k > lo:
+                out.append(child)
+            node, pos = child, pos + k
+        return out
+
+    def insert(self, seq: bytes, lo: int, version: int, seq_no: int) -> None:
+        """The tree now holds ``seq``; ``seq[lo:]`` (bytes) is what changed."""
+        for g in self._walk(seq, lo):
+            if not g.held:  # out: back in
+                g.history += (version, seq_no)
+        node, pos = self.root, 0
+        while pos < len(seq):  # down to where the trie stops, then the new part
+            child = node.children.get(seq[pos : pos + W])
+            if child is None:
+                if self.tokens >= MAX_TOKENS:
+                    self.full = True
+                    return
+                node.children[seq[pos : pos + W]] = _Ghost(seq[pos:], [version, seq_no])
+                self.tokens += (len(seq) - pos) // W
+                return
+            node, pos = child, pos + len(child.key)
+
+    def evict(self, seq: bytes, lo: int, version: int, seq_no: int) -> None:
+        """The tree no longer holds ``seq[lo:]`` (bytes)."""
+        for g in self._walk(seq, lo):
+            if g.held:
+                g.history += (version, seq_no)
+
+    def evict_all(self, version: int, seq_no: int) -> None:
+        """Everything held is out (an engine reset)."""
+        stack = list(self.root.children.values())
+        while stack:
+            g = stack.pop()
+            if g.held:
+                g.history += (version, seq_no)
+            stack.extend(g.children.values())
+
+    def along(
+        self, seq: bytes
+    ) -> tuple[list[tuple[int, int, _Ghost, _Ghost]], list[_Ghost]]:
+        """The spans of ``seq`` the trie holds, as (start, end, node, its parent) in tokens,
+        and the nodes that go on with other tokens where it stops (none when ``seq`` ended
+        there)."""
+        node, pos, n = self.root, 0, len(seq)
+        out: list[tuple[int, int, _Ghost, _Ghost]] = []
+        while pos < n:
+            child = node.children.get(seq[pos : pos + W])
+            if child is None:
+                return out, list(node.children.values())
+            k = common_units(seq, pos, child.key) * W
+            out.append((pos // W, (pos + k) // W, child, node))
+            if k < len(child.key):
+                return out, [child] if pos + k < n else []
+            node, pos = child, pos + k
+        return out, []
+
+
+class MissHistory:
+    """Follows a mirror's events (``observe`` after each is applied) and explains each
+    finished request's misses (``why``)."""
+
+    def __init__(self, mirror: Mirror) -> None:
+        self.mirror = mirror
+        self.ghosts = Ghosts()
+        self.whys: OrderedDict[int, Why] = OrderedDict()
+        self.resets: set[int] = set()
+        self.since = 0  # the seq of the snapshot the history starts from
+        self._match: tuple[int, int] | None = None  # (node, version) of a match in progress
+        self._dropped = b""  # the path of a match given up for room, until its RequestStart
+
+    def why(self, req: int) -> Why | None:
+        """What is known of request ``req`` (None: not seen since the last snapshot)."""
+        return self.whys.get(req)
+
+    def observe(self, e: ev.AnyEvent, prompt: bytes | None = None) -> None:
+        """Account ``e``, already applied to the mirror; ``prompt`` is the finished
+        request's prompt (little-endian uint32 ids) when ``e`` finished one."""
+        m = self.mirror
+        match e:
+            case ev.NodeCreated() | ev.Extend():
+                n = m.nodes.get(e.node)
+                if n is not None:
+                    seq = path_tokens(n)
+                    self.ghosts.insert(seq, len(seq) - len(e.tokens), m.version, m.seq)
+            case ev.Evict():
+                if m.last_evicted is not None:
+                    seq = path_tokens(m.last_evicted)
+                    self.ghosts.evict(seq, len(seq) - len(m.last_evicted.tokens), m.version,
+                                      m.seq)
+            case ev.Lock():
+                self._lock(e)
+            case ev.RequestStart():
+                self._start(e)
+            case ev.RequestFinish():
+                why = self.whys.get(e.req)
+                if why is not None and why.spans is None and prompt is not None:
+                    why.spans = self.explain(why, prompt)
+            case ev.Reset():
+                self.ghosts.evict_all(m.version, m.seq)
+                self.resets.add(m.seq)
+            case ev.Snapshot():
+                self._restart()
+
+    def _lock(self, e: ev.Lock) -> None:
+        m = self.mirror
+        if e.delta > 0:
+            if not (e.node == m.root.id and self._dropped and self._match is None):
+                self._dropped = b""  # (a root lock right after a drop: the retry without it)
+            self._match = (e.node, m.version)
+        elif self._match is not None and e.node == self._match[0] != m.root.id:
+            n = m.nodes.get(e.node)  # the match given up: the request waits or goes on
+            self._dropped, self._match = (path_tokens(n) if n is not None else b""), None
+
+    def _start(self, e: ev.RequestStart) -> None:
+        m = self.mirror
+        node_id, version = self._match if self._match is not None else (m.root.id, m.version)
+        path: list[tuple[int, int, int]] = []
+        n: MirrorNode | None = m.nodes.get(node_id)
+        while n is not None and n.parent is not None:  # (the match may end inside its node)
+            if n.start < e.hit_tokens:
+                path.append((n.id, n.start, min(n.end, e.hit_tokens)))
+            n = n.parent
+        path.reverse()
+        self.whys[e.req] = Why(e.req, m.seq, e.prompt_tokens, e.hit_tokens, path,
+                               dropped_path=self._dropped, version=version)
+        self.whys.move_to_end(e.req)
+        while len(self.whys) > KEEP_REQUESTS:
+            self.whys.popitem(last=False)
+        self._match, self._dropped = None, b""
+
+    def _restart(self) -> None:
+        """A snapshot was loaded: the history starts again from what it holds."""
+        m = self.mirror
+        self.ghosts = Ghosts()
+        self.since = m.seq
+        for n in m.nodes.values():
+            if n.parent is not None and not n.children:
+                self.ghosts.insert(path_tokens(n), 0, m.version, m.seq)
+        for req in [r for r, w in self.whys.items() if w.spans is None]:
+            del self.whys[req]  # matched against a history that is gone
+        self._match, self._dropped = None, b""
+
+    def explain(self, why: Why, prompt: bytes) -> list[Span]:
+        """The missed spans of ``prompt`` (``why``'s request), in order."""
+        p, v = why.prompt_tokens, why.version
+        if why.dropped_path:  # the engine matched prompt[:-1], then gave it up
+            why.dropped = min(common_units(prompt, 0, why.dropped_path), p - 1)
+        held, others = self.ghosts.along(prompt[: p * W])
+        spans: list[Span] = []
+        first_new = why.hit_tokens
+        at = held[-1][1] if held else 0  # where ``others`` go on with other tokens
+        for lo, hi, g, parent in held:
+            if hi <= why.hit_tokens:
+                continue
+            state = g.state_at(v)
+            if state is None:  # first held after the match: new to it; its elders were not
+                others, at = [c for c in parent.children.values() if c is not g], lo
+                break
+            lo = max(lo, why.hit_tokens)
+            if state[0]:
+                spans += _held_unmatched(lo, hi, p, why.dropped)
+            else:
+                spans.append(Span(lo, hi, Cause.EVICTED, state[1]))
+            first_new = hi
+        b = self.mirror.block_size
+        if at == first_new < p and first_new % b and any(o.state_at(v) is not None for o in others):
+            edge = min(p, first_new + b - first_new % b)
+            spans.append(Span(first_new, edge, Cause.DIVERGED))
+            first_new = edge
+        if first_new < p:
+            spans.append(Span(first_new, p, Cause.NEVER_SEEN))
+        return _merged(spans)
+
+
+def _held_unmatched(lo: int, hi: int, p: int, dropped: int) -> list[Span]:
+    """Tokens the tree held at the match but the request did not read from it."""
+    out = []
+    if lo < dropped:
+        out.append(Span(lo, min(hi, dropped), Cause.CAPACITY))
+        lo = min(hi, dropped)
+    if lo < hi and hi == p:
+        if lo < p - 1:
+            out.append(Span(lo, p - 1, Cause.NOT_FOLLOWED))
+        out.append(Span(max(lo, p - 1), p, Cause.LAST_TOKEN))
+    elif lo < hi:
+        out.append(Span(lo, hi, Cause.NOT_FOLLOWED))
+    return out
+
+
+def _merged(spans: list[Span]) -> list[Span]:
+    out: list[Span] = []
+    for s in spans:
+        if out and out[-1].end == s.start and (out[-1].cause, out[-1].seq) == (s.cause, s.seq):
+            out[-1] = out[-1]._replace(end=s.end)
+        else:
+            out.append(s)
+    return out
