@@ -90,6 +90,7 @@ class InspectorApp(App[None]):
         Binding("right_square_bracket", "replay('faster')", "Faster", show=False),
         Binding("left_square_bracket", "replay('slower')", "Slower", show=False),
         Binding("w", "whatif", "What if", show=False),
+        Binding("e", "focus_events", "Event log", show=False),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -107,7 +108,7 @@ class InspectorApp(App[None]):
         self.check = check
         self.frame_interval = frame_interval
         self.frame_ms: deque[float] = deque(maxlen=10_000)
-        self.commands = CommandReplies(self, source, self.action_help)
+        self.commands = CommandReplies(self, source, self.action_help, self.explain)
         self.tree_width = 50
         self._layout_due = True
         self._pending: tuple[list[Row] | None, list[tuple[MirrorNode, int]]] | None = None
@@ -341,10 +342,29 @@ class InspectorApp(App[None]):
         self.push_screen(HelpScreen(), callback=lambda _: self._focus_pane())
 
     def action_whatif(self) -> None:
-        """The hit-rate curve of the replay so far (``inspector.whatif_screen``)."""
+        """The hit-rate curve of what the engine did (``inspector.whatif_screen``)."""
         from inspector.whatif_screen import WhatIfScreen
 
-        self.push_screen(WhatIfScreen(self.source))
+        self.push_screen(WhatIfScreen(self.source, self.feed))
+
+    def explain(self, req: int) -> None:
+        """Why request ``req`` missed (``inspector.why_screen``)."""
+        from inspector.why_screen import WhyScreen
+
+        self.push_screen(WhyScreen(self.feed, req))
+
+    def on_event_log_explain(self, message: EventLog.Explain) -> None:
+        """Enter in the event log: explain its request, or say how to pick one."""
+        if message.req is None:
+            self.say("✗ select a request event (rstart or rfinish: `filter rstart rfinish` "
+                     "shows them), or type: why REQ", error=True)
+        else:
+            self.explain(message.req)
+
+    def action_focus_events(self) -> None:
+        """Focus the event log (up/down select, enter: why that request missed)."""
+        self._panes.events.display = True
+        self._panes.events.focus()
 
     def action_focus_command(self) -> None:
         """Focus the command line."""

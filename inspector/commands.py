@@ -26,10 +26,12 @@ from radixcache.wire import commands as cmd
 class CommandReplies:
     """Messages and replies of one app; ``command_ms`` the time from enter to reply."""
 
-    def __init__(self, app: App[None], source: Source, show_help: Callable[[], None]) -> None:
+    def __init__(self, app: App[None], source: Source, show_help: Callable[[], None],
+                 explain: Callable[[int], None]) -> None:
         self.app = app
         self.source = source
         self.show_help = show_help
+        self.explain = explain
         self.messages: list[str] = []
         self.replies: list[object] = []
         self.command_ms: deque[float] = deque(maxlen=10_000)
@@ -77,6 +79,12 @@ class CommandReplies:
             self.show_help()
         elif head == "quit":
             self.app.exit()
+        elif head == "why":
+            if len(rest) != 1 or not rest[0].isdigit():
+                self.say("✗ usage: why REQ (a request id, as the event log shows it)",
+                         error=True)
+                return
+            self.explain(int(rest[0]))
         else:
             everything = frozenset(KINDS) - NOISY
             kinds = everything if rest == ("all",) else frozenset(rest)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from radixcache.analysis.follow import Follower
 from radixcache.core import events as ev
 from radixcache.wire.mirror import Mirror, MirrorError, MirrorNode
 
@@ -88,6 +89,9 @@ class Feed:
         self._clock_ts: list[float] = []
         self._delta = Delta()
         self._nodes = self.mirror.nodes  # the node table last seen (a new one: tree replaced)
+        # the what-if curve since the inspector began and why each request missed: follows
+        # every event the mirror applies, under this lock (the what-if and why screens)
+        self.follow = Follower(self.mirror)
 
     # -- writer side (source threads) ------------------------------------------------------
     def apply(self, batch: ev.Batch) -> bool:

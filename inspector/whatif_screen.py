@@ -1,16 +1,18 @@
-"""The "what if" screen: the hit-rate curve of everything a replayed engine has done so far,
-redrawn as the replay moves, with the engine's own pool marked and its measured hit rate
-beside the curve's prediction at that size.
+"""The "what if" screen: the hit-rate curve of everything the engine has done, redrawn as it
+grows, with the engine's own pool marked and its measured hit rate beside the curve's
+prediction at that size.
 
-It keeps its own mirror (from the recording's first keyframe) and feeds the batches up to the
-replay's position through ``RunningCurve``, so it needs nothing from the main feed. A live
-source has no history before the inspector joined: the screen says how to get the curve then
-(record it, then ``radixcache whatif FILE``).
+- A live or embedded engine: the feed's ``Follower`` (``radixcache.analysis.follow``) has
+  followed every event since the inspector joined; the curve covers the requests finished
+  since then (nothing before the join is in the stream: for a whole run, record it and run
+  ``radixcache whatif FILE``).
+- A replay: its own mirror from the recording's first keyframe, fed the batches up to the
+  replay's position (``ReplayCurve``), rebuilt after a seek back.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 from rich.text import Text
@@ -19,16 +21,15 @@ from textual.binding import Binding, BindingType
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from inspector.feed import Feed
 from inspector.replay import ReplaySource
 from inspector.sources import Source
 from radixcache.analysis.answers import capacity_for
+from radixcache.analysis.stackdist import Curve
 from radixcache.analysis.whatif import RunningCurve
 from radixcache.wire.mirror import Mirror
 
 REDRAW_S = 0.5
-NO_HISTORY = ("what if: this source has no history before the inspector joined. Record it "
-              "(radixcache record --from ENDPOINT --out run.rcx), then: radixcache whatif "
-              "run.rcx, or radixcache replay run.rcx and press w.")
 
 
 class ReplayCurve:
@@ -58,31 +59,56 @@ class ReplayCurve:
         return self.running
 
 
-def headline(r: RunningCurve) -> str:
+class View(NamedTuple):
+    """What one redraw shows, copied from a ``RunningCurve`` (under the feed's lock for a
+    live source), then drawn without any lock."""
+
+    curve: Curve
+    capacity_tokens: int
+    num_blocks: int
+    block_size: int
+    measured_hits: int
+    measured_prompt: int
+    scope: str
+
+    @classmethod
+    def of(cls, r: RunningCurve, scope: str) -> View:
+        """Copy what ``r`` holds now."""
+        m = r.mirror
+        return cls(r.curve(), r.capacity_tokens, m.num_blocks, m.block_size, r.measured_hits,
+                   r.measured_prompt, scope)
+
+
+def headline(v: View) -> str:
     """The screen's first lines: requests seen, the pool, predicted against measured."""
-    c = r.curve()
+    c = v.curve
+    if not c.requests:
+        return (f"what if: {v.scope}: no request has finished yet; the curve grows as they "
+                "finish")
     p = max(c.prompt_tokens, 1)
-    cap = r.capacity_tokens
+    cap = v.capacity_tokens
     predicted = float(c.hits(np.asarray([cap]))[0]) / p
-    measured = r.measured_hits / max(r.measured_prompt, 1)
+    measured = v.measured_hits / max(v.measured_prompt, 1)
     return (
-        f"what if: {c.requests:,} finished requests, {c.prompt_tokens:,} prompt tokens\n"
-        f"engine pool {r.mirror.num_blocks:,} blocks x {r.mirror.block_size} = {cap:,} tokens:"
-        f" curve predicts {100 * predicted:.2f}%, engine measured {100 * measured:.2f}%\n"
+        f"what if: {v.scope}: {c.requests:,} finished requests, {c.prompt_tokens:,} prompt "
+        f"tokens\n"
+        f"engine pool {v.num_blocks:,} blocks x {v.block_size} = {cap:,} tokens:"
+        f" curve predicts {100 * predicted:.2f}% (LRU, one request at a time), engine "
+        f"measured {100 * measured:.2f}% (batched)\n"
         f"maximum {100 * c.max_hits / p:.2f}% (infinite cache); 90% of it at "
         f"{capacity_for(c, 0.9):,} tokens")
 
 
-def plot(r: RunningCurve, width: int, height: int = 16) -> Text:
+def plot(v: View, width: int, height: int = 16) -> Text:
     """The curve as a character chart: log capacity across, hit rate (%) up, the engine's
     pool as a vertical bar. Plain characters, so it is the same in every terminal."""
-    c = r.curve()
+    c = v.curve
     cols = max(20, width - 10)
-    top = max(2, int(c.saturation_units * 1.25), 2 * r.capacity_tokens)
+    top = max(2, int(c.saturation_units * 1.25), 2 * v.capacity_tokens)
     caps = np.geomspace(1, top, cols).round().astype(np.int64)
     rates = c.hits(caps) / max(c.prompt_tokens, 1)
     rows = [[" "] * cols for _ in range(height)]
-    pool = int(np.searchsorted(caps, r.capacity_tokens))
+    pool = int(np.searchsorted(caps, v.capacity_tokens))
     for y in range(height):
         if pool < cols:
             rows[y][pool] = "│"
@@ -98,13 +124,16 @@ def plot(r: RunningCurve, width: int, height: int = 16) -> Text:
 
 
 class WhatIfScreen(ModalScreen[None]):
-    """The curve over the replay so far; closes with escape, q or w."""
+    """The curve of what the engine did (a replay: up to its position; a live or embedded
+    engine: since the inspector joined); closes with escape, q or w."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,w", "app.pop_screen", "Close")]
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, feed: Feed) -> None:
         super().__init__()
+        self.feed = feed
         self.curve = ReplayCurve(source) if isinstance(source, ReplaySource) else None
+        self.view: View | None = None
 
     def compose(self) -> ComposeResult:
         """A headline and the plot."""
@@ -112,17 +141,19 @@ class WhatIfScreen(ModalScreen[None]):
         yield Static(id="whatif-plot")
 
     def on_mount(self) -> None:
-        """Draw now and every ``REDRAW_S`` while the replay moves."""
+        """Draw now and every ``REDRAW_S`` while the engine or the replay moves."""
         self.redraw()
-        if self.curve is not None:
-            self.set_interval(REDRAW_S, self.redraw)
+        self.set_interval(REDRAW_S, self.redraw)
 
     def redraw(self) -> None:
-        """Advance the curve to the replay's position and draw it."""
-        head = self.query_one("#whatif-head", Static)
-        if self.curve is None:
-            head.update(NO_HISTORY)
-            return
-        running = self.curve.advance()
-        head.update(headline(running))
-        self.query_one("#whatif-plot", Static).update(plot(running, self.size.width))
+        """Bring the curve up to date and draw it."""
+        if self.curve is not None:
+            at = self.curve.source.position().index
+            self.view = View.of(self.curve.advance(), f"the replay up to batch {at:,}")
+        else:
+            with self.feed.lock:
+                f = self.feed.follow
+                self.view = View.of(f.curve, f"since the inspector joined (seq {f.since:,})")
+        self.query_one("#whatif-head", Static).update(headline(self.view))
+        if self.view.curve.requests:
+            self.query_one("#whatif-plot", Static).update(plot(self.view, self.size.width))

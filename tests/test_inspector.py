@@ -57,7 +57,7 @@ def test_parse_builds_typed_commands_and_explains_errors() -> None:
     assert parse("filter split evict").local == ("filter", "split", "evict")
     assert parse("bogus 1").error == (
         "unknown command 'bogus' (commands: chat evict filter flood fork help pause quit reset "
-        "resume snapshot stats system tot watermark)")
+        "resume snapshot stats system tot watermark why)")
     assert parse("chat 0").error == ("chat: conversations must be between 1 and 1000, got 0 "
                                      "(usage: chat CONVERSATIONS [--seed N] (e.g. chat 20))")
     assert parse("evict abc").error == "usage: evict TOKENS (e.g. evict 4096)"

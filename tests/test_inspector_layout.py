@@ -10,6 +10,7 @@ import pytest
 
 from inspector.app import InspectorApp
 from inspector.widgets.block_map import BlockMap
+from inspector.widgets.event_log import EventLog
 from inspector.widgets.help import KEYS, key_table
 from inspector.widgets.tree_view import TreeView
 from radixcache.serving.memory import MemorySource
@@ -91,7 +92,7 @@ def test_readme_key_table_is_the_apps() -> None:
     text = README.read_text()
     assert key_table() in text
     bound: set[str] = set()
-    for cls in (InspectorApp, TreeView, BlockMap):
+    for cls in (InspectorApp, TreeView, BlockMap, EventLog):
         for b in cls.BINDINGS:
             bound.update(k.strip() for k in b.key.split(","))  # type: ignore[union-attr]
     bound.add("ctrl+p")  # Textual's command palette

@@ -16,7 +16,7 @@ from radixcache.traffic.workloads import WORKLOADS, WorkloadError, build_workloa
 from radixcache.wire import commands as cmd
 
 CONTROL = ("pause", "resume", "reset", "stats", "snapshot", "evict", "watermark")
-LOCAL = ("filter", "help", "quit")
+LOCAL = ("filter", "help", "quit", "why")
 WORDS = tuple(sorted((*WORKLOADS, *CONTROL, *LOCAL)))
 
 
@@ -28,6 +28,7 @@ USAGE = {
     "tot": "tot DEPTH BRANCHING (e.g. tot 3 4)",
     "fork": "fork BRANCHES (e.g. fork 8)",
     "flood": "flood REQUESTS (e.g. flood 500)",
+    "why": "why REQ: why request REQ missed (e.g. why 42)",
 }
 
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 from rich.markup import escape
 from rich.text import Text
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.message import Message
 from textual.widget import Widget
 
 from inspector.feed import Feed, LogEntry
@@ -59,13 +63,32 @@ def _describe_request(e: ev.AnyEvent) -> str:
             return ""
 
 
-class EventLog(Widget):
-    """The last events of the kinds in ``kinds``, newest at the bottom."""
+class EventLog(Widget, can_focus=True):
+    """The last events of the kinds in ``kinds``, newest at the bottom. Focused, up/down
+    select an entry (the view holds still around it; end follows the newest again) and enter
+    on a request event (rstart, rfinish) asks for why it missed (``Explain``)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up", "move(-1)", "Older", show=False),
+        Binding("down", "move(1)", "Newer", show=False),
+        Binding("pageup", "move(-10)", "Older", show=False),
+        Binding("pagedown", "move(10)", "Newer", show=False),
+        Binding("end", "follow", "Follow", show=False),
+        Binding("enter", "explain", "Why missed"),
+    ]
+
+    class Explain(Message):
+        """Enter on request ``req``'s event: show why it missed."""
+
+        def __init__(self, req: int | None) -> None:
+            super().__init__()
+            self.req = req  # None: the selected entry is not a request event
 
     def __init__(self, feed: Feed, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.feed = feed  # only ``feed.log``, which the UI thread itself fills at each frame
         self.kinds: frozenset[str] = DEFAULT_KINDS
+        self.selected: LogEntry | None = None  # None: follow the newest
 
     def set_kinds(self, kinds: frozenset[str]) -> None:
         """Show only these kinds; the border title lists them."""
@@ -73,26 +96,71 @@ class EventLog(Widget):
         self.border_title = escape(f"events [{' '.join(k for k in KINDS if k in kinds)}]")
         self.refresh()
 
+    def _entries(self) -> list[LogEntry]:
+        return [e for e in self.feed.log if e.kind in self.kinds]
+
     def shown(self) -> list[LogEntry]:
-        """The newest entries that pass the filter, as many as fit."""
+        """The entries on screen: the newest that pass the filter, as many as fit, or the
+        ones around the selected entry."""
         want = max(1, self.size.height)
-        out: list[LogEntry] = []
-        for entry in reversed(self.feed.log):
-            if entry.kind in self.kinds:
-                out.append(entry)
-                if len(out) == want:
-                    break
-        out.reverse()
-        return out
+        if self.selected is None:
+            out: list[LogEntry] = []
+            for entry in reversed(self.feed.log):
+                if entry.kind in self.kinds:
+                    out.append(entry)
+                    if len(out) == want:
+                        break
+            out.reverse()
+            return out
+        entries = self._entries()
+        at = next((i for i, e in enumerate(entries) if e is self.selected), None)
+        if at is None:  # scrolled out of the kept log, or filtered away
+            self.selected = None
+            return self.shown()
+        start = max(0, min(at - want // 2, len(entries) - want))
+        return entries[start : start + want]
+
+    def action_move(self, delta: int) -> None:
+        """Select an older (negative) or newer entry; past the newest: follow again."""
+        entries = self._entries()
+        if not entries:
+            return
+        at = next((i for i, e in enumerate(entries) if e is self.selected), len(entries))
+        to = max(0, at + delta)
+        self.selected = entries[to] if to < len(entries) else None
+        self.refresh()
+
+    def action_follow(self) -> None:
+        """Drop the selection: show the newest entries again."""
+        self.selected = None
+        self.refresh()
+
+    def action_explain(self) -> None:
+        """Ask the app to explain the selected request (``Explain``)."""
+        e = self.selected.event if self.selected is not None else None
+        req = e.req if isinstance(e, ev.RequestStart | ev.RequestFinish) else None
+        self.post_message(self.Explain(req))
+
+    def on_click(self, event: events.Click) -> None:
+        """Select the clicked entry."""
+        offset = event.get_content_offset(self)
+        shown = self.shown()
+        if offset is not None and 0 <= offset.y < len(shown):
+            self.selected = shown[offset.y]
+            self.refresh()
 
     def render(self) -> Text:
-        """``hh:mm:ss.mmm kind description`` per line."""
+        """``hh:mm:ss.mmm kind description`` per line; the selected one in reverse."""
         out = Text(no_wrap=True, overflow="ellipsis")
         for entry in self.shown():
             ms = int(entry.ts * 1000) % 1000
             stamp = time.strftime("%H:%M:%S", time.gmtime(entry.ts)) + f".{ms:03d}"
+            start = len(out)
             out.append(f"{stamp} ", "dim")
             out.append(f"{entry.kind:<8}", _COLORS.get(entry.kind, "bold"))
-            out.append(describe(entry.event) + "\n")
+            out.append(describe(entry.event))
+            if entry is self.selected:
+                out.stylize("reverse", start, len(out))
+            out.append("\n")
         out.rstrip()
         return out

@@ -31,7 +31,10 @@ KEYS: tuple[Key, ...] = (
         "show / hide tree, block map, memory, LRU, events, stats"),
     Key("`ctrl+←` `ctrl+→`", ("ctrl+left", "ctrl+right"), "narrow / widen the tree pane"),
     Key("`z`", ("z",), "block map: whole pool at a glance / one cell per block"),
-    Key("`w`", ("w",), "what-if: the hit-rate curve of the replay so far"),
+    Key("`w`", ("w",), "what-if: the hit-rate curve of all the engine did since the "
+        "inspector joined (a replay: up to its position)"),
+    Key("`e`", ("e",), "event log: focus it; `↑` `↓` select, `enter` on a request: why it "
+        "missed, `end` follows again"),
     Key("`p`", ("p",), "replay: play / pause"),
     Key("`.` `,`", ("full_stop", "comma"), "replay: step forward / back one batch"),
     Key("`>` `<`", ("greater_than_sign", "less_than_sign"), "replay: next / previous keyframe"),
@@ -56,7 +59,7 @@ def help_text() -> str:
         "[b]radixcache inspector[/b]\n\n" + rows.replace("[", r"\[") + "\n\n"
         "[b]Commands[/b] (after `:`): chat 20 · tot 3 4 · system 50 · fork 8 · flood 500\n"
         "  evict 4096 · watermark 0.9 0.8 · pause · resume · reset · stats · snapshot\n"
-        "  filter split evict cow (event kinds; `filter all`) · help · quit\n"
+        "  filter split evict cow (event kinds; `filter all`) · why REQ · help · quit\n"
         "  tab completes, ↑ ↓ history; a wrong command is explained and not sent\n\n"
         "Press esc to close."
     )

@@ -89,6 +89,7 @@ class Why:
     dropped_path: bytes = b""  # the path of that match's node (the match is a prefix of it)
     spans: list[Span] | None = None
     version: int = 0  # the mirror's event counter at its match
+    finished: bool = False
 
     @property
     def missed(self) -> int:
@@ -237,8 +238,10 @@ class MissHistory:
                 self._start(e)
             case ev.RequestFinish():
                 why = self.whys.get(e.req)
-                if why is not None and why.spans is None and prompt is not None:
-                    why.spans = self.explain(why, prompt)
+                if why is not None and not why.finished:
+                    why.finished = True
+                    if prompt is not None:
+                        why.spans = self.explain(why, prompt)
             case ev.Reset():
                 self.ghosts.evict_all(m.version, m.seq)
                 self.resets.add(m.seq)
@@ -338,4 +341,28 @@ def _merged(spans: list[Span]) -> list[Span]:
             out[-1] = out[-1]._replace(end=s.end)
         else:
             out.append(s)
+    return out
+
+
+def describe(history: MissHistory, req: int) -> list[str]:
+    """What the inspector shows for request ``req``: its match, then each missed span."""
+    why = history.why(req)
+    if why is None:
+        return [f"request {req}: not seen since seq {history.since} (the history starts at "
+                f"the last snapshot the inspector loaded; it keeps {KEEP_REQUESTS:,} requests)"]
+    p, h = why.prompt_tokens, why.hit_tokens
+    out = [f"request {req}, admitted in batch {why.seq}: prompt {p:,} tokens, {h:,} read "
+           f"from the cache ({100 * h / max(p, 1):.1f}%), {why.missed:,} computed"]
+    path = " → ".join(f"n{n} [{a}, {b})" for n, a, b in why.path) or "none (the root)"
+    out.append(f"matched path: {path}")
+    if why.spans is None:
+        out.append("running: the stream names a prompt's tokens when the request finishes "
+                   "(the path its insert touches); look again then" if not why.finished else
+                   "not served: the pool could not hold it, so nothing was inserted and the "
+                   "stream never named its tokens")
+        return out
+    resets = frozenset(history.resets)
+    out += [f"  {s.line(resets)}" for s in why.spans] or ["  nothing missed"]
+    if history.ghosts.full:
+        out.append(f"(the history holds {MAX_TOKENS:,} tokens: later ones count as never seen)")
     return out

@@ -1,0 +1,55 @@
+"""The "why" screen: why one request missed, from the feed's miss history
+(``radixcache.analysis.misses``): its matched path, hit tokens and each missed span's cause.
+
+Opened with enter on a request event in the event log, or ``why REQ`` on the command line.
+It redraws twice a second, so a request still running gets its spans when it finishes.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from inspector.feed import Feed
+from radixcache.analysis.misses import describe
+
+REDRAW_S = 0.5
+_STYLES = {"evicted": "#e06c75", "never seen": "#e5c07b", "diverged": "#c792ea",
+           "capacity": "#e06c75", "last prompt": "dim", "not followed": "dim"}
+
+
+class WhyScreen(ModalScreen[None]):
+    """Why request ``req`` missed; closes with escape, q or enter."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,enter", "app.pop_screen", "Close")]
+
+    def __init__(self, feed: Feed, req: int) -> None:
+        super().__init__()
+        self.feed, self.req = feed, req
+        self.lines: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        """One block of text."""
+        yield Static(id="why-body")
+
+    def on_mount(self) -> None:
+        """Draw now and every ``REDRAW_S``."""
+        self.redraw()
+        self.set_interval(REDRAW_S, self.redraw)
+
+    def redraw(self) -> None:
+        """Read the request's explanation under the feed's lock and show it."""
+        with self.feed.lock:
+            self.lines = describe(self.feed.follow.misses, self.req)
+        out = Text()
+        for i, line in enumerate(self.lines):
+            style = "bold" if i == 0 else next(
+                (v for k, v in _STYLES.items() if k in line), "")
+            out.append(line + "\n", style)
+        out.append("\nescape: close", "dim")
+        self.query_one("#why-body", Static).update(out)

@@ -1,0 +1,84 @@
+"""The inspector's "why" screen: a request picked in the event log (or named with `why N`)
+shows its matched path and each missed span's cause, as the feed's miss history says."""
+
+from __future__ import annotations
+
+from textual.widgets import Static
+
+from inspector.app import InspectorApp
+from inspector.why_screen import WhyScreen
+from inspector.widgets.event_log import EventLog
+from radixcache.analysis.misses import Cause, describe
+from radixcache.core import events as ev
+from radixcache.serving.memory import MemorySource
+from tests.helpers.local import LocalSource
+from tests.helpers.pilot import T0, NoNvml, sync, type_line, wait_until
+
+SIZE = (150, 44)
+
+
+def _body(app: InspectorApp) -> str:
+    screen = app.screen
+    assert isinstance(screen, WhyScreen)
+    return str(screen.query_one("#why-body", Static).render())
+
+
+@sync
+async def test_enter_on_a_request_in_the_event_log_explains_it() -> None:
+    src = LocalSource(96, clock=lambda: T0, memory=MemorySource(nvml=NoNvml()))  # type: ignore[arg-type]
+    app = InspectorApp(src, flash_s=0, frame_interval=0.02)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_line(pilot, "chat 4 --seed 3")
+        await wait_until(pilot, lambda: len(app.replies) == 1 and src.idle() and app.caught_up())
+        await type_line(pilot, "filter rstart")
+        await pilot.press("escape", "e")
+        log = app.query_one(EventLog)
+        assert app.focused is log and log.selected is None
+        await pilot.press("up", "up")  # the newest request start, then the one before it
+        entries = [e for e in app.feed.log if e.kind == "rstart"]
+        assert log.selected is entries[-2]
+        picked = entries[-2].event
+        assert isinstance(picked, ev.RequestStart)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
+        with app.feed.lock:
+            want = describe(app.feed.follow.misses, picked.req)
+        assert _body(app) == "\n".join(want) + "\n\nescape: close"
+        assert want[0].startswith(f"request {picked.req}, admitted in batch ")
+        assert f"{picked.prompt_tokens:,} tokens, {picked.hit_tokens:,} read" in want[0]
+        await pilot.press("escape")
+        assert not isinstance(app.screen, WhyScreen)
+        # every finished request was explained, and the spans cover exactly what it missed
+        whys = app.feed.follow.misses.whys.values()
+        served = {e.event.req for e in app.feed.log if isinstance(e.event, ev.RequestFinish)
+                  and e.event.output_tokens > 0}
+        assert len(served) >= 8
+        assert {w.req for w in whys if w.spans is not None} == served
+        for w in whys:
+            if w.spans is not None:
+                assert sum(s.end - s.start for s in w.spans) == w.missed
+        causes = {s.cause for w in whys for s in w.spans or ()}
+        assert Cause.NEVER_SEEN in causes
+
+
+@sync
+async def test_why_on_the_command_line_and_its_mistakes() -> None:
+    src = LocalSource(1024, clock=lambda: T0, memory=MemorySource(nvml=NoNvml()))  # type: ignore[arg-type]
+    app = InspectorApp(src, flash_s=0, frame_interval=0.02)
+    async with app.run_test(size=SIZE) as pilot:
+        await type_line(pilot, "fork 3")
+        await wait_until(pilot, lambda: len(app.replies) == 1 and src.idle() and app.caught_up())
+        await type_line(pilot, "why 1")
+        await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
+        body = _body(app)
+        assert body.startswith("request 1, admitted in batch ")
+        assert "matched path: n" in body
+        await pilot.press("escape")
+        await type_line(pilot, "why one")
+        assert app.messages[-1] == "✗ usage: why REQ (a request id, as the event log shows it)"
+        await type_line(pilot, "why 999")
+        await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
+        assert _body(app).startswith("request 999: not seen since seq 0 ")
+        await pilot.press("escape")
+        await pilot.press("escape", "e", "up", "enter")  # the newest entry is not a request
+        assert app.messages[-1].startswith("✗ select a request event (rstart or rfinish")
