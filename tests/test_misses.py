@@ -242,7 +242,7 @@ def test_every_span_agrees_with_a_brute_force_history_of_the_tree():
                         assert key not in before_ever
             assert pos == why.prompt_tokens
             checked += 1
-    causes = {s.cause for w in f.follower.misses.whys.values() for s in w.spans or ()}
+    causes = {s.cause for w in f.follower.misses.all() for s in w.spans or ()}
     assert checked + len(rejected) == len(f.follower.misses.whys)
     assert checked > 40
     assert {Cause.EVICTED, Cause.NEVER_SEEN, Cause.DIVERGED} <= causes

@@ -204,7 +204,12 @@ def test_bench_whatif_json(capsys):
     assert len(s["direct_lru_block_16"]["capacities_tokens"]) == 8
     assert m["direct_lru_first_100k"]["equal"] is True
     assert set(s["tree_block_1"]) >= {"tree_hits", "curve_hits", "max_abs_diff_points"}
-    assert set(fig) == {"sharegpt", "mooncake"}
+    assert set(fig) == {"sharegpt", "mooncake", "follow"}
+    f = fig["follow"]
+    assert (f["requests"], f["explained"], f["curve_equal"], f["spans_cover_misses"]) == (
+        300, 300, True, True)
+    assert sum(f["missed_tokens_by_cause"].values()) > 0
+    assert f["follow_events_per_s"] > 0 and f["bare_events_per_s"] > 0
     assert np.all(np.diff(s["tree_block_1"]["capacities_tokens"]) > 0)
 
 

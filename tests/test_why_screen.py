@@ -49,7 +49,8 @@ async def test_enter_on_a_request_in_the_event_log_explains_it() -> None:
         await pilot.press("escape")
         assert not isinstance(app.screen, WhyScreen)
         # every finished request was explained, and the spans cover exactly what it missed
-        whys = app.feed.follow.misses.whys.values()
+        with app.feed.lock:
+            whys = app.feed.follow.misses.all()
         served = {e.event.req for e in app.feed.log if isinstance(e.event, ev.RequestFinish)
                   and e.event.output_tokens > 0}
         assert len(served) >= 8

@@ -26,10 +26,11 @@ if TYPE_CHECKING:
 class Follower:
     """The curve and the miss history of one mirror's stream (see the module doc)."""
 
-    def __init__(self, mirror: Mirror) -> None:
+    def __init__(self, mirror: Mirror, *, max_tokens: int = MAX_TOKENS) -> None:
         self.mirror = mirror
+        self.max_tokens = max_tokens  # distinct tokens kept by the curve and by the history
         self.curve = RunningCurve(mirror)
-        self.misses = MissHistory(mirror)
+        self.misses = MissHistory(mirror, max_tokens=max_tokens)
         self.since = mirror.seq  # the curve covers the requests finished after this seq
         self.curve_full = False  # MAX_TOKENS distinct tokens: later requests not counted
         self._last_seq = mirror.seq
@@ -46,6 +47,6 @@ class Follower:
             req = curve.tracker.after(e)
         else:
             req = curve.observe(e)
-            self.curve_full = curve.stack.distinct_units >= MAX_TOKENS
+            self.curve_full = curve.stack.distinct_units >= self.max_tokens
         prompt = None if req is None else req.prompt.astype("<u4").tobytes()
         self.misses.observe(e, prompt)

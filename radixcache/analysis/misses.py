@@ -34,8 +34,9 @@ from __future__ import annotations
 import enum
 from bisect import bisect_left
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixcache.core import events as ev
 from radixcache.core.tokens import common_units
@@ -90,6 +91,7 @@ class Why:
     spans: list[Span] | None = None
     version: int = 0  # the mirror's event counter at its match
     finished: bool = False
+    prompt: bytes = b""  # once finished, until explained
 
     @property
     def missed(self) -> int:
@@ -119,8 +121,9 @@ class _Ghost:
 class Ghosts:
     """The ghost trie: every sequence the tree held, with each span's in/out history."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_tokens: int = MAX_TOKENS) -> None:
         self.root = _Ghost(b"", [])
+        self.max_tokens = max_tokens
         self.tokens = 0
         self.full = False  # MAX_TOKENS reached: spans first seen after that are not kept
 
@@ -138,7 +141,7 @@ class Ghosts:
             child = node.children.get(seq[pos : pos + W])
             if child is None:
                 break
-            k = common_units(seq, pos, child.key) * W
+            k = _common(seq, pos, child.key)
             if pos < lo < pos + k:
                 k = lo - pos
             if k < len(child.key):
@@ -157,7 +160,7 @@ class Ghosts:
         while pos < len(seq):  # down to where the trie stops, then the new part
             child = node.children.get(seq[pos : pos + W])
             if child is None:
-                if self.tokens >= MAX_TOKENS:
+                if self.tokens >= self.max_tokens:
                     self.full = True
                     return
                 node.children[seq[pos : pos + W]] = _Ghost(seq[pos:], [version, seq_no])
@@ -192,7 +195,7 @@ class Ghosts:
             child = node.children.get(seq[pos : pos + W])
             if child is None:
                 return out, list(node.children.values())
-            k = common_units(seq, pos, child.key) * W
+            k = _common(seq, pos, child.key)
             out.append((pos // W, (pos + k) // W, child, node))
             if k < len(child.key):
                 return out, [child] if pos + k < n else []
@@ -204,49 +207,65 @@ class MissHistory:
     """Follows a mirror's events (``observe`` after each is applied) and explains each
     finished request's misses (``why``)."""
 
-    def __init__(self, mirror: Mirror) -> None:
+    def __init__(self, mirror: Mirror, *, max_tokens: int = MAX_TOKENS) -> None:
         self.mirror = mirror
-        self.ghosts = Ghosts()
+        self.max_tokens = max_tokens
+        self.ghosts = Ghosts(max_tokens)
         self.whys: OrderedDict[int, Why] = OrderedDict()
         self.resets: set[int] = set()
         self.since = 0  # the seq of the snapshot the history starts from
         self._match: tuple[int, int] | None = None  # (node, version) of a match in progress
         self._dropped = b""  # the path of a match given up for room, until its RequestStart
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            ev.NodeCreated: self._held, ev.Extend: self._held, ev.Evict: self._evicted,
+            ev.Lock: self._lock, ev.RequestStart: self._start, ev.RequestFinish: self._finish,
+            ev.Reset: self._reset, ev.Snapshot: self._restart}
 
     def why(self, req: int) -> Why | None:
-        """What is known of request ``req`` (None: not seen since the last snapshot)."""
-        return self.whys.get(req)
+        """What is known of request ``req`` (None: not seen since the last snapshot); its
+        spans are worked out on the first ask after it finished."""
+        why = self.whys.get(req)
+        if why is not None and why.prompt:
+            why.spans, why.prompt = self.explain(why, why.prompt), b""
+        return why
+
+    def all(self) -> list[Why]:
+        """Every request kept, oldest first, each finished one explained."""
+        return [w for r in list(self.whys) if (w := self.why(r)) is not None]
 
     def observe(self, e: ev.AnyEvent, prompt: bytes | None = None) -> None:
         """Account ``e``, already applied to the mirror; ``prompt`` is the finished
         request's prompt (little-endian uint32 ids) when ``e`` finished one."""
+        handler = self._handlers.get(type(e))
+        if handler is not None:
+            handler(e)
+        if prompt is not None and isinstance(e, ev.RequestFinish):
+            why = self.whys.get(e.req)
+            if why is not None and why.spans is None:
+                why.prompt = prompt  # explained when asked (``why``): most never are
+
+    def _held(self, e: ev.NodeCreated | ev.Extend) -> None:
         m = self.mirror
-        match e:
-            case ev.NodeCreated() | ev.Extend():
-                n = m.nodes.get(e.node)
-                if n is not None:
-                    seq = path_tokens(n)
-                    self.ghosts.insert(seq, len(seq) - len(e.tokens), m.version, m.seq)
-            case ev.Evict():
-                if m.last_evicted is not None:
-                    seq = path_tokens(m.last_evicted)
-                    self.ghosts.evict(seq, len(seq) - len(m.last_evicted.tokens), m.version,
-                                      m.seq)
-            case ev.Lock():
-                self._lock(e)
-            case ev.RequestStart():
-                self._start(e)
-            case ev.RequestFinish():
-                why = self.whys.get(e.req)
-                if why is not None and not why.finished:
-                    why.finished = True
-                    if prompt is not None:
-                        why.spans = self.explain(why, prompt)
-            case ev.Reset():
-                self.ghosts.evict_all(m.version, m.seq)
-                self.resets.add(m.seq)
-            case ev.Snapshot():
-                self._restart()
+        n = m.nodes.get(e.node)
+        if n is not None:
+            seq = path_tokens(n)
+            self.ghosts.insert(seq, len(seq) - len(e.tokens), m.version, m.seq)
+
+    def _evicted(self, _: ev.Evict) -> None:
+        m = self.mirror
+        n = m.last_evicted
+        if n is not None:
+            seq = path_tokens(n)
+            self.ghosts.evict(seq, len(seq) - len(n.tokens), m.version, m.seq)
+
+    def _finish(self, e: ev.RequestFinish) -> None:
+        why = self.whys.get(e.req)
+        if why is not None:
+            why.finished = True
+
+    def _reset(self, _: ev.Reset) -> None:
+        self.ghosts.evict_all(self.mirror.version, self.mirror.seq)
+        self.resets.add(self.mirror.seq)
 
     def _lock(self, e: ev.Lock) -> None:
         m = self.mirror
@@ -275,10 +294,12 @@ class MissHistory:
             self.whys.popitem(last=False)
         self._match, self._dropped = None, b""
 
-    def _restart(self) -> None:
-        """A snapshot was loaded: the history starts again from what it holds."""
+    def _restart(self, _: ev.Snapshot) -> None:
+        """A snapshot was loaded: the history starts again from what it holds (the finished
+        requests are explained first, against the history they were matched in)."""
         m = self.mirror
-        self.ghosts = Ghosts()
+        self.all()
+        self.ghosts = Ghosts(self.max_tokens)
         self.since = m.seq
         for n in m.nodes.values():
             if n.parent is not None and not n.children:
@@ -317,6 +338,14 @@ class MissHistory:
         if first_new < p:
             spans.append(Span(first_new, p, Cause.NEVER_SEEN))
         return _merged(spans)
+
+
+def _common(seq: bytes, pos: int, key: bytes) -> int:
+    """Bytes of ``key`` that ``seq[pos:]`` starts with (whole tokens): one C compare when all
+    of it does (the common case along a path), else the galloping search."""
+    if seq.startswith(key, pos):
+        return len(key)
+    return common_units(seq, pos, key) * W
 
 
 def _held_unmatched(lo: int, hi: int, p: int, dropped: int) -> list[Span]:
@@ -364,5 +393,6 @@ def describe(history: MissHistory, req: int) -> list[str]:
     resets = frozenset(history.resets)
     out += [f"  {s.line(resets)}" for s in why.spans] or ["  nothing missed"]
     if history.ghosts.full:
-        out.append(f"(the history holds {MAX_TOKENS:,} tokens: later ones count as never seen)")
+        out.append(f"(the history holds {history.max_tokens:,} tokens: later ones count as "
+                   "never seen)")
     return out

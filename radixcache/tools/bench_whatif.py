@@ -188,16 +188,31 @@ def run_bench(
 ) -> Figures:
     """Both parts; the ``--json`` object (keys: ``sharegpt``, ``mooncake``)."""
     fig: Figures = {"sharegpt": sharegpt(limit, checks, new, advance)}
+    fig["follow"] = follow_sharegpt(limit, new, advance)
     task = new(f"Mooncake format, {requests:,} requests", None)
     fig["mooncake"] = mooncake(requests, seed, checks)
     advance(task, requests)
     return fig
 
 
+def follow_sharegpt(limit: int | None, new: NewTask, advance: Advance) -> Figures:
+    """The inspector's follower over the ShareGPT trace served with `bench tree`'s pool
+    (``radixcache.tools.bench_follow``)."""
+    from radixcache.tools.bench_follow import follow
+    from radixcache.tools.benchtree import TreeBenchConfig
+    from radixcache.traffic.sharegpt import load_trace
+
+    cfg = TreeBenchConfig()
+    pairs = [(r.prompt, r.output) for r in load_trace(limit).requests]
+    task = new("inspector follower (serve, then follow)", 2)
+    return follow(pairs, cfg.capacity // cfg.block_size, lambda n: advance(task, n))
+
+
 def table_rows(fig: Figures) -> list[tuple[str, str]]:
     """The human table's rows."""
-    s, m = fig["sharegpt"], fig["mooncake"]
-    assert isinstance(s, dict) and isinstance(m, dict)
+    s, m, f = fig["sharegpt"], fig["mooncake"], fig["follow"]
+    assert isinstance(s, dict) and isinstance(m, dict) and isinstance(f, dict)
+    causes = f["missed_tokens_by_cause"]
     return [
         ("ShareGPT requests", f"{s['requests']:,}"),
         ("curve at block 16 (s)", f"{s['curve_seconds']:.2f}"),
@@ -214,6 +229,14 @@ def table_rows(fig: Figures) -> list[tuple[str, str]]:
          f"{len(s['tree_block_16']['tree_hits'])}"),
         ("bench tree batches: max diff (points)",
          f"{s['tree_batched_block_16']['max_abs_diff_points']:.3f}"),
+        ("inspector follower: events/s (bare mirror)",
+         f"{f['follow_events_per_s']:,.0f} ({f['bare_events_per_s']:,.0f}), "
+         f"{f['overhead']:.1f}x"),
+        ("follower curve equals the offline one", str(f["curve_equal"])),
+        ("follower predicted / measured at the pool",
+         f"{100 * f['predicted_hit_rate']:.2f}% / {100 * f['measured_hit_rate']:.2f}%"),
+        (f"missed tokens by cause (last {f['explained']:,} requests)",
+         ", ".join(f"{k} {v:,}" for k, v in causes.items() if v)),
         ("Mooncake requests", f"{m['requests']:,}"),
         ("Mooncake one pass (s)", f"{m['seconds']:.2f}"),
         ("Mooncake peak RSS (MB; before the pass)",
