@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,12 +20,14 @@ from dataclasses import dataclass
 
 import zmq
 
+from radixcache.core.guard import Guard
 from radixcache.wire.endpoints import (
     MAX_BATCH_BYTES,
     MAX_CONTROL_BYTES,
     BindPolicy,
     bind,
     from_u64,
+    remove_ipc_files,
     u64,
 )
 from radixcache.wire.kvevents.codec import (
@@ -68,8 +69,8 @@ class KVEventPublisher:
         self._ring: deque[tuple[int, bytes]] = deque(maxlen=ring)
         self._queue: queue.SimpleQueue[tuple[float, list[WireEvent]] | None] = queue.SimpleQueue()
         self.seq = -1  # vLLM numbers its first batch 0
-        self._thread = threading.Thread(target=self._run, name="rc-kvevents", daemon=True)
-        self._thread.start()
+        self.guard = Guard()  # a death is printed and kept in ``guard.fault``
+        self._thread = self.guard.start("rc-kvevents", self._run)
 
     def publish(self, events: list[WireEvent]) -> None:
         """Queue one batch (nothing is sent for an empty list)."""
@@ -77,13 +78,20 @@ class KVEventPublisher:
             self._queue.put((time.time(), events))
 
     def close(self, timeout: float = 5.0) -> None:
-        """Send what is queued, stop and close."""
+        """Send what is queued, stop; the thread closes its own sockets as it ends (ZeroMQ
+        sockets are not thread-safe: closing them here could cut a replay it is sending)."""
         self._queue.put(None)
         self._thread.join(timeout)
-        self._pub.close(linger=0)
-        self._replay.close(linger=0)
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._pub.close(linger=0)
+            self._replay.close(linger=0)
+            remove_ipc_files(self.endpoints)
+
+    def _serve(self) -> None:
         while True:
             if self._replay.poll(0):
                 self._serve_replay()
