@@ -147,8 +147,7 @@ class Feed:
         sets what a snapshot does not hold (a replay's counters at that point), in the same
         lock hold, so no frame shows the tree of one point with the counts of another."""
         with self.lock:
-            self.mirror.seq = seq
-            self.mirror.load_snapshot(snapshot)
+            self.mirror.load_snapshot(snapshot, seq)
             if restore is not None:
                 restore(self.mirror)
             self.seq, self.last_ts = seq, ts

@@ -1,6 +1,6 @@
 """Screenshots of the inspector (``radixcache screenshot``): SVG from Textual, PNG via cairosvg.
 
-Four scenes, each driven headless by the Pilot until an explicit condition holds. Three follow
+Six scenes, each driven headless by the Pilot until an explicit condition holds. Five follow
 a real engine served in this process (the same ``Server`` as ``radixcache serve``, the tiny
 model on free loopback ports, its answers folded into the prefill so a CPU keeps up) and are
 shot while it is busy:
@@ -8,6 +8,8 @@ shot while it is busy:
 - ``live_tree``: a ShareGPT chat workload (synthetic chat without the dataset), once requests
   flow, hits are counted, the memory pane has samples and the dataset's words are loaded;
 - ``block_map_eviction``: chat on a small pool, once the engine evicts (just-evicted kept red);
+- ``whatif_live``: the same, then ``w``: the curve of the requests finished so far;
+- ``why_missed``: the same, then ``why N`` for a request that lost tokens to eviction;
 - ``kv_events``: the block-hash view attached to the engine's vLLM-format publisher;
 
 and ``replay`` replays, to its end, a recording of a tree-of-thought workload made as
@@ -21,10 +23,11 @@ import contextlib
 import dataclasses
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from textual.app import App
+from textual.pilot import Pilot
 
 from inspector.app import InspectorApp
 from inspector.kv_view import KVEventsApp
@@ -32,13 +35,17 @@ from inspector.layout import TokenText
 from inspector.live import LiveSource
 from inspector.replay import ReplaySource, load_recording
 from inspector.sources import DatasetWords
+from inspector.whatif_screen import WhatIfScreen
+from inspector.why_screen import WhyScreen
 from inspector.widgets.memory import MemoryPane
+from radixcache.analysis.misses import Cause
 from radixcache.serving.server import Server, record_file, tiny_engine_server
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire import commands as cmd
 
 SIZE = (160, 48)
 Check = Callable[[], bool]
+After = Callable[[Pilot[None]], Awaitable[None]]
 Log = Callable[[str], None]
 
 
@@ -52,7 +59,7 @@ def svg_to_png(svg: str, png: Path) -> None:
 
 
 async def _shoot(app: App[None], lines: list[str], ready: Check, out: Path, name: str,
-                 timeout: float = 60.0) -> list[Path]:
+                 timeout: float = 60.0, after: After | None = None) -> list[Path]:
     async with app.run_test(size=SIZE) as pilot:
         for line in lines:
             await pilot.press("escape", "colon")
@@ -64,6 +71,8 @@ async def _shoot(app: App[None], lines: list[str], ready: Check, out: Path, name
             if time.monotonic() > deadline:
                 raise RuntimeError(f"screenshot {name}: the scene did not come up in {timeout} s")
             await pilot.pause(0.05)
+        if after is not None:  # keys and lines that need the scene up (a screen, a request)
+            await after(pilot)
         await pilot.pause(0.5)
         svg = app.export_screenshot(title=f"radixcache {name}")
     (out / f"{name}.svg").write_text(svg, encoding="utf-8")
@@ -96,7 +105,8 @@ def _busy(app: InspectorApp, requests: int) -> bool:
 
 
 def _engine_scene(out: Path, name: str, blocks: int, ready: Callable[[InspectorApp], bool],
-                  *, evicted_s: float = 2.0) -> list[Path]:
+                  *, evicted_s: float = 2.0, after: Callable[[InspectorApp], After] | None = None
+                  ) -> list[Path]:
     """Follow a fresh engine of ``blocks`` blocks running ``chat 30`` until ``ready(app)``;
     the dataset's words are loaded first, so no preview is drawn before they are known."""
     with served_engine(blocks) as engine:
@@ -104,7 +114,7 @@ def _engine_scene(out: Path, name: str, blocks: int, ready: Callable[[InspectorA
         source.vocabulary().load().wait(120)
         app = InspectorApp(source, flash_s=0, evicted_s=evicted_s)
         return asyncio.run(_shoot(app, ["chat 30"], lambda: ready(app), out, name,
-                                  timeout=180))
+                                  timeout=180, after=after(app) if after else None))
 
 
 def _live(out: Path) -> list[Path]:
@@ -116,6 +126,54 @@ def _eviction(out: Path) -> list[Path]:
         return len(app.blocks.evicted) >= 40 and _busy(app, 60)
 
     return _engine_scene(out, "block_map_eviction", 2048, ready, evicted_s=3600)
+
+
+def _evicting(app: InspectorApp) -> bool:
+    return len(app.blocks.evicted) >= 40 and _busy(app, 60)
+
+
+async def _until(pilot: Pilot[None], check: Check, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"screenshot: {what} did not come up in 60 s")
+        await pilot.pause(0.05)
+
+
+def _whatif(out: Path) -> list[Path]:
+    """The what-if screen over a live engine that evicts."""
+    def after(app: InspectorApp) -> After:
+        async def run(pilot: Pilot[None]) -> None:
+            await pilot.press("escape", "w")
+            await _until(pilot, lambda: isinstance(app.screen, WhatIfScreen)
+                         and app.screen.view is not None and app.screen.view.curve.requests > 0,
+                         "the what-if curve")
+        return run
+
+    return _engine_scene(out, "whatif_live", 2048, _evicting, after=after)
+
+
+def _telling(app: InspectorApp) -> int | None:
+    """A finished request that hit in part and lost a span to eviction (the most telling)."""
+    with app.feed.lock:
+        for w in reversed(app.feed.follow.misses.all()):
+            if w.hit_tokens and any(s.cause is Cause.EVICTED for s in w.spans or ()):
+                return w.req
+    return None
+
+
+def _why(out: Path) -> list[Path]:
+    """The why screen of a request that lost tokens to eviction."""
+    def after(app: InspectorApp) -> After:
+        async def run(pilot: Pilot[None]) -> None:
+            await pilot.press("escape", "colon")
+            app.query_one("#command").value = f"why {_telling(app)}"  # type: ignore[attr-defined]
+            await pilot.press("enter")
+            await _until(pilot, lambda: isinstance(app.screen, WhyScreen), "the why screen")
+        return run
+
+    return _engine_scene(out, "why_missed", 2048,
+                         lambda app: _evicting(app) and _telling(app) is not None, after=after)
 
 
 def record_demo(path: Path, requests: int = 60) -> Path:
@@ -170,7 +228,7 @@ def _kv_events(out: Path) -> list[Path]:
 def take_all(out: Path, log: Log | None = None) -> list[Path]:
     """Write ``<scene>.svg`` and ``<scene>.png`` of every scene into ``out``."""
     paths: list[Path] = []
-    for scene in (_live, _eviction, _replay, _kv_events):
+    for scene in (_live, _eviction, _whatif, _why, _replay, _kv_events):
         if log is not None:
             log(f"scene {scene.__name__.strip('_')}")
         paths.extend(scene(out))

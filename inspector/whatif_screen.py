@@ -153,7 +153,12 @@ class WhatIfScreen(ModalScreen[None]):
         else:
             with self.feed.lock:
                 f = self.feed.follow
-                self.view = View.of(f.curve, f"since the inspector joined (seq {f.since:,})")
+                scope = f"since the inspector joined (seq {f.since:,})"
+                if f.error is not None:
+                    scope += f", up to where following stopped: {f.error}"
+                elif f.curve_full:
+                    scope += f", up to {f.max_tokens:,} distinct tokens"
+                self.view = View.of(f.curve, scope)
         self.query_one("#whatif-head", Static).update(headline(self.view))
         if self.view.curve.requests:
             self.query_one("#whatif-plot", Static).update(plot(self.view, self.size.width))

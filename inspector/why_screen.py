@@ -45,7 +45,8 @@ class WhyScreen(ModalScreen[None]):
     def redraw(self) -> None:
         """Read the request's explanation under the feed's lock and show it."""
         with self.feed.lock:
-            self.lines = describe(self.feed.follow.misses, self.req)
+            f = self.feed.follow
+            self.lines = describe(f.misses, self.req, f.error)
         out = Text()
         for i, line in enumerate(self.lines):
             style = "bold" if i == 0 else next(

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from radixcache.analysis.follow import Follower
-from radixcache.analysis.misses import Cause, Ghosts, Span
+from radixcache.analysis.ghosts import Ghosts
+from radixcache.analysis.misses import Cause, Span
 from radixcache.core import events as ev
 from radixcache.serving.driver import TreeDriver
 from radixcache.serving.engine import Engine, EngineConfig
@@ -246,3 +247,20 @@ def test_every_span_agrees_with_a_brute_force_history_of_the_tree():
     assert checked + len(rejected) == len(f.follower.misses.whys)
     assert checked > 40
     assert {Cause.EVICTED, Cause.NEVER_SEEN, Cause.DIVERGED} <= causes
+
+
+def test_a_follower_that_fails_detaches_and_the_mirror_follows_on():
+    f = Followed(TreeDriver(64))
+    f.serve(list(range(100, 140)))
+    follower = f.follower
+
+    def broken(_: object) -> None:
+        raise RuntimeError("a bug in the analysis")
+
+    follower.misses._handlers[ev.RequestStart] = broken  # type: ignore[assignment]
+    f.serve(list(range(100, 150)))  # the digests in every batch: the mirror stays exact
+    assert follower.error is not None
+    assert follower.error.startswith("RuntimeError: a bug in the analysis (at seq ")
+    assert f.mirror.after_event is None
+    f.serve(list(range(300, 320)))
+    assert f.mirror.digest() == f.service.digest()

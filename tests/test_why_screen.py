@@ -23,13 +23,19 @@ def _body(app: InspectorApp) -> str:
     return str(screen.query_one("#why-body", Static).render())
 
 
+async def _served(app: InspectorApp, pilot, line: str) -> None:  # type: ignore[no-untyped-def]
+    """Type a workload command and wait until it is served and on screen."""
+    await type_line(pilot, line)
+    await wait_until(pilot, lambda: len(app.replies) == 1 and app.source.idle()  # type: ignore[attr-defined]
+                     and app.caught_up())
+
+
 @sync
 async def test_enter_on_a_request_in_the_event_log_explains_it() -> None:
-    src = LocalSource(96, clock=lambda: T0, memory=MemorySource(nvml=NoNvml()))  # type: ignore[arg-type]
-    app = InspectorApp(src, flash_s=0, frame_interval=0.02)
+    app = InspectorApp(LocalSource(96, clock=lambda: T0, memory=MemorySource(nvml=NoNvml())),  # type: ignore[arg-type]
+                       flash_s=0, frame_interval=0.02)
     async with app.run_test(size=SIZE) as pilot:
-        await type_line(pilot, "chat 4 --seed 3")
-        await wait_until(pilot, lambda: len(app.replies) == 1 and src.idle() and app.caught_up())
+        await _served(app, pilot, "chat 4 --seed 3")
         await type_line(pilot, "filter rstart")
         await pilot.press("escape", "e")
         log = app.query_one(EventLog)
@@ -64,11 +70,10 @@ async def test_enter_on_a_request_in_the_event_log_explains_it() -> None:
 
 @sync
 async def test_why_on_the_command_line_and_its_mistakes() -> None:
-    src = LocalSource(1024, clock=lambda: T0, memory=MemorySource(nvml=NoNvml()))  # type: ignore[arg-type]
-    app = InspectorApp(src, flash_s=0, frame_interval=0.02)
+    app = InspectorApp(LocalSource(1024, clock=lambda: T0, memory=MemorySource(nvml=NoNvml())),  # type: ignore[arg-type]
+                       flash_s=0, frame_interval=0.02)
     async with app.run_test(size=SIZE) as pilot:
-        await type_line(pilot, "fork 3")
-        await wait_until(pilot, lambda: len(app.replies) == 1 and src.idle() and app.caught_up())
+        await _served(app, pilot, "fork 3")
         await type_line(pilot, "why 1")
         await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
         body = _body(app)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from radixcache.analysis.misses import MAX_TOKENS, MissHistory
+from radixcache.analysis.ghosts import MAX_TOKENS
+from radixcache.analysis.misses import MissHistory
 from radixcache.analysis.whatif import RunningCurve
 from radixcache.core import events as ev
 
@@ -34,10 +35,20 @@ class Follower:
         self.since = mirror.seq  # the curve covers the requests finished after this seq
         self.curve_full = False  # MAX_TOKENS distinct tokens: later requests not counted
         self._last_seq = mirror.seq
+        self.error: str | None = None  # why following stopped, if it did
         mirror.after_event = self.observe
 
     def observe(self, e: ev.AnyEvent) -> None:
-        """Account one event the mirror has just applied."""
+        """Account one event the mirror has just applied. A failure here must not cost the
+        stream the mirror follows: the follower detaches itself and keeps the reason in
+        ``error`` (the screens show it)."""
+        try:
+            self._observe(e)
+        except Exception as exc:  # any bug: stop following, say why
+            self.error = f"{type(exc).__name__}: {exc} (at seq {self.mirror.seq})"
+            self.mirror.after_event = None
+
+    def _observe(self, e: ev.AnyEvent) -> None:
         m = self.mirror
         if isinstance(e, ev.Snapshot) and m.seq < self._last_seq:
             self.curve, self.since = RunningCurve(m), m.seq  # a replay went back: start over

@@ -32,12 +32,12 @@ match (the ``Lock`` right before its ``RequestStart``). Its prompt splits into:
 from __future__ import annotations
 
 import enum
-from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from radixcache.analysis.ghosts import MAX_TOKENS, Ghosts, W
 from radixcache.core import events as ev
 from radixcache.core.tokens import common_units
 from radixcache.traffic.traces import path_tokens
@@ -45,8 +45,6 @@ from radixcache.traffic.traces import path_tokens
 if TYPE_CHECKING:
     from radixcache.wire.mirror import Mirror, MirrorNode
 
-W = 4  # bytes per token
-MAX_TOKENS = 16_000_000  # ghost tokens kept (64 MB of ids); past it, new spans are not kept
 KEEP_REQUESTS = 4_096  # explained requests kept (the event log scrolls back 2,000 events)
 
 
@@ -97,110 +95,6 @@ class Why:
     def missed(self) -> int:
         """Prompt tokens computed rather than read from the cache."""
         return self.prompt_tokens - self.hit_tokens
-
-
-@dataclass(slots=True, eq=False)
-class _Ghost:
-    key: bytes
-    history: list[int]  # version, seq, version, seq ...: in, out, in, ... (in first)
-    children: dict[bytes, _Ghost] = field(default_factory=dict)
-
-    @property
-    def held(self) -> bool:
-        """In the tree now (an odd number of changes: in, out, ..., in)."""
-        return len(self.history) % 4 == 2
-
-    def state_at(self, version: int) -> tuple[bool, int] | None:
-        """(in the tree, seq of that change) just before event ``version``; None before
-        the span first appeared."""
-        h = self.history
-        i = bisect_left(h[0::2], version) - 1
-        return None if i < 0 else (i % 2 == 0, h[2 * i + 1])
-
-
-class Ghosts:
-    """The ghost trie: every sequence the tree held, with each span's in/out history."""
-
-    def __init__(self, max_tokens: int = MAX_TOKENS) -> None:
-        self.root = _Ghost(b"", [])
-        self.max_tokens = max_tokens
-        self.tokens = 0
-        self.full = False  # MAX_TOKENS reached: spans first seen after that are not kept
-
-    @staticmethod
-    def _split(node: _Ghost, k: int) -> None:
-        rest = _Ghost(node.key[k:], list(node.history), node.children)
-        node.key, node.children = node.key[:k], {rest.key[:W]: rest}
-
-    def _walk(self, seq: bytes, lo: int) -> list[_Ghost]:
-        """The nodes covering ``seq[lo:]`` (byte offsets) as far as the trie holds it, split
-        so that each lies inside it; the trie's path along ``seq`` then ends on a node
-        boundary (``insert`` hangs the rest there)."""
-        node, pos, n, out = self.root, 0, len(seq), []
-        while pos < n:
-            child = node.children.get(seq[pos : pos + W])
-            if child is None:
-                break
-            k = _common(seq, pos, child.key)
-            if pos < lo < pos + k:
-                k = lo - pos
-            if k < len(child.key):
-                self._split(child, k)
-            if pos + k > lo:
-                out.append(child)
-            node, pos = child, pos + k
-        return out
-
-    def insert(self, seq: bytes, lo: int, version: int, seq_no: int) -> None:
-        """The tree now holds ``seq``; ``seq[lo:]`` (bytes) is what changed."""
-        for g in self._walk(seq, lo):
-            if not g.held:  # out: back in
-                g.history += (version, seq_no)
-        node, pos = self.root, 0
-        while pos < len(seq):  # down to where the trie stops, then the new part
-            child = node.children.get(seq[pos : pos + W])
-            if child is None:
-                if self.tokens >= self.max_tokens:
-                    self.full = True
-                    return
-                node.children[seq[pos : pos + W]] = _Ghost(seq[pos:], [version, seq_no])
-                self.tokens += (len(seq) - pos) // W
-                return
-            node, pos = child, pos + len(child.key)
-
-    def evict(self, seq: bytes, lo: int, version: int, seq_no: int) -> None:
-        """The tree no longer holds ``seq[lo:]`` (bytes)."""
-        for g in self._walk(seq, lo):
-            if g.held:
-                g.history += (version, seq_no)
-
-    def evict_all(self, version: int, seq_no: int) -> None:
-        """Everything held is out (an engine reset)."""
-        stack = list(self.root.children.values())
-        while stack:
-            g = stack.pop()
-            if g.held:
-                g.history += (version, seq_no)
-            stack.extend(g.children.values())
-
-    def along(
-        self, seq: bytes
-    ) -> tuple[list[tuple[int, int, _Ghost, _Ghost]], list[_Ghost]]:
-        """The spans of ``seq`` the trie holds, as (start, end, node, its parent) in tokens,
-        and the nodes that go on with other tokens where it stops (none when ``seq`` ended
-        there)."""
-        node, pos, n = self.root, 0, len(seq)
-        out: list[tuple[int, int, _Ghost, _Ghost]] = []
-        while pos < n:
-            child = node.children.get(seq[pos : pos + W])
-            if child is None:
-                return out, list(node.children.values())
-            k = _common(seq, pos, child.key)
-            out.append((pos // W, (pos + k) // W, child, node))
-            if k < len(child.key):
-                return out, [child] if pos + k < n else []
-            node, pos = child, pos + k
-        return out, []
 
 
 class MissHistory:
@@ -340,14 +234,6 @@ class MissHistory:
         return _merged(spans)
 
 
-def _common(seq: bytes, pos: int, key: bytes) -> int:
-    """Bytes of ``key`` that ``seq[pos:]`` starts with (whole tokens): one C compare when all
-    of it does (the common case along a path), else the galloping search."""
-    if seq.startswith(key, pos):
-        return len(key)
-    return common_units(seq, pos, key) * W
-
-
 def _held_unmatched(lo: int, hi: int, p: int, dropped: int) -> list[Span]:
     """Tokens the tree held at the match but the request did not read from it."""
     out = []
@@ -373,8 +259,11 @@ def _merged(spans: list[Span]) -> list[Span]:
     return out
 
 
-def describe(history: MissHistory, req: int) -> list[str]:
-    """What the inspector shows for request ``req``: its match, then each missed span."""
+def describe(history: MissHistory, req: int, error: str | None = None) -> list[str]:
+    """What the inspector shows for request ``req``: its match, then each missed span;
+    ``error``: why the history stopped following, if it did."""
+    if error is not None:
+        return [f"request {req}: the miss history stopped following the stream ({error})"]
     why = history.why(req)
     if why is None:
         return [f"request {req}: not seen since seq {history.since} (the history starts at "

@@ -204,10 +204,13 @@ class Mirror:
             self.stats.digest_mismatches += 1
             raise MirrorError("digest mismatch")
 
-    def load_snapshot(self, s: ev.Snapshot) -> None:
-        """Replace the whole state with a snapshot's; raises ``Malformed`` (state unchanged,
-        nothing allocated) unless the snapshot passes ``check_snapshot``."""
+    def load_snapshot(self, s: ev.Snapshot, seq: int | None = None) -> None:
+        """Replace the whole state with a snapshot's (taken after batch ``seq``, when known);
+        raises ``Malformed`` (state unchanged, nothing allocated) unless the snapshot passes
+        ``check_snapshot``."""
         self._load(s)
+        if seq is not None:
+            self.seq = seq
         if self.after_event is not None:
             self.after_event(s)
 

@@ -316,8 +316,7 @@ class Subscriber:
         with gc_paused():
             snapshot = validate.decode_snapshot(data)
             with self.lock:
-                self.mirror.seq = seq
-                self.mirror.load_snapshot(snapshot)
+                self.mirror.load_snapshot(snapshot, seq)
         if self.epoch and epoch != self.epoch:
             self.stats.epochs += 1
         self.epoch, self.seq = epoch, seq
