@@ -172,8 +172,8 @@ def _why(out: Path) -> list[Path]:
             await _until(pilot, lambda: isinstance(app.screen, WhyScreen), "the why screen")
         return run
 
-    return _engine_scene(out, "why_missed", 2048,
-                         lambda app: _evicting(app) and _telling(app) is not None, after=after)
+    return _engine_scene(out, "why_missed", 512,  # small: turns come back to evicted history
+                         lambda app: _busy(app, 40) and _telling(app) is not None, after=after)
 
 
 def record_demo(path: Path, requests: int = 60) -> Path:

@@ -12,6 +12,7 @@ prediction at that size.
 
 from __future__ import annotations
 
+import itertools
 from typing import ClassVar, NamedTuple
 
 import numpy as np
@@ -30,6 +31,7 @@ from radixcache.analysis.whatif import RunningCurve
 from radixcache.wire.mirror import Mirror
 
 REDRAW_S = 0.5
+_GLYPH_STYLE = {"*": "#98c379", "│": "#e06c75", " ": ""}
 
 
 class ReplayCurve:
@@ -114,13 +116,17 @@ def plot(v: View, width: int, height: int = 16) -> Text:
             rows[y][pool] = "│"
     for x, rate in enumerate(rates):
         rows[height - 1 - min(height - 1, int(rate * (height - 1) + 0.5))][x] = "*"
-    lines = []
+    out = Text()
     for y, row in enumerate(rows):
         label = {0: "100%", height // 2: " 50%", height - 1: "  0%"}.get(y, "    ")
-        lines.append(f"{label} ┤" + "".join(row))
-    lines.append("      1" + f"{top:,}".rjust(cols - 1))
-    lines.append("      * LRU hit rate against capacity (tokens, log scale)   │ the engine's pool")
-    return Text("\n".join(lines))
+        out.append(f"{label} ┤", "dim")
+        for glyph, run in itertools.groupby(row):  # one styled run per glyph: an exported
+            out.append("".join(run), _GLYPH_STYLE[glyph])  # SVG places each run by its cell
+        out.append("\n")
+    out.append("      1" + f"{top:,}".rjust(cols - 1) + "\n", "dim")
+    out.append("      * LRU hit rate against capacity (tokens, log scale)   ", _GLYPH_STYLE["*"])
+    out.append("│ the engine's pool", _GLYPH_STYLE["│"])
+    return out
 
 
 class WhatIfScreen(ModalScreen[None]):
