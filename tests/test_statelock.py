@@ -3,39 +3,40 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from radixcache.serving.statelock import StateLock
+from tests.helpers.stream import wait_for
 
 
-def test_a_waiter_gets_the_lock_before_the_stepper_takes_a_second_turn():
+def test_a_waiter_goes_in_before_the_stepper_takes_its_next_turn():
+    """The stepper holds the lock for a step while a command starts waiting; when the step
+    ends, the command runs before the next step (a plain Lock lets the stepper take it again
+    first: that starved `stats` for seconds under a flood)."""
     lock = StateLock()
-    steps = 0
-    stop = threading.Event()
+    order: list[str] = []
+    in_step, end_step = threading.Event(), threading.Event()
 
     def stepper() -> None:
-        nonlocal steps
-        while not stop.is_set():
-            with lock.turn():
-                steps += 1
-                time.sleep(0.002)  # a step holds the lock; it re-takes it at once after
+        with lock.turn():
+            in_step.set()
+            end_step.wait(10)
+        with lock.turn():  # at once: in a loop the next step follows without a pause
+            order.append("next step")
 
-    thread = threading.Thread(target=stepper)
-    thread.start()
-    try:
-        late = []
-        for _ in range(50):
-            before = steps
-            with lock:
-                late.append(steps - before)  # steps begun after this thread started waiting
-            time.sleep(0.001)
-        # the step in progress may finish, and one may have passed the turn check just before
-        # this thread counted itself: never more than that
-        assert max(late) <= 2, late
-    finally:
-        stop.set()
-        thread.join(5)
-    assert not thread.is_alive()
+    def command() -> None:
+        with lock:
+            order.append("command")
+
+    steps = threading.Thread(target=stepper)
+    steps.start()
+    assert in_step.wait(10)
+    waiter = threading.Thread(target=command)
+    waiter.start()
+    assert wait_for(lambda: lock._waiting == 1)  # the command is blocked on the held lock
+    end_step.set()
+    steps.join(10)
+    waiter.join(10)
+    assert order == ["command", "next step"]
     assert not lock.locked()
 
 
