@@ -264,3 +264,29 @@ def test_a_follower_that_fails_detaches_and_the_mirror_follows_on():
     assert f.mirror.after_event is None
     f.serve(list(range(300, 320)))
     assert f.mirror.digest() == f.service.digest()
+
+
+def test_a_request_beside_one_computing_its_prefix_missed_it_in_flight():
+    """Two requests with one prompt, admitted in the same step: neither could read the other's
+    tokens at its match. The first computed them itself (never seen); the second lost them to
+    batching: the first inserted them while the second ran (in flight, at that batch)."""
+    engine = Engine(EngineConfig(num_blocks=32, model=ModelConfig(vocab_size=1000)))
+    try:
+        f = Followed(engine)
+        prompt = list(range(100, 140))
+        engine.submit(prompt, 2, [7, 7])
+        engine.submit(prompt, 2, [7, 7])
+        f.loop.run_until_idle()
+        starts = [e for b in f.batches for e in b.events if isinstance(e, ev.RequestStart)]
+        assert [e.hit_tokens for e in starts] == [0, 0]
+        first, second = (f.follower.misses.why(e.req) for e in starts)
+        assert first is not None and second is not None
+        insert_seq = next(b.seq for b in f.batches for e in b.events
+                          if isinstance(e, ev.NodeCreated))
+        assert first.spans == [Span(0, 40, Cause.NEVER_SEEN)]
+        assert second.spans == [Span(0, 40, Cause.IN_FLIGHT, insert_seq)]
+        assert second.spans[0].line() == ("tokens 0-40 (40): in flight: another running "
+                                          f"request was computing them (inserted at seq "
+                                          f"{insert_seq})")
+    finally:
+        engine.close()

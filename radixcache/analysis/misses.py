@@ -22,6 +22,9 @@ match (the ``Lock`` right before its ``RequestStart``). Its prompt splits into:
                             of it was reused by copying the block, COW)
   ``capacity``              in the tree at its match, but the pool could not hold the match
                             and the request: the engine admitted it without the match
+  ``in flight``             not in the tree at its match, but another request running beside
+                            it was computing them (inserted before its own insert): a
+                            sequential engine would have hit (batching's cost)
   ``last prompt token``     in the tree, but the engine computes the last prompt token
                             always (its logits start the output)
   ``not followed``          in the tree at its match and not matched: the history missed
@@ -55,6 +58,7 @@ class Cause(enum.Enum):
     NEVER_SEEN = "never seen"
     DIVERGED = "diverged inside a block"
     CAPACITY = "capacity"
+    IN_FLIGHT = "in flight"
     LAST_TOKEN = "last prompt token"
     NOT_FOLLOWED = "not followed"
 
@@ -72,6 +76,8 @@ class Span(NamedTuple):
         what = self.cause.value
         if self.cause is Cause.EVICTED:
             what += f" at seq {self.seq}" + (" (engine reset)" if self.seq in resets else "")
+        elif self.cause is Cause.IN_FLIGHT:
+            what += f": another running request was computing them (inserted at seq {self.seq})"
         return f"tokens {self.start}-{self.end} ({self.end - self.start}): {what}"
 
 
@@ -90,6 +96,7 @@ class Why:
     version: int = 0  # the mirror's event counter at its match
     finished: bool = False
     prompt: bytes = b""  # once finished, until explained
+    insert_from: int = 0  # event counter before its own insert (later ones are its own)
 
     @property
     def missed(self) -> int:
@@ -110,6 +117,7 @@ class MissHistory:
         self.since = 0  # the seq of the snapshot the history starts from
         self._match: tuple[int, int] | None = None  # (node, version) of a match in progress
         self._dropped = b""  # the path of a match given up for room, until its RequestStart
+        self._edge = 0  # event counter at the last RequestStart or RequestFinish
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.NodeCreated: self._held, ev.Extend: self._held, ev.Evict: self._evicted,
             ev.Lock: self._lock, ev.RequestStart: self._start, ev.RequestFinish: self._finish,
@@ -154,8 +162,9 @@ class MissHistory:
 
     def _finish(self, e: ev.RequestFinish) -> None:
         why = self.whys.get(e.req)
-        if why is not None:
-            why.finished = True
+        if why is not None:  # its insert is every event since the last start or finish
+            why.finished, why.insert_from = True, self._edge
+        self._edge = self.mirror.version
 
     def _reset(self, _: ev.Reset) -> None:
         self.ghosts.evict_all(self.mirror.version, self.mirror.seq)
@@ -186,7 +195,7 @@ class MissHistory:
         self.whys.move_to_end(e.req)
         while len(self.whys) > KEEP_REQUESTS:
             self.whys.popitem(last=False)
-        self._match, self._dropped = None, b""
+        self._match, self._dropped, self._edge = None, b"", m.version
 
     def _restart(self, _: ev.Snapshot) -> None:
         """A snapshot was loaded: the history starts again from what it holds (the finished
@@ -200,7 +209,7 @@ class MissHistory:
                 self.ghosts.insert(path_tokens(n), 0, m.version, m.seq)
         for req in [r for r, w in self.whys.items() if w.spans is None]:
             del self.whys[req]  # matched against a history that is gone
-        self._match, self._dropped = None, b""
+        self._match, self._dropped, self._edge = None, b"", m.version
 
     def explain(self, why: Why, prompt: bytes) -> list[Span]:
         """The missed spans of ``prompt`` (``why``'s request), in order."""
@@ -215,10 +224,14 @@ class MissHistory:
             if hi <= why.hit_tokens:
                 continue
             state = g.state_at(v)
-            if state is None:  # first held after the match: new to it; its elders were not
+            lo = max(lo, why.hit_tokens)
+            if state is None and g.history[0] <= why.insert_from:  # another's insert: in flight
+                spans.append(Span(lo, hi, Cause.IN_FLIGHT, g.history[1]))
+                first_new = hi
+                continue
+            if state is None:  # first held after the match, by its own insert: new to it
                 others, at = [c for c in parent.children.values() if c is not g], lo
                 break
-            lo = max(lo, why.hit_tokens)
             if state[0]:
                 spans += _held_unmatched(lo, hi, p, why.dropped)
             else:
