@@ -53,6 +53,10 @@ def _stats_table(s: DemoStats) -> Table:
         ("splits / merges / evicted nodes", f"{s.splits:,} / {s.merges:,} / {s.evicted_nodes:,}"),
         ("batches followed", f"{s.batches:,}"),
         ("digest checks / resyncs", f"{s.digest_checks:,} / {s.resyncs}"),
+        ("hit rate: curve predicts / engine measured",
+         f"{100 * s.predicted_hit_rate:.2f}% / {100 * s.measured_hit_rate:.2f}%"),
+        ("missed tokens by cause", ", ".join(f"{k} {v:,}" for k, v in
+                                              s.missed_tokens_by_cause.items() if v) or "none"),
     ):
         t.add_row(label, value)
     return t

@@ -168,6 +168,11 @@ def test_headless_demo_runs_an_engine_process_and_leaves_nothing_behind(
     assert stats["served"] + stats["queued"] == expected
     assert stats["mirror_nodes"] == stats["nodes"]
     assert stats["resyncs"] == 0
+    causes = stats["missed_tokens_by_cause"]
+    assert set(causes) == {"evicted", "never seen", "diverged inside a block", "capacity",
+                           "in flight", "last prompt token", "not followed"}
+    assert causes["never seen"] > 0  # the first requests of a fresh engine
+    assert 0 <= stats["measured_hit_rate"] <= 1 and 0 <= stats["predicted_hit_rate"] <= 1
 
 
 class _Stubborn(demo_mod.EngineProcess):

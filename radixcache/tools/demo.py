@@ -30,9 +30,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import NamedTuple
 
+import numpy as np
+
+from radixcache.analysis.follow import Follower
+from radixcache.analysis.misses import Cause
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
 from radixcache.wire.endpoints import Endpoints
+from radixcache.wire.mirror import Mirror
 from radixcache.wire.subscriber import Subscriber
 
 MAX_QUEUED = 24  # the loop waits while this many requests wait (engine busy or paused)
@@ -59,6 +64,9 @@ class DemoStats(NamedTuple):
     batches: int
     digest_checks: int
     resyncs: int
+    predicted_hit_rate: float  # the follower's LRU curve at the pool, requests one at a time
+    measured_hit_rate: float  # the engine's over the same stretch (batched)
+    missed_tokens_by_cause: dict[str, int]  # why the followed requests missed
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
@@ -210,7 +218,9 @@ def headless(engine: EngineProcess, loop: MixLoop, seconds: float) -> DemoStats:
     """Follow the engine's stream for ``seconds`` with a subscriber, then pause the engine and
     compare the subscriber's mirror with the engine's tree."""
     t0 = time.monotonic()
-    sub = Subscriber(engine.endpoints).start()
+    mirror = Mirror()
+    follower = Follower(mirror)  # what the inspector's what-if and why screens follow
+    sub = Subscriber(engine.endpoints, mirror).start()
     first = -1.0
     try:
         while time.monotonic() - t0 < seconds:
@@ -228,7 +238,22 @@ def headless(engine: EngineProcess, loop: MixLoop, seconds: float) -> DemoStats:
                      int(stats.get("nodes", 0)),
                      len(sub.mirror.nodes) - 1, int(stats.get("splits", 0)),
                      int(stats.get("merges", 0)), int(stats.get("evicted_nodes", 0)),
-                     sub.stats.batches, sub.stats.digest_checks, sub.stats.resyncs)
+                     sub.stats.batches, sub.stats.digest_checks, sub.stats.resyncs,
+                     *_follow_figures(follower))
+
+
+def _follow_figures(f: Follower) -> tuple[float, float, dict[str, int]]:
+    """Predicted against measured at the pool, and the followed requests' missed tokens by
+    cause (``radixcache.analysis.misses``)."""
+    c, r = f.curve.curve(), f.curve
+    cap = np.asarray([r.capacity_tokens])
+    predicted = float(c.hits(cap)[0]) / max(c.prompt_tokens, 1)
+    causes = {cause.value: 0 for cause in Cause}
+    for w in f.misses.all():
+        for span in w.spans or ():
+            causes[span.cause.value] += span.end - span.start
+    return (round(predicted, 4), round(r.measured_hits / max(r.measured_prompt, 1), 4),
+            causes)
 
 
 def _paused_stats(engine: EngineProcess) -> dict[str, float | int | str]:
