@@ -206,6 +206,8 @@ class InspectorApp(App[None]):
     # -- the frame -------------------------------------------------------------------------
     def frame(self) -> None:
         """Take one frame of the mirror (one lock hold) and show it on every pane."""
+        if not self.is_running:  # shutting down: a timer may fire while the panes are pruned
+            return
         t0 = time.perf_counter()
         wall = time.time()
         # Lock order: a source's own locks before the feed's (an embedded loop applies its
@@ -300,6 +302,8 @@ class InspectorApp(App[None]):
 
     def slow_tick(self) -> None:
         """Twice a second: redraw the memory pane (sparkline, ages) even without new samples."""
+        if not self.is_running:
+            return
         self._panes.memory.refresh()
         self._panes.lru.refresh()
 
