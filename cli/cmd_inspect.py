@@ -56,7 +56,7 @@ def inspect(
     topic: str = typer.Option("", help="With --kv-events: only this PUB topic (SGLang can put "
                                        "a data-parallel rank in it)."),
     blocks: int = typer.Option(4096, help="Without ENDPOINT: blocks of the embedded tree."),
-    curve_keys: Path | None = typer.Option(None, help="With ENDPOINT: a key directory from "
+    curve_keys: Path | None = typer.Option(None, help="With ENDPOINT(s): a key directory from "
                                            "`radixcache keys DIR` (the engine runs with "
                                            "`serve --curve-keys`)."),
 ) -> None:
@@ -65,6 +65,11 @@ def inspect(
 
     Example: radixcache inspect tcp://127.0.0.1:5557   (after: radixcache serve --port 5557)
     """
+    if curve_keys is not None:
+        if not endpoint:
+            raise typer.BadParameter("--curve-keys goes with ENDPOINT (one or several)",
+                                     param_hint="--curve-keys")
+        _use_curve_keys(curve_keys)  # one engine or the cluster screen: every socket uses them
     if kv_events is not None and len(kv_events) > 1:
         from cli.cmd_cluster import inspect_kv_many
 
@@ -82,8 +87,6 @@ def inspect(
 
         inspect_many(endpoint)
     elif endpoint:
-        if curve_keys is not None:
-            _use_curve_keys(curve_keys)
         run_live(endpoint)
     else:
         run_local(blocks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 import time
 import warnings
@@ -99,3 +100,24 @@ def send(endpoint: str, c: cmd.AnyCommand, keys: ClientCurve | None,
     from radixcache.wire.client import send_command
 
     return send_command(endpoint, c, timeout_s, curve=keys)
+
+
+def test_inspect_with_several_endpoints_uses_the_curve_keys(tmp_path: Path, monkeypatch) -> None:
+    """`inspect A B --curve-keys DIR` opens the cluster screen with the keys in force (every
+    subscriber and command socket reads them), as one endpoint does; without an endpoint the
+    option is refused."""
+    import cli.cmd_cluster
+    from cli.main import main
+
+    create_keys(tmp_path / "keys")
+    monkeypatch.delenv(KEYS_ENV, raising=False)
+    seen: list[str | None] = []
+    monkeypatch.setattr(cli.cmd_cluster, "inspect_many",
+                        lambda endpoints: seen.append(os.environ.get(KEYS_ENV)))
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5567",
+              "--curve-keys", str(tmp_path / "keys")])
+    assert exc.value.code == 0 and seen == [str(tmp_path / "keys")]
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", "--curve-keys", str(tmp_path / "keys")])
+    assert exc.value.code == 2
