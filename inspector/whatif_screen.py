@@ -72,13 +72,14 @@ class View(NamedTuple):
     measured_hits: int
     measured_prompt: int
     scope: str
+    causes: dict[str, int] | None = None  # missed tokens by cause (a live source)
 
     @classmethod
-    def of(cls, r: RunningCurve, scope: str) -> View:
+    def of(cls, r: RunningCurve, scope: str, causes: dict[str, int] | None = None) -> View:
         """Copy what ``r`` holds now."""
         m = r.mirror
         return cls(r.curve(), r.capacity_tokens, m.num_blocks, m.block_size, r.measured_hits,
-                   r.measured_prompt, scope)
+                   r.measured_prompt, scope, causes)
 
 
 def headline(v: View) -> str:
@@ -98,7 +99,16 @@ def headline(v: View) -> str:
         f" curve predicts {100 * predicted:.2f}% (LRU, one request at a time), engine "
         f"measured {100 * measured:.2f}% (batched)\n"
         f"maximum {100 * c.max_hits / p:.2f}% (infinite cache); 90% of it at "
-        f"{capacity_for(c, 0.9):,} tokens")
+        f"{capacity_for(c, 0.9):,} tokens" + _causes_line(v.causes))
+
+
+def _causes_line(causes: dict[str, int] | None) -> str:
+    """Why the followed requests missed, largest first (``why REQ`` for one request)."""
+    if not causes or not any(causes.values()):
+        return ""
+    ranked = sorted(((n, k) for k, n in causes.items() if n), reverse=True)
+    return ("\nmissed tokens by cause: " + ", ".join(f"{k} {n:,}" for n, k in ranked)
+            + " (one request: why REQ)")
 
 
 def plot(v: View, width: int, height: int = 16) -> Text:
@@ -164,7 +174,7 @@ class WhatIfScreen(ModalScreen[None]):
                     scope += f", up to where following stopped: {f.error}"
                 elif f.curve_full:
                     scope += f", up to {f.max_tokens:,} distinct tokens"
-                self.view = View.of(f.curve, scope)
+                self.view = View.of(f.curve, scope, f.misses.totals())
         self.query_one("#whatif-head", Static).update(headline(self.view))
         if self.view.curve.requests:
             self.query_one("#whatif-plot", Static).update(plot(self.view, self.size.width))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +99,19 @@ def test_over_a_live_engine_the_curve_covers_the_stream_since_the_inspector_join
                                      f"since the inspector joined (seq {joined:,})")
             await wait_until(pilot, lambda: head_text(app).startswith(want + "\n"))
             view = app.screen.view  # type: ignore[attr-defined]
+            # the causes line adds up to what the served requests missed, by the recording
+            batches = load_recording(path).batches
+            starts = {e.req: e for b in batches for e in b.events
+                      if isinstance(e, ev.RequestStart)}
+            served = [e.req for b in batches for e in b.events
+                      if isinstance(e, ev.RequestFinish) and e.output_tokens > 0]
+            missed = sum(starts[r].prompt_tokens - starts[r].hit_tokens for r in served)
+            line = head_text(app).splitlines()[3]
+            body = line.removeprefix("missed tokens by cause: ")
+            assert body != line and body.endswith(" (one request: why REQ)")
+            counts = re.findall(r"\d[\d,]*", body.removesuffix(" (one request: why REQ)"))
+            assert sum(int(n.replace(",", "")) for n in counts) == missed > 0
+            assert "evicted" in body  # the small pool: LRU evicted what later turns wanted
             assert (view.curve.requests, view.capacity_tokens) == (17, 160 * 16)  # 1 rejected
             assert 0 < view.measured_hits < view.measured_prompt
 

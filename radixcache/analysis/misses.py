@@ -135,6 +135,14 @@ class MissHistory:
         """Every request kept, oldest first, each finished one explained."""
         return [w for r in list(self.whys) if (w := self.why(r)) is not None]
 
+    def totals(self) -> dict[str, int]:
+        """Missed tokens by cause over every request kept (each explained if it was not)."""
+        out = {c.value: 0 for c in Cause}
+        for w in self.all():
+            for span in w.spans or ():
+                out[span.cause.value] += span.end - span.start
+        return out
+
     def observe(self, e: ev.AnyEvent, prompt: bytes | None = None) -> None:
         """Account ``e``, already applied to the mirror; ``prompt`` is the finished
         request's prompt (little-endian uint32 ids) when ``e`` finished one."""

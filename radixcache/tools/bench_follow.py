@@ -15,7 +15,6 @@ from collections.abc import Callable
 import numpy as np
 
 from radixcache.analysis.follow import Follower
-from radixcache.analysis.misses import Cause
 from radixcache.analysis.whatif import one_pass
 from radixcache.core import events as ev
 from radixcache.serving.driver import TreeDriver
@@ -70,10 +69,7 @@ def follow(pairs: list[Pair], num_blocks: int, progress: Callable[[int], None]) 
     offline = one_pass((token_access(r, 1) for r in reqs), 4, 1)
     live = follower.curve.curve()
     whys = follower.misses.all()
-    by_cause = {c.value: 0 for c in Cause}
-    for w in whys:
-        for s in w.spans or ():
-            by_cause[s.cause.value] += s.end - s.start
+    by_cause = follower.misses.totals()
     cap = np.asarray([num_blocks * mirror.block_size])
     return {
         "requests": len(pairs), "events": events, "num_blocks": num_blocks,

@@ -33,7 +33,6 @@ from typing import NamedTuple
 import numpy as np
 
 from radixcache.analysis.follow import Follower
-from radixcache.analysis.misses import Cause
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
 from radixcache.wire.endpoints import Endpoints
@@ -248,12 +247,8 @@ def _follow_figures(f: Follower) -> tuple[float, float, dict[str, int]]:
     c, r = f.curve.curve(), f.curve
     cap = np.asarray([r.capacity_tokens])
     predicted = float(c.hits(cap)[0]) / max(c.prompt_tokens, 1)
-    causes = {cause.value: 0 for cause in Cause}
-    for w in f.misses.all():
-        for span in w.spans or ():
-            causes[span.cause.value] += span.end - span.start
     return (round(predicted, 4), round(r.measured_hits / max(r.measured_prompt, 1), 4),
-            causes)
+            f.misses.totals())
 
 
 def _paused_stats(engine: EngineProcess) -> dict[str, float | int | str]:
