@@ -15,6 +15,7 @@ import sys
 
 import cli.cmd_bench_events
 import cli.cmd_bench_tree
+import cli.cmd_bench_whatif
 import cli.cmd_cluster
 import cli.cmd_demo
 import cli.cmd_doctor

@@ -1,0 +1,131 @@
+"""How `radixcache whatif` shows its answer: the headline answers, the terminal plot, the
+table, the routing table and the plot file (the command itself is in ``cli.cmd_whatif``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from cli.app import CliError
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def answers(fig: dict[str, object]) -> list[str]:
+    cf = fig["capacity_for"]
+    assert isinstance(cf, dict)
+    lines = [
+        f"{fig['requests']:,} requests, {fig['prompt_tokens']:,} prompt tokens, "
+        f"block {fig['block_size']} ({fig['format']}) in {fig['seconds']:.2f} s",
+        f"maximum hit rate {pct(float(fig['max_hit_rate']))} (infinite cache)",
+        "capacity for 50% / 90% / 99% of it: "
+        + " / ".join(f"{cf[f]:,} tokens" for f in ("0.5", "0.9", "0.99")),
+        f"knee at {fig['knee_tokens']:,} tokens",
+    ]
+    pool = fig.get("pool")
+    if isinstance(pool, dict):
+        lines.append(
+            f"your pool of {pool['blocks']:,} blocks reaches {pct(pool['of_max'])} of the "
+            f"maximum; 2x reaches {pct(pool['of_max_2x'])}")
+    return lines
+
+
+def curve_table(fig: dict[str, object], rows: int = 14) -> Table:
+    caps = fig["capacities_tokens"]
+    rates = fig["hit_rate"]
+    miss = fig["misses"]
+    gib = fig.get("capacities_gib")
+    assert isinstance(caps, list) and isinstance(rates, list) and isinstance(miss, dict)
+    t = Table(title=f"radixcache whatif {fig['source']} (LRU, exact)")
+    for col in ("capacity tokens", "blocks", "GiB", "hit rate", "compulsory", "capacity",
+                "alignment"):
+        t.add_column(col, justify="right")
+    step = max(1, len(caps) // rows)
+    picks = sorted(set(range(0, len(caps), step)) | {len(caps) - 1})
+    for i in picks:
+        t.add_row(
+            f"{caps[i]:,}", f"{caps[i] // int(str(fig['block_size'])):,}",
+            f"{gib[i]:.2f}" if isinstance(gib, list) else "-", pct(rates[i]),
+            f"{miss['compulsory'][i]:,}", f"{miss['capacity'][i]:,}",
+            f"{miss['alignment'][i]:,}")
+    return t
+
+
+def terminal_plot(fig: dict[str, object], width: int, color: bool) -> Text:
+    import plotext as plt
+
+    caps, rates = fig["capacities_tokens"], fig["hit_rate"]
+    assert isinstance(caps, list) and isinstance(rates, list)
+    pairs = [(c, 100 * r) for c, r in zip(caps, rates, strict=True) if c > 0]
+    plt.clear_figure()
+    plt.plot([c for c, _ in pairs], [r for _, r in pairs], marker="braille", label="LRU")
+    pol = fig["policies"]
+    assert isinstance(pol, dict)
+    for name, p in pol.items():
+        both = zip(p["capacities_tokens"], p["hit_rate"], strict=True)
+        pts = [(c, 100 * r) for c, r in both if c > 0]
+        if pts:
+            plt.scatter([c for c, _ in pts], [r for _, r in pts], label=name)
+    plt.xscale("log")
+    plt.ylim(0, 100)
+    plt.plotsize(min(100, width), 20)
+    if not color:
+        plt.theme("clear")
+    plt.title("token hit rate (%) against capacity (tokens)")
+    return Text.from_ansi(str(plt.build()))
+
+
+def check_plot_name(plot: Path | None) -> None:
+    """Refuse a --plot name we cannot write before any work is done."""
+    if plot is not None and plot.suffix.lower() not in (".svg", ".png"):
+        raise typer.BadParameter(f"{plot}: want a .svg or .png file name", param_hint="--plot")
+
+
+def plot_file(path: Path, fig: dict[str, object]) -> None:
+    from radixcache.analysis.svgplot import render_svg, write_plot
+
+    pol = fig["policies"]
+    assert isinstance(pol, dict)
+    points = {n: (p["capacities_tokens"], p["hit_rate"]) for n, p in pol.items()}
+    pool = fig.get("pool")
+    marks = {}
+    if isinstance(pool, dict):
+        marks[f"pool {pool['blocks']:,} blocks"] = int(pool["blocks"]) * int(str(fig["block_size"]))
+    caps, rates = fig["capacities_tokens"], fig["hit_rate"]
+    assert isinstance(caps, list) and isinstance(rates, list)
+    title = f"what if: {fig['source']} (block {fig['block_size']})"
+    try:
+        write_plot(path, render_svg(title, caps, rates, points, marks))
+    except (ValueError, OSError) as exc:  # cairosvg missing, or the file cannot be written
+        raise CliError(f"--plot {path}: {exc}") from exc
+
+
+def print_human(fig: dict[str, object]) -> None:
+    out = Console()
+    for line in answers(fig):
+        out.print(line)
+    out.print(terminal_plot(fig, out.width, out.is_terminal))
+    out.print(curve_table(fig))
+    routing = fig.get("routing")
+    if isinstance(routing, dict):
+        out.print(routing_table(routing))
+
+
+def routing_table(r: dict[str, object]) -> Table:
+    t = Table(title=f"{r['replicas']} replicas x {r['capacity_blocks']:,} blocks "
+                    f"(block {r['block_size']}), offline")
+    for col in ("router", "hit rate", "imbalance", "duplicated tokens"):
+        t.add_column(col, justify="right")
+    pol, one = r["policies"], r["shared"]
+    assert isinstance(pol, dict) and isinstance(one, dict)
+    for name, p in pol.items():
+        t.add_row(name, pct(p["hit_rate"]), f"{p['imbalance']:.2f}",
+                  f"{p['duplicated_tokens']:,}")
+    t.add_row(f"one shared cache of {one['capacity_blocks']:,}", pct(one["hit_rate"]), "-", "-")
+    return t
