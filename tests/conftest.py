@@ -51,6 +51,20 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.hypothesis_seed = SEED
 
 
+@pytest.fixture(autouse=True)
+def _no_leaked_curve_keys():  # type: ignore[no-untyped-def]
+    """A test that leaves ``$RADIXCACHE_CURVE_KEYS`` set (a command sets it for its process)
+    would make every later test's sockets use its keys: fail that test, not forty others."""
+    before = os.environ.get("RADIXCACHE_CURVE_KEYS")
+    yield
+    after = os.environ.get("RADIXCACHE_CURVE_KEYS")
+    if after != before:
+        os.environ.pop("RADIXCACHE_CURVE_KEYS", None)
+        if before is not None:
+            os.environ["RADIXCACHE_CURVE_KEYS"] = before
+        pytest.fail(f"the test left RADIXCACHE_CURVE_KEYS={after!r} (was {before!r})")
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     """The seed, on top of the run (a failure is reproduced with it)."""
     return (f"hypothesis seed {config.getoption('hypothesis_seed')} "

@@ -110,7 +110,11 @@ def test_inspect_with_several_endpoints_uses_the_curve_keys(tmp_path: Path, monk
     from cli.main import main
 
     create_keys(tmp_path / "keys")
-    monkeypatch.delenv(KEYS_ENV, raising=False)
+    # the command sets the variable for the process: record it as absent, so the teardown
+    # removes it (a bare delenv of an absent name records nothing, and the keys would then
+    # leak into every later test's sockets)
+    monkeypatch.setenv(KEYS_ENV, "recorded")
+    monkeypatch.delenv(KEYS_ENV)
     seen: list[str | None] = []
     monkeypatch.setattr(cli.cmd_cluster, "inspect_many",
                         lambda endpoints: seen.append(os.environ.get(KEYS_ENV)))
