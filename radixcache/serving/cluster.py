@@ -30,6 +30,8 @@ import urllib.request
 from pathlib import Path
 from typing import NamedTuple
 
+from radixcache.core.procs import parent_death_signal
+
 ROUTER_EXE = "sglang-router"
 ROUTER_VERSION = "0.3.2"
 INSTALL_HINT = "pip install 'radixcache[cluster]'"
@@ -177,7 +179,8 @@ class Cluster:
         with log.open("wb") as out:
             popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=dict(os.environ),
-                                     start_new_session=True)  # Ctrl-C reaches us, not them
+                                     start_new_session=True,  # Ctrl-C reaches us, not them
+                                     preexec_fn=parent_death_signal())  # nor outlive us
         return _Proc(name, popen, log)
 
     def _wait(self, proc: _Proc, health: str) -> None:

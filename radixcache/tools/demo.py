@@ -17,7 +17,6 @@ Linux the engine also gets SIGTERM if the demo process itself is killed
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import shutil
 import signal
 import subprocess
@@ -25,7 +24,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import NamedTuple
@@ -33,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from radixcache.analysis.follow import Follower
+from radixcache.core.procs import parent_death_signal
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
 from radixcache.wire.endpoints import Endpoints
@@ -40,7 +39,6 @@ from radixcache.wire.mirror import Mirror
 from radixcache.wire.subscriber import Subscriber
 
 MAX_QUEUED = 24  # the loop waits while this many requests wait (engine busy or paused)
-PR_SET_PDEATHSIG = 1
 
 
 class DemoError(Exception):
@@ -68,17 +66,6 @@ class DemoStats(NamedTuple):
     missed_tokens_by_cause: dict[str, int]  # why the followed requests missed
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking Linux to SIGTERM the child when this process dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 class EngineProcess:
     """A ``radixcache serve`` child process on ipc:// endpoints in a private temp directory.
 
@@ -102,7 +89,7 @@ class EngineProcess:
         """Start ``command()`` with its output going to DIR/engine.log."""
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=log, preexec_fn=_parent_death_signal())
+                                         stderr=log, preexec_fn=parent_death_signal())
         return self
 
     def wait_ready(self, timeout_s: float = 60.0) -> float:
