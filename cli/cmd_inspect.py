@@ -71,7 +71,7 @@ def inspect(
                                      param_hint="--curve-keys")
         _use_curve_keys(curve_keys)  # one engine or the cluster screen: every socket uses them
     if kv_events is not None and len(kv_events) > 1:
-        from cli.cmd_cluster import inspect_kv_many
+        from cli.cluster_screens import inspect_kv_many
 
         inspect_kv_many(kv_events, replay or [])
     elif kv_events:
@@ -83,7 +83,7 @@ def inspect(
     elif replay:
         raise typer.BadParameter("--replay goes with --kv-events", param_hint="--replay")
     elif endpoint is not None and len(endpoint) > 1:
-        from cli.cmd_cluster import inspect_many
+        from cli.cluster_screens import inspect_many
 
         inspect_many(endpoint)
     elif endpoint:

@@ -106,7 +106,7 @@ def test_inspect_with_several_endpoints_uses_the_curve_keys(tmp_path: Path, monk
     """`inspect A B --curve-keys DIR` opens the cluster screen with the keys in force (every
     subscriber and command socket reads them), as one endpoint does; without an endpoint the
     option is refused."""
-    import cli.cmd_cluster
+    import cli.cluster_screens
     from cli.main import main
 
     create_keys(tmp_path / "keys")
@@ -116,7 +116,7 @@ def test_inspect_with_several_endpoints_uses_the_curve_keys(tmp_path: Path, monk
     monkeypatch.setenv(KEYS_ENV, "recorded")
     monkeypatch.delenv(KEYS_ENV)
     seen: list[str | None] = []
-    monkeypatch.setattr(cli.cmd_cluster, "inspect_many",
+    monkeypatch.setattr(cli.cluster_screens, "inspect_many",
                         lambda endpoints: seen.append(os.environ.get(KEYS_ENV)))
     with pytest.raises(SystemExit) as exc:
         main(["inspect", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5567",
