@@ -290,3 +290,29 @@ def test_a_request_beside_one_computing_its_prefix_missed_it_in_flight():
                                           f"{insert_seq})")
     finally:
         engine.close()
+
+
+def test_a_snapshot_forward_keeps_the_history_and_one_back_starts_it_again():
+    """A keyframe or resync at the current seq (or later) changes nothing the history knew:
+    an eviction before it is still named. A snapshot of an earlier seq (a replay seeking
+    back) starts the history again: what it does not hold was never seen."""
+    f = Followed(TreeDriver(8))
+    first = list(range(1000, 1064))
+    f.serve(first)
+    node = max(f.mirror.nodes)
+    for k in range(3):
+        f.serve(list(range(2000 + 100 * k, 2060 + 100 * k)))
+    evicted_at = f.evict_seq(node)
+    now = f.batches[-1].seq
+    f.mirror.load_snapshot(f.service.snapshot(), now)  # forward: the same stream goes on
+    again = f.serve(first)
+    why = f.follower.misses.why(again)
+    assert why is not None and why.spans == [Span(0, 64, Cause.EVICTED, evicted_at)]
+    assert f.follower.misses.since == 0
+    f.mirror.load_snapshot(f.service.snapshot(), 1)  # back: a seek to seq 1
+    assert f.follower.misses.since == 1
+    assert 1000 in [int(np.frombuffer(n.tokens[:4], "<u4")[0]) for n in f.mirror.nodes.values()
+                    if n.parent is not None]  # the reload holds `first`, not the 2000s
+    forgot = f.serve(list(range(2000, 2060)))  # evicted before the reload: history is gone
+    why = f.follower.misses.why(forgot)
+    assert why is not None and why.spans == [Span(0, 60, Cause.NEVER_SEEN)]

@@ -118,6 +118,7 @@ class MissHistory:
         self._match: tuple[int, int] | None = None  # (node, version) of a match in progress
         self._dropped = b""  # the path of a match given up for room, until its RequestStart
         self._edge = 0  # event counter at the last RequestStart or RequestFinish
+        self._seq = -1  # the batch of the last event seen (a snapshot before it: a seek back)
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.NodeCreated: self._held, ev.Extend: self._held, ev.Evict: self._evicted,
             ev.Lock: self._lock, ev.RequestStart: self._start, ev.RequestFinish: self._finish,
@@ -149,6 +150,7 @@ class MissHistory:
         handler = self._handlers.get(type(e))
         if handler is not None:
             handler(e)
+        self._seq = self.mirror.seq  # (a snapshot's handler compares it before this line)
         if prompt is not None and isinstance(e, ev.RequestFinish):
             why = self.whys.get(e.req)
             if why is not None and why.spans is None:
@@ -206,9 +208,18 @@ class MissHistory:
         self._match, self._dropped, self._edge = None, b"", m.version
 
     def _restart(self, _: ev.Snapshot) -> None:
-        """A snapshot was loaded: the history starts again from what it holds (the finished
-        requests are explained first, against the history they were matched in)."""
+        """A snapshot was loaded. Forward in the same stream (a resync, a replay's keyframe),
+        the history goes on: what the snapshot holds is marked held, and a span the history
+        holds that the snapshot lacks left during the gap ("not followed" if asked). Back
+        (a replay seek, a new engine), the history starts again from what it holds; the
+        finished requests are explained first, against the history they were matched in."""
         m = self.mirror
+        if m.seq >= self._seq and self.ghosts.tokens:
+            for n in m.nodes.values():
+                if n.parent is not None and not n.children:
+                    self.ghosts.insert(path_tokens(n), 0, m.version, m.seq)
+            self._match, self._dropped = None, b""
+            return
         self.all()
         self.ghosts = Ghosts(self.max_tokens)
         self.since = m.seq
