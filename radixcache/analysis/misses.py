@@ -2,10 +2,11 @@
 
 A ghost trie holds every token sequence the tree held since the follower joined (or since
 the last snapshot that went back in the stream: a replay seeking back, a new engine): the
-snapshots' paths, then every ``NodeCreated`` and ``Extend``. Each ghost span keeps its in/out history, one entry per change: in at the event
-that inserted it, out at the ``Evict`` (or ``Reset``) that removed it. The history is
-stamped with the mirror's event counter (``Mirror.version``, which orders events inside a
-batch) and the batch seq (what the person sees).
+snapshots' paths, then every ``NodeCreated`` and ``Extend``. Each ghost span keeps its
+in/out history, one entry per change: in at the event that inserted it, out at the
+``Evict`` (or ``Reset``) that removed it. The history is stamped with the mirror's event
+counter (``Mirror.version``, which orders events inside a batch) and the batch seq (what
+the person sees).
 
 A request is explained once it finishes (the stream names a prompt's tokens only then, as
 the path its insert touched: ``RequestTracker``), against the history at the moment of its
