@@ -111,13 +111,21 @@ def whatif(
                                  help="Also route the trace over N replicas of --pool-blocks."),
     router: str = typer.Option("all", "--router",
                                help="cache_aware, round_robin, power_of_two, random, or all."),
+    why: list[int] | None = typer.Option(None, "--why", min=0,
+                                         help="With a recording: why request REQ missed "
+                                              "(repeatable), instead of the curve."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The token hit rate of every cache size in one exact pass (LRU), and why requests miss.
 
     Example: [bold]radixcache whatif sharegpt --block-size 16 --plot curve.svg[/bold]
+    Why one request of a recording missed: [bold]radixcache whatif run.rcx --why 212[/bold]
     """
     from radixcache.analysis.whatif import WhatIfConfig
+
+    if why:
+        _why(source, why, as_json)
+        return
 
     cfg = WhatIfConfig(source, block_size, hash_block_size, limit or None,
                        _policies(policies), samples)
@@ -139,3 +147,24 @@ def whatif(
         print_human(fig)
 
 
+def _why(source: str, reqs: list[int], as_json: bool) -> None:
+    """``--why``: follow the recording as the inspector would, explain each request."""
+    from radixcache.analysis.follow import follow_recording, why_record
+    from radixcache.analysis.misses import describe
+    from radixcache.traffic.traces import TraceFormat, detect_format
+
+    try:
+        if detect_format(source) is not TraceFormat.RECORDING:
+            raise typer.BadParameter(f"{source}: --why needs a recording (.rcx)",
+                                     param_hint="--why")
+        follower, note = follow_recording(Path(source))
+    except TraceError as exc:
+        raise CliError(str(exc)) from exc
+    if note is not None:
+        Console(stderr=True).print(f"note: {note}", highlight=False)
+    if as_json:
+        typer.echo(json.dumps({"source": source, "why": [why_record(follower, r) for r in reqs]}))
+        return
+    for r in reqs:
+        for line in describe(follower.misses, r, follower.error):
+            typer.echo(line)

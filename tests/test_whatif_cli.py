@@ -228,3 +228,51 @@ def test_routing_over_replicas_in_the_json(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["whatif", str(path), "--replicas", "2", "--router", "sticky"])
     assert exc.value.code == 2
+
+
+def test_why_explains_requests_of_a_recording(tmp_path, capsys):
+    """`whatif FILE --why N`: the recording followed as the inspector follows a stream. Every
+    served request's spans cover what it missed; an evicted span names a batch that evicted."""
+    from radixcache.core import events as ev
+    from radixcache.serving.server import record_file
+    from radixcache.wire.recording import RecordingReader
+
+    path = tmp_path / "chat.rcx"
+    record_file(path, build_workload("chat", ["6", "--seed", "3"]), model=False, blocks=160,
+                keyframe_every=200, step_requests=4)
+    batches = [r.item for r in RecordingReader(path).records() if isinstance(r.item, ev.Batch)]
+    starts = {e.req: e for b in batches for e in b.events if isinstance(e, ev.RequestStart)}
+    evicting = {b.seq for b in batches if any(isinstance(e, ev.Evict) for e in b.events)}
+    by_seq = {b.seq: b for b in batches}
+    fig = run_json([str(path), *[a for r in sorted(starts) for a in ("--why", str(r))]], capsys)
+    assert fig["source"] == str(path) and [w["req"] for w in fig["why"]] == sorted(starts)
+    causes = set()
+    for w in fig["why"]:
+        s = starts[w["req"]]
+        assert (w["seen"], w["prompt_tokens"], w["hit_tokens"]) == (True, s.prompt_tokens,
+                                                                     s.hit_tokens)
+        if w["spans"] is None:  # not served: the pool could not hold it
+            continue
+        assert sum(x["end"] - x["start"] for x in w["spans"]) == s.prompt_tokens - s.hit_tokens
+        for x in w["spans"]:
+            causes.add(x["cause"])
+            if x["cause"] == "evicted":  # before its match: an earlier batch, or earlier in
+                assert x["seq"] in evicting and x["seq"] <= w["seq"]  # its own batch
+                if x["seq"] == w["seq"]:
+                    order = [type(e) for e in by_seq[w["seq"]].events
+                             if isinstance(e, ev.Evict) or (isinstance(e, ev.RequestStart)
+                                                            and e.req == w["req"])]
+                    assert order.index(ev.Evict) < order.index(ev.RequestStart)
+    assert {"evicted", "never seen"} <= causes
+    code = main_code([str(path), "--why", "3"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0 and out[0].startswith("request 3, admitted in batch ")
+    assert out[1].startswith("matched path: ")
+    assert main_code(["sharegpt", "--why", "3"]) == 2  # not a recording
+    assert "--why needs a recording" in capsys.readouterr().err
+
+
+def main_code(args: list[str]) -> int:
+    with pytest.raises(SystemExit) as exc:
+        main(["whatif", *args])
+    return int(exc.value.code or 0)

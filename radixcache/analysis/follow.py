@@ -13,6 +13,7 @@ It runs under whatever lock guards the mirror (the feed's), so readers take that
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from radixcache.analysis.ghosts import MAX_TOKENS
@@ -61,3 +62,41 @@ class Follower:
             self.curve_full = curve.stack.distinct_units >= self.max_tokens
         prompt = None if req is None else req.prompt.astype("<u4").tobytes()
         self.misses.observe(e, prompt)
+
+
+def follow_recording(path: Path) -> tuple[Follower, str | None]:
+    """A ``Follower`` over a recording's stream, from its first keyframe to its end (or to
+    its damage, which the second item describes): ``radixcache whatif FILE --why REQ``."""
+    from radixcache.wire.mirror import Mirror
+    from radixcache.wire.recording import Keyframe, RecordingReader
+
+    reader = RecordingReader(path)
+    mirror = Mirror()
+    follower = Follower(mirror)
+    started = False
+    for rec in reader.records():
+        item = rec.item
+        if isinstance(item, Keyframe):
+            if not started:  # later keyframes hold nothing the batches do not
+                mirror.load_snapshot(item.snapshot, item.seq)
+            continue
+        started = True
+        mirror.apply_batch(item)
+    damage = reader.damage
+    note = None if damage is None else f"{path}: read up to byte {damage.offset}: {damage.reason}"
+    return follower, note
+
+
+def why_record(follower: Follower, req: int) -> dict[str, object]:
+    """Request ``req`` as ``--json`` prints it (stable keys)."""
+    why = follower.misses.why(req)
+    if why is None:
+        return {"req": req, "seen": False}
+    return {
+        "req": req, "seen": True, "seq": why.seq, "prompt_tokens": why.prompt_tokens,
+        "hit_tokens": why.hit_tokens, "finished": why.finished,
+        "path": [list(p) for p in why.path],
+        "spans": None if why.spans is None else [
+            {"start": s.start, "end": s.end, "cause": s.cause.value,
+             "seq": s.seq if s.seq >= 0 else None} for s in why.spans],
+    }
