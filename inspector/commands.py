@@ -80,7 +80,7 @@ class CommandReplies:
         elif head == "quit":
             self.app.exit()
         elif head == "why":
-            if len(rest) != 1 or not rest[0].isdigit():
+            if len(rest) != 1 or not (rest[0].isascii() and rest[0].isdigit()):
                 self.say("✗ usage: why REQ (a request id, as the event log shows it)",
                          error=True)
                 return

@@ -80,8 +80,10 @@ async def test_why_on_the_command_line_and_its_mistakes() -> None:
         assert body.startswith("request 1, admitted in batch ")
         assert "matched path: n" in body
         await pilot.press("escape")
-        await type_line(pilot, "why one")
-        assert app.messages[-1] == "✗ usage: why REQ (a request id, as the event log shows it)"
+        for bad in ("why one", "why ²", "why -1", "why 1 2"):
+            await type_line(pilot, bad)
+            assert app.messages[-1] == ("✗ usage: why REQ (a request id, as the event log "
+                                        "shows it)"), bad
         await type_line(pilot, "why 999")
         await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
         assert _body(app).startswith("request 999: not seen since seq 0 ")
