@@ -316,3 +316,15 @@ def test_a_snapshot_forward_keeps_the_history_and_one_back_starts_it_again():
     forgot = f.serve(list(range(2000, 2060)))  # evicted before the reload: history is gone
     why = f.follower.misses.why(forgot)
     assert why is not None and why.spans == [Span(0, 60, Cause.NEVER_SEEN)]
+
+
+def test_describe_lists_forty_spans_then_says_how_many_more():
+    from radixcache.analysis.misses import MissHistory, Why, describe
+
+    history = MissHistory(Mirror())
+    spans = [Span(i, i + 1, Cause.EVICTED if i % 2 else Cause.NEVER_SEEN, 7) for i in range(50)]
+    history.whys[5] = Why(5, 3, 50, 0, [], spans=spans, finished=True)
+    lines = describe(history, 5)
+    assert lines[2:4] == ["  tokens 0-1 (1): never seen", "  tokens 1-2 (1): evicted at seq 7"]
+    assert len(lines) == 2 + 40 + 1
+    assert lines[-1] == "  ... 10 more spans, tokens 40-50"

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from radixcache.wire.mirror import Mirror, MirrorNode
 
 KEEP_REQUESTS = 4_096  # explained requests kept (the event log scrolls back 2,000 events)
+MAX_LINES = 40  # spans ``describe`` lists (a long prompt evicted piece by piece has many)
 
 
 class Cause(enum.Enum):
@@ -313,7 +314,11 @@ def describe(history: MissHistory, req: int, error: str | None = None) -> list[s
                    "stream never named its tokens")
         return out
     resets = frozenset(history.resets)
-    out += [f"  {s.line(resets)}" for s in why.spans] or ["  nothing missed"]
+    shown = why.spans[:MAX_LINES]
+    out += [f"  {s.line(resets)}" for s in shown] or ["  nothing missed"]
+    if len(why.spans) > len(shown):
+        rest = why.spans[len(shown):]
+        out.append(f"  ... {len(rest):,} more spans, tokens {rest[0].start}-{rest[-1].end}")
     if history.ghosts.full:
         out.append(f"(the history holds {history.max_tokens:,} tokens: later ones count as "
                    "never seen)")
