@@ -328,3 +328,17 @@ def test_describe_lists_forty_spans_then_says_how_many_more():
     assert lines[2:4] == ["  tokens 0-1 (1): never seen", "  tokens 1-2 (1): evicted at seq 7"]
     assert len(lines) == 2 + 40 + 1
     assert lines[-1] == "  ... 10 more spans, tokens 40-50"
+
+
+def test_the_follower_says_since_which_seq_it_followed():
+    """A late join at seq 40: the curve and the history start there, not at 0."""
+    driver = TreeDriver(64)
+    mirror = Mirror()
+    follower = Follower(mirror)
+    mirror.load_snapshot(driver.snapshot(), 40)
+    assert (follower.since, follower.misses.since) == (40, 40)
+    mirror.apply_batch(ev.Batch(41, 1, 0.0, "test", [driver.watermark()]))
+    mirror.load_snapshot(driver.snapshot(), 45)  # a resync forward: the same stretch goes on
+    assert (follower.since, follower.misses.since) == (40, 40)
+    mirror.load_snapshot(driver.snapshot(), 3)  # back (a new engine): start again
+    assert (follower.since, follower.misses.since) == (3, 3)

@@ -36,6 +36,7 @@ class Follower:
         self.since = mirror.seq  # the curve covers the requests finished after this seq
         self.curve_full = False  # MAX_TOKENS distinct tokens: later requests not counted
         self._last_seq = mirror.seq
+        self._followed = False  # any event but a snapshot seen yet
         self.error: str | None = None  # why following stopped, if it did
         mirror.after_event = self.observe
 
@@ -51,8 +52,13 @@ class Follower:
 
     def _observe(self, e: ev.AnyEvent) -> None:
         m = self.mirror
-        if isinstance(e, ev.Snapshot) and m.seq < self._last_seq:
-            self.curve, self.since = RunningCurve(m), m.seq  # a replay went back: start over
+        if isinstance(e, ev.Snapshot):
+            if m.seq < self._last_seq:  # a replay went back, a new engine: start over
+                self.curve, self.curve_full = RunningCurve(m), False
+            if m.seq < self._last_seq or not self._followed:
+                self.since = m.seq  # (the join: the seq the inspector's first snapshot is at)
+        else:
+            self._followed = True
         self._last_seq = m.seq
         curve = self.curve
         if self.curve_full:

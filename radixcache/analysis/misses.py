@@ -216,7 +216,7 @@ class MissHistory:
         (a replay seek, a new engine), the history starts again from what it holds; the
         finished requests are explained first, against the history they were matched in."""
         m = self.mirror
-        if m.seq >= self._seq and self.ghosts.tokens:
+        if 0 <= self._seq <= m.seq:  # (the first snapshot is the join: a fresh start)
             for n in m.nodes.values():
                 if n.parent is not None and not n.children:
                     self.ghosts.insert(path_tokens(n), 0, m.version, m.seq)
