@@ -126,12 +126,16 @@ def screenshot(
     out: Path = typer.Option(Path("screenshots"), help="Directory to write SVG and PNG into."),
 ) -> None:
     """Write SVG and PNG screenshots of the inspector: the live tree after a chat workload, the
-    block map under eviction, replay mode and the view attached to a vLLM-format publisher.
+    block map under eviction, the what-if and why screens, replay mode and the view attached
+    to a vLLM-format publisher. PNGs need the Fira Code font (Debian: fonts-firacode).
 
     Example: radixcache screenshot --out screenshots
     """
-    from inspector.shots import take_all
+    from inspector.shots import monospace_font_missing, take_all
 
+    missing = monospace_font_missing()
+    if missing:
+        console.print(f"[yellow]warning:[/] {missing}")
     out.mkdir(parents=True, exist_ok=True)
     for path in take_all(out, log=console.print):
         console.print(f"wrote {path}")

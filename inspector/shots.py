@@ -49,6 +49,22 @@ After = Callable[[Pilot[None]], Awaitable[None]]
 Log = Callable[[str], None]
 
 
+def monospace_font_missing() -> str | None:
+    """Why the PNGs would not be monospace (Textual's SVG asks for Fira Code; without it the
+    renderer falls back to a proportional font and columns drift), or None."""
+    import shutil
+    import subprocess
+
+    if shutil.which("fc-match") is None:
+        return "fc-match not found: cannot tell whether the Fira Code font is installed"
+    found = subprocess.run(["fc-match", "-f", "%{family}", "Fira Code"], capture_output=True,
+                           text=True, check=False).stdout
+    if "Fira Code" not in found:
+        return (f"the Fira Code font is not installed (fc-match gives {found!r}): the PNGs "
+                "will use a proportional font (Debian: apt install fonts-firacode)")
+    return None
+
+
 def svg_to_png(svg: str, png: Path) -> None:
     """Render Textual's SVG with cairosvg (whitespace kept: ``xml:space="preserve"``)."""
     import cairosvg

@@ -1,5 +1,6 @@
-"""Children started with ``parent_death_signal`` (the demo's engine, the cluster's replicas and
-router) end when the process that started them is killed."""
+"""Process-level helpers: children started with ``parent_death_signal`` (the demo's engine,
+the cluster's replicas and router) end when the process that started them is killed; the
+screenshot command's font check."""
 
 from __future__ import annotations
 
@@ -44,3 +45,22 @@ def test_a_child_in_its_own_session_dies_with_its_killed_parent() -> None:
     finally:
         if _alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+def test_the_screenshot_font_check_says_what_is_missing(monkeypatch, tmp_path) -> None:
+    """`radixcache screenshot` warns when PNGs would not be monospace: a real fc-match that
+    knows no Fira Code (an empty font config), and no fc-match at all."""
+    import shutil
+
+    from inspector.shots import monospace_font_missing
+
+    if shutil.which("fc-match") is not None:
+        conf = tmp_path / "fonts.conf"
+        conf.write_text("<?xml version='1.0'?><fontconfig><dir>" + str(tmp_path)
+                        + "</dir><cachedir>" + str(tmp_path) + "</cachedir></fontconfig>")
+        monkeypatch.setenv("FONTCONFIG_FILE", str(conf))
+        missing = monospace_font_missing()
+        assert missing is not None and "apt install fonts-firacode" in missing
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert monospace_font_missing() == ("fc-match not found: cannot tell whether the Fira Code "
+                                        "font is installed")
