@@ -88,7 +88,6 @@ class Mirror:
         # stream analysis of the inspector (``radixcache.analysis.follow``) sees each event
         # at the state right after it. An ``Evict`` leaves its node in ``last_evicted``.
         self.after_event: Callable[[ev.AnyEvent], None] | None = None
-        self.last_evicted: MirrorNode | None = None
         self._reset(block_size, num_blocks)
 
     def _reset(self, block_size: int, num_blocks: int) -> None:
@@ -101,6 +100,7 @@ class Mirror:
         self.cow_blocks: set[int] = set()
         self.evicted_blocks: set[int] = set()
         self.clock = 0
+        self.last_evicted: MirrorNode | None = None
 
     # -- reading ---------------------------------------------------------------------------
     def node(self, node_id: int) -> MirrorNode:
