@@ -3,7 +3,6 @@ front that ``serve --http`` starts beside the engine server."""
 
 from __future__ import annotations
 
-import enum
 import json
 import shlex
 from typing import TYPE_CHECKING
@@ -15,6 +14,7 @@ from rich.table import Table
 
 from cli.app import RUN, app, bench_app
 from cli.cluster_screens import streams_screen
+from radixcache.serving.cluster import Policy  # stdlib only: cheap at start-up
 
 if TYPE_CHECKING:
 
@@ -174,19 +174,10 @@ def bench_cluster(
     console.print(t)
 
 
-class PolicyName(enum.StrEnum):
-    """sglang-router's policies (``radixcache.serving.cluster.Policy``)."""
-
-    CACHE_AWARE = "cache_aware"
-    ROUND_ROBIN = "round_robin"
-    POWER_OF_TWO = "power_of_two"
-    RANDOM = "random"
-
-
 @app.command(rich_help_panel=RUN)
 def cluster(
     replicas: int = typer.Option(2, min=1, max=16, help="Engine replicas."),
-    policy: PolicyName = typer.Option(PolicyName.CACHE_AWARE, help="The router's policy."),
+    policy: Policy = typer.Option(Policy.CACHE_AWARE, help="The router's policy."),
     blocks: int = typer.Option(2048, min=16, help="KV blocks per replica."),
     http_base: int = typer.Option(0, help="Rank r serves HTTP on BASE+r (0: a free run)."),
     zmq_base: int = typer.Option(0, help="Rank r streams on BASE+3r..+2 (0: a free run)."),
@@ -198,12 +189,11 @@ def cluster(
     Example: [bold]radixcache cluster --replicas 4 --policy cache_aware[/bold]
     """
     _need_cluster_extra()
-    from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, Policy
+    from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError
     from radixcache.wire.endpoints import Endpoints
     from radixcache.wire.fleet import Fleet
 
-    config = ClusterConfig(replicas, Policy(policy.value), blocks, http_base, zmq_base,
-                           router_port)
+    config = ClusterConfig(replicas, policy, blocks, http_base, zmq_base, router_port)
     try:
         with console.status(f"starting {replicas} replicas and sglang-router ..."):
             c = Cluster(config).start()

@@ -17,8 +17,8 @@ from radixcache.traffic.traces import TraceError
 
 if TYPE_CHECKING:
     from radixcache.analysis.replay import Policy
-    from radixcache.analysis.routing import Router
     from radixcache.analysis.whatif import WhatIfConfig
+    from radixcache.serving.cluster import Policy as Router
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -44,7 +44,7 @@ def _policies(text: str) -> tuple[Policy, ...]:
 
 
 def _routers(text: str) -> list[Router]:
-    from radixcache.analysis.routing import Router
+    from radixcache.serving.cluster import Policy as Router
 
     if text == "all":
         return list(Router)

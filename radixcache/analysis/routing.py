@@ -20,7 +20,6 @@ records what it routed and evicts on its own schedule; this is the best it could
 
 from __future__ import annotations
 
-import enum
 import random
 from collections import deque
 from collections.abc import Iterable
@@ -28,16 +27,8 @@ from dataclasses import dataclass
 
 from radixcache.analysis.replay import CachedRun, Policy, ReplayCache
 from radixcache.analysis.whatif import Source, WhatIfConfig
+from radixcache.serving.cluster import Policy as Router  # sglang-router's routing policies
 from radixcache.traffic.traces import Access
-
-
-class Router(enum.Enum):
-    """The routing policies of sglang-router."""
-
-    CACHE_AWARE = "cache_aware"
-    ROUND_ROBIN = "round_robin"
-    POWER_OF_TWO = "power_of_two"
-    RANDOM = "random"
 
 
 @dataclass(frozen=True, slots=True)
