@@ -127,7 +127,7 @@ class MissHistory:
             ev.Reset: self._reset, ev.Snapshot: self._restart}
 
     def why(self, req: int) -> Why | None:
-        """What is known of request ``req`` (None: not seen since the last snapshot); its
+        """What is known of request ``req`` (None: not seen since the history began); its
         spans are worked out on the first ask after it finished."""
         why = self.whys.get(req)
         if why is not None and why.prompt:
@@ -216,21 +216,17 @@ class MissHistory:
         (a replay seek, a new engine), the history starts again from what it holds; the
         finished requests are explained first, against the history they were matched in."""
         m = self.mirror
-        if 0 <= self._seq <= m.seq:  # (the first snapshot is the join: a fresh start)
-            for n in m.nodes.values():
-                if n.parent is not None and not n.children:
-                    self.ghosts.insert(path_tokens(n), 0, m.version, m.seq)
-            self._match, self._dropped = None, b""
-            return
-        self.all()
-        self.ghosts = Ghosts(self.max_tokens)
-        self.since = m.seq
-        for n in m.nodes.values():
+        if not 0 <= self._seq <= m.seq:  # back, or the first snapshot (the join): start again
+            self.all()
+            self.ghosts = Ghosts(self.max_tokens)
+            self.since = m.seq
+            for req in [r for r, w in self.whys.items() if w.spans is None]:
+                del self.whys[req]  # matched against a history that is gone
+            self._edge = m.version
+        for n in m.nodes.values():  # what the snapshot holds is held from here on
             if n.parent is not None and not n.children:
                 self.ghosts.insert(path_tokens(n), 0, m.version, m.seq)
-        for req in [r for r, w in self.whys.items() if w.spans is None]:
-            del self.whys[req]  # matched against a history that is gone
-        self._match, self._dropped, self._edge = None, b"", m.version
+        self._match, self._dropped = None, b""
 
     def explain(self, why: Why, prompt: bytes) -> list[Span]:
         """The missed spans of ``prompt`` (``why``'s request), in order."""
@@ -300,8 +296,8 @@ def describe(history: MissHistory, req: int, error: str | None = None) -> list[s
         return [f"request {req}: the miss history stopped following the stream ({error})"]
     why = history.why(req)
     if why is None:
-        return [f"request {req}: not seen since seq {history.since} (the history starts at "
-                f"the last snapshot the inspector loaded; it keeps {KEEP_REQUESTS:,} requests)"]
+        return [f"request {req}: not seen since seq {history.since} (the history starts where "
+                f"the inspector joined, or last went back; it keeps {KEEP_REQUESTS:,} requests)"]
     p, h = why.prompt_tokens, why.hit_tokens
     out = [f"request {req}, admitted in batch {why.seq}: prompt {p:,} tokens, {h:,} read "
            f"from the cache ({100 * h / max(p, 1):.1f}%), {why.missed:,} computed"]
