@@ -51,10 +51,10 @@ class Ghosts:
         rest = Ghost(node.key[k:], list(node.history), node.children)
         node.key, node.children = node.key[:k], {rest.key[:W]: rest}
 
-    def _walk(self, seq: bytes, lo: int) -> list[Ghost]:
+    def _walk(self, seq: bytes, lo: int) -> tuple[list[Ghost], Ghost, int]:
         """The nodes covering ``seq[lo:]`` (byte offsets) as far as the trie holds it, split
-        so that each lies inside it; the trie's path along ``seq`` then ends on a node
-        boundary (``insert`` hangs the rest there)."""
+        so that each lies inside it; and the node and byte offset where the trie's path along
+        ``seq`` stops (on a node boundary: ``insert`` hangs the rest there)."""
         node, pos, n, out = self.root, 0, len(seq), []
         while pos < n:
             child = node.children.get(seq[pos : pos + W])
@@ -68,28 +68,25 @@ class Ghosts:
             if pos + k > lo:
                 out.append(child)
             node, pos = child, pos + k
-        return out
+        return out, node, pos
 
     def insert(self, seq: bytes, lo: int, version: int, seq_no: int) -> None:
         """The tree now holds ``seq``; ``seq[lo:]`` (bytes) is what changed."""
-        for g in self._walk(seq, lo):
+        known, node, pos = self._walk(seq, lo)
+        for g in known:
             if not g.held:  # out: back in
                 g.history += (version, seq_no)
-        node, pos = self.root, 0
-        while pos < len(seq):  # down to where the trie stops, then the new part
-            child = node.children.get(seq[pos : pos + W])
-            if child is None:
-                if self.tokens >= self.max_tokens:
-                    self.full = True
-                    return
-                node.children[seq[pos : pos + W]] = Ghost(seq[pos:], [version, seq_no])
-                self.tokens += (len(seq) - pos) // W
-                return
-            node, pos = child, pos + len(child.key)
+        if pos == len(seq):
+            return
+        if self.tokens >= self.max_tokens:
+            self.full = True
+            return
+        node.children[seq[pos : pos + W]] = Ghost(seq[pos:], [version, seq_no])
+        self.tokens += (len(seq) - pos) // W
 
     def evict(self, seq: bytes, lo: int, version: int, seq_no: int) -> None:
         """The tree no longer holds ``seq[lo:]`` (bytes)."""
-        for g in self._walk(seq, lo):
+        for g in self._walk(seq, lo)[0]:
             if g.held:
                 g.history += (version, seq_no)
 
