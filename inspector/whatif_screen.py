@@ -90,7 +90,7 @@ def headline(v: View) -> str:
                 "finish")
     p = max(c.prompt_tokens, 1)
     cap = v.capacity_tokens
-    predicted = float(c.hits(np.asarray([cap]))[0]) / p
+    predicted = c.hit_rate_at(cap)
     measured = v.measured_hits / max(v.measured_prompt, 1)
     return (
         f"what if: {v.scope}: {c.requests:,} finished requests, {c.prompt_tokens:,} prompt "

@@ -105,6 +105,10 @@ class Curve(NamedTuple):
         out: np.ndarray = self.cum[np.minimum(units, len(self.cum) - 1)]
         return out
 
+    def hit_rate_at(self, units: int) -> float:
+        """The token hit rate at a capacity of ``units`` (0 before any request)."""
+        return float(self.hits(np.asarray([units]))[0]) / max(self.prompt_tokens, 1)
+
 
 class StackDistances:
     """Feed requests in order with ``add``; ``curve()`` gives the hits at every capacity."""

@@ -211,6 +211,11 @@ class RunningCurve:
         return self.stack.curve()
 
     @property
+    def measured_rate(self) -> float:
+        """The hit rate the engine's ``RequestStart`` events measured (0 before any)."""
+        return self.measured_hits / max(self.measured_prompt, 1)
+
+    @property
     def capacity_tokens(self) -> int:
         """The engine's pool: blocks x block size, as its snapshots say."""
         return self.mirror.num_blocks * self.mirror.block_size

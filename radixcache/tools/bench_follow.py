@@ -70,15 +70,14 @@ def follow(pairs: list[Pair], num_blocks: int, progress: Callable[[int], None]) 
     live = follower.curve.curve()
     whys = follower.misses.all()
     by_cause = follower.misses.totals()
-    cap = np.asarray([num_blocks * mirror.block_size])
     return {
         "requests": len(pairs), "events": events, "num_blocks": num_blocks,
         "bare_events_per_s": events / bare_s, "follow_events_per_s": events / follow_s,
         "overhead": follow_s / bare_s,
         "curve_equal": bool(np.array_equal(live.cum, offline.cum))
         and live.prompt_tokens == offline.prompt_tokens,
-        "predicted_hit_rate": float(live.hits(cap)[0]) / max(live.prompt_tokens, 1),
-        "measured_hit_rate": follower.curve.measured_hits / max(follower.curve.measured_prompt, 1),
+        "predicted_hit_rate": live.hit_rate_at(num_blocks * mirror.block_size),
+        "measured_hit_rate": follower.curve.measured_rate,
         "explained": sum(w.spans is not None for w in whys),
         "spans_cover_misses": all(sum(s.end - s.start for s in w.spans) == w.missed
                                   for w in whys if w.spans is not None),

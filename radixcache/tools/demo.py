@@ -28,8 +28,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import NamedTuple
 
-import numpy as np
-
 from radixcache.analysis.follow import Follower
 from radixcache.core.procs import parent_death_signal
 from radixcache.wire import commands as cmd
@@ -231,10 +229,8 @@ def headless(engine: EngineProcess, loop: MixLoop, seconds: float) -> DemoStats:
 def _follow_figures(f: Follower) -> tuple[float, float, dict[str, int]]:
     """Predicted against measured at the pool, and the followed requests' missed tokens by
     cause (``radixcache.analysis.misses``)."""
-    c, r = f.curve.curve(), f.curve
-    cap = np.asarray([r.capacity_tokens])
-    predicted = float(c.hits(cap)[0]) / max(c.prompt_tokens, 1)
-    return (round(predicted, 4), round(r.measured_hits / max(r.measured_prompt, 1), 4),
+    r = f.curve
+    return (round(r.curve().hit_rate_at(r.capacity_tokens), 4), round(r.measured_rate, 4),
             f.misses.totals())
 
 
