@@ -74,6 +74,16 @@ def svg_to_png(svg: str, png: Path) -> None:
     cairosvg.svg2png(bytestring=svg.encode(), write_to=str(png), output_width=SIZE[0] * 12)
 
 
+async def _until(pilot: Pilot[None], check: Check, what: str, timeout: float = 60.0) -> None:
+    """Let the app run until ``check()`` holds; ``RuntimeError`` naming ``what`` after
+    ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not come up in {timeout:g} s")
+        await pilot.pause(0.05)
+
+
 async def _shoot(app: App[None], lines: list[str], ready: Check, out: Path, name: str,
                  timeout: float = 60.0, after: After | None = None) -> list[Path]:
     async with app.run_test(size=SIZE) as pilot:
@@ -82,11 +92,7 @@ async def _shoot(app: App[None], lines: list[str], ready: Check, out: Path, name
             app.query_one("#command").value = line  # type: ignore[attr-defined]
             await pilot.press("enter")
             await pilot.pause(0.3)
-        deadline = time.monotonic() + timeout
-        while not ready():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"screenshot {name}: the scene did not come up in {timeout} s")
-            await pilot.pause(0.05)
+        await _until(pilot, ready, f"screenshot {name}: the scene", timeout)
         if after is not None:  # keys and lines that need the scene up (a screen, a request)
             await after(pilot)
         await pilot.pause(0.5)
@@ -148,14 +154,6 @@ def _evicting(app: InspectorApp) -> bool:
     return len(app.blocks.evicted) >= 40 and _busy(app, 60)
 
 
-async def _until(pilot: Pilot[None], check: Check, what: str) -> None:
-    deadline = time.monotonic() + 60
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"screenshot: {what} did not come up in 60 s")
-        await pilot.pause(0.05)
-
-
 def _whatif(out: Path) -> list[Path]:
     """The what-if screen over a live engine that evicts."""
     def after(app: InspectorApp) -> After:
@@ -163,7 +161,7 @@ def _whatif(out: Path) -> list[Path]:
             await pilot.press("escape", "w")
             await _until(pilot, lambda: isinstance(app.screen, WhatIfScreen)
                          and app.screen.view is not None and app.screen.view.curve.requests > 0,
-                         "the what-if curve")
+                         "screenshot whatif_live: the what-if curve")
         return run
 
     return _engine_scene(out, "whatif_live", 2048, _evicting, after=after)
@@ -185,7 +183,8 @@ def _why(out: Path) -> list[Path]:
             await pilot.press("escape", "colon")
             app.query_one("#command").value = f"why {_telling(app)}"  # type: ignore[attr-defined]
             await pilot.press("enter")
-            await _until(pilot, lambda: isinstance(app.screen, WhyScreen), "the why screen")
+            await _until(pilot, lambda: isinstance(app.screen, WhyScreen),
+                         "screenshot why_missed: the why screen")
         return run
 
     return _engine_scene(out, "why_missed", 512,  # small: turns come back to evicted history
