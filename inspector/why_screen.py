@@ -20,7 +20,8 @@ from radixcache.analysis.misses import describe
 
 REDRAW_S = 0.5
 _STYLES = {"evicted": "#e06c75", "never seen": "#e5c07b", "diverged": "#c792ea",
-           "capacity": "#e06c75", "last prompt": "dim", "not followed": "dim"}
+           "capacity": "#e06c75", "in flight": "#61afef", "last prompt": "dim",
+           "not followed": "dim"}  # a colour for each cause (radixcache.analysis.misses.Cause)
 
 
 class WhyScreen(ModalScreen[None]):
