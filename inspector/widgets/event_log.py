@@ -99,6 +99,10 @@ class EventLog(Widget, can_focus=True):
     def _entries(self) -> list[LogEntry]:
         return [e for e in self.feed.log if e.kind in self.kinds]
 
+    def _at(self, entries: list[LogEntry]) -> int | None:
+        """Where the selected entry is in ``entries`` (None: not there, or none selected)."""
+        return next((i for i, e in enumerate(entries) if e is self.selected), None)
+
     def shown(self) -> list[LogEntry]:
         """The entries on screen: the newest that pass the filter, as many as fit, or the
         ones around the selected entry."""
@@ -113,7 +117,7 @@ class EventLog(Widget, can_focus=True):
             out.reverse()
             return out
         entries = self._entries()
-        at = next((i for i, e in enumerate(entries) if e is self.selected), None)
+        at = self._at(entries)
         if at is None:  # scrolled out of the kept log, or filtered away
             self.selected = None
             return self.shown()
@@ -125,8 +129,8 @@ class EventLog(Widget, can_focus=True):
         entries = self._entries()
         if not entries:
             return
-        at = next((i for i, e in enumerate(entries) if e is self.selected), len(entries))
-        to = max(0, at + delta)
+        at = self._at(entries)
+        to = max(0, (len(entries) if at is None else at) + delta)
         self.selected = entries[to] if to < len(entries) else None
         self.refresh()
 
