@@ -20,6 +20,7 @@ from radixcache.analysis.ghosts import MAX_TOKENS
 from radixcache.analysis.misses import MissHistory
 from radixcache.analysis.whatif import RunningCurve
 from radixcache.core import events as ev
+from radixcache.traffic.traces import replay_recording
 
 if TYPE_CHECKING:
     from radixcache.wire.mirror import Mirror
@@ -74,23 +75,13 @@ def follow_recording(path: Path) -> tuple[Follower, str | None]:
     """A ``Follower`` over a recording's stream, from its first keyframe to its end (or to
     its damage, which the second item describes): ``radixcache whatif FILE --why REQ``."""
     from radixcache.wire.mirror import Mirror
-    from radixcache.wire.recording import Keyframe, RecordingReader
 
-    reader = RecordingReader(path)
     mirror = Mirror()
     follower = Follower(mirror)
-    started = False
-    for rec in reader.records():
-        item = rec.item
-        if isinstance(item, Keyframe):
-            if not started:  # later keyframes hold nothing the batches do not
-                mirror.load_snapshot(item.snapshot, item.seq)
-            continue
-        started = True
-        mirror.apply_batch(item)
-    damage = reader.damage
-    note = None if damage is None else f"{path}: read up to byte {damage.offset}: {damage.reason}"
-    return follower, note
+    notes: list[str] = []
+    for _ in replay_recording(path, mirror, notes):
+        pass
+    return follower, notes[0] if notes else None
 
 
 def why_record(follower: Follower, req: int) -> dict[str, object]:

@@ -230,22 +230,33 @@ def read_recording(path: Path, notes: list[str]) -> Iterator[TokenRequest]:
     """The requests a recording's engine finished, in finishing order (``RequestTracker``).
     A damaged file yields the requests before the damage and says where in ``notes``."""
     from radixcache.wire.mirror import Mirror
+
+    tracker = RequestTracker(Mirror())
+    for e in replay_recording(path, tracker.mirror, notes):
+        req = tracker.after(e)
+        if req is not None:
+            yield req
+
+
+def replay_recording(path: Path, mirror: Mirror, notes: list[str]) -> Iterator[ev.AnyEvent]:
+    """Apply a recording to ``mirror`` from its first keyframe (later ones hold nothing the
+    batches do not), yielding each event once applied. A damaged file stops at the damage and
+    says where in ``notes``."""
     from radixcache.wire.recording import Keyframe, RecordingReader
 
     reader = RecordingReader(path)
-    tracker = RequestTracker(Mirror())
     started = False
     for rec in reader.records():
-        if isinstance(rec.item, Keyframe):
+        item = rec.item
+        if isinstance(item, Keyframe):
             if not started:
-                tracker.mirror.load_snapshot(rec.item.snapshot)
+                mirror.load_snapshot(item.snapshot, item.seq)
             continue
         started = True
-        for e in rec.item.events:
-            tracker.mirror.apply(e)
-            req = tracker.after(e)
-            if req is not None:
-                yield req
+        mirror.seq = item.seq
+        for e in item.events:
+            mirror.apply(e)
+            yield e
     if reader.damage is not None:
         notes.append(f"{path}: read up to byte {reader.damage.offset}: {reader.damage.reason}")
 
