@@ -135,7 +135,7 @@ def export(
     if format not in ("jsonl", "perfetto"):
         raise typer.BadParameter("jsonl or perfetto", param_hint="--format")
     with RecordingReader(file) as reader:
-        items = [r.item for r in reader.records()]
+        items = [r.item for r in reader.fitting_records()]  # nothing that `tree` refuses
         damage = reader.damage
     if format == "jsonl":
         target = out or file.with_suffix(".jsonl")

@@ -134,6 +134,9 @@ class RecordingReader:
         if len(prelude) < _PRELUDE.size or prelude[:8] != MAGIC:
             raise RecordingError(f"{self.path}: not a radixcache recording (bad magic)")
         _, version, _ = _PRELUDE.unpack(prelude)
+        if version < 1:
+            raise RecordingError(f"{self.path}: format version {version} is not one this reader "
+                                 f"knows (1 to {FORMAT_VERSION})")
         if version > FORMAT_VERSION:
             raise RecordingError(
                 f"{self.path}: format version {version} is newer than this reader "
@@ -186,6 +189,24 @@ class RecordingReader:
                 return
             yield Record(offset, item)
             offset = nxt
+
+    def fitting_records(self) -> Iterator[Record]:
+        """``records()`` that also fit the state before them, as ``tree`` and replay read
+        them: each keyframe loads and each batch applies to a mirror; stops with ``damage`` at
+        the first that does not (what an export may write)."""
+        mirror = Mirror()
+        for rec in self.records():
+            try:
+                if isinstance(rec.item, Keyframe):
+                    mirror.load_snapshot(rec.item.snapshot)
+                else:
+                    mirror.apply_batch(rec.item)
+            except MirrorError as exc:
+                what = ("bad keyframe" if isinstance(rec.item, Keyframe)
+                        else f"batch seq {rec.item.seq} does not fit")
+                self.damage = Damage(rec.offset, f"{what}: {exc}")
+                return
+            yield rec
 
     def keyframes(self) -> list[KeyframeRef]:
         """The keyframe index: from the tail when the file was closed, else by scanning."""
