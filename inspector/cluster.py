@@ -39,6 +39,7 @@ from inspector.sources import DatasetWords
 from radixcache.wire.fleet import Fleet, FleetNode, FleetTree
 
 if TYPE_CHECKING:
+    from radixcache.serving.supervisor import RouterState
     from radixcache.traffic.workloads import TokenText, Workload
 
 TREE_ROWS = 300
@@ -57,6 +58,14 @@ class ClusterControls(Protocol):
 
     def restart(self, rank: int) -> None:
         """Start replica ``rank`` again and wait until it answers."""
+        ...
+
+    def restart_router(self) -> None:
+        """Stop the router and start it again; returns once it answers."""
+        ...
+
+    def router_state(self) -> RouterState:
+        """What the cluster's supervisor says of the router (restarts, rotation)."""
         ...
 
 
@@ -195,7 +204,8 @@ class ClusterApp(App[int | None]):
         with VerticalScroll(id="tree"):
             yield Static(id="tree-body")
         yield Static(id="message")
-        yield Input(placeholder="chat 20 · kill 1 · restart 1 · quit", id="command")
+        yield Input(placeholder="chat 20 · kill 1 · restart 1 · restart router · quit",
+                    id="command")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -270,9 +280,20 @@ class ClusterApp(App[int | None]):
             else:
                 t.append("● up" if self.router_up else "✕ DOWN",
                          "green" if self.router_up else "bold red")
+            t.append(self._router_note())
             t.append(" · ")
         t.append(f"{self.duplicated:,} tokens duplicated")
         return t
+
+    def _router_note(self) -> str:
+        """The supervisor's word on the router: restarts, what it does next, who is out."""
+        if self.controls is None:
+            return ""
+        st = self.controls.router_state()
+        out = ", ".join(str(r) for r in st.out_of_rotation)
+        return "".join([f" ({st.note})" if st.note else "",
+                        f" · restarted {st.restarts}x" if st.restarts else "",
+                        f" · not routing to {out}" if out else ""])
 
     # -- keys and commands -------------------------------------------------------------------
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
@@ -307,6 +328,8 @@ class ClusterApp(App[int | None]):
             return
         if words[0] == "quit":
             self.exit(None)
+        elif words == ["restart", "router"]:
+            self._restart_router()
         elif words[0] in ("kill", "restart"):
             self._fault(words)
         else:
@@ -323,6 +346,22 @@ class ClusterApp(App[int | None]):
         action = controls.kill if words[0] == "kill" else controls.restart
         self.say(f"{words[0]} replica {rank} ...")
         self.run_worker(lambda: self._done(action, rank, words[0]), thread=True)
+
+    def _restart_router(self) -> None:
+        if self.controls is None:
+            self.say("error: this screen did not start the router (radixcache cluster does)")
+            return
+        controls = self.controls
+        self.say("restart router ...")
+
+        def run() -> None:
+            try:
+                controls.restart_router()
+                self.call_from_thread(self.say, "restart router: done")
+            except RuntimeError as exc:
+                self.call_from_thread(self.say, f"error: {exc}")
+
+        self.run_worker(run, thread=True)
 
     def _done(self, action: Callable[[int], None], rank: int, verb: str) -> None:
         try:
