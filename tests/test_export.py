@@ -121,5 +121,22 @@ def test_format_version_0_is_refused(tmp_path):
     struct.pack_into("<H", data, 8, 0)
     path.write_bytes(bytes(data))
     with pytest.raises(RecordingError, match=r"format version 0 is not one this reader knows "
-                                             r"\(1 to 1\)$"):
+                                             r"\(1 to 2\)$"):
         RecordingReader(path)
+
+
+def test_a_format_1_file_is_read_as_before(tmp_path):
+    """Format 2 only added the note frame: a file that says 1 reads the same."""
+    import struct
+
+    from radixcache.wire.recording import RecordingReader
+
+    path = tmp_path / "v1.rcx"
+    _crafted(path)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<H", data, 8, 1)
+    path.write_bytes(bytes(data))
+    with RecordingReader(path) as reader:
+        items = [r.item for r in reader.records()]
+        assert reader.capture_note() is None and reader.damage is None
+    assert items == [Keyframe(0, 5, 0, SNAP), BATCHES[1], items[2]] and len(items) == 3
