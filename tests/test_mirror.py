@@ -120,7 +120,7 @@ def test_stats_follow_the_events() -> None:
     "event",
     [
         ev.Access(999, 5),
-        ev.Lock(999, 1),
+        ev.Pin(999, 1),
         ev.NodeCreated(1000, 999, 0, toks([1]).tobytes(), [5], False),
         ev.Split(999, 3, 1000, [1], [1]),
         ev.Merge(999, 1, None),

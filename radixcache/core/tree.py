@@ -210,7 +210,7 @@ class RadixTree(LeaseMixin, SnapshotMixin):
     def _lock(self, node: RadixNode) -> None:
         node.pins += 1
         if self._emit is not None:
-            self._emit(ev.Lock(node.id, 1))
+            self._emit(ev.Pin(node.id, 1))
 
     def _alive(self, node: RadixNode) -> RadixNode:
         if not node.alive or self._nodes.get(node.id) is not node:
@@ -235,7 +235,7 @@ class RadixTree(LeaseMixin, SnapshotMixin):
                 raise NotLocked(f"node {node.id} is not locked")
             node.pins -= 1
             if self._emit is not None:
-                self._emit(ev.Lock(node.id, -1))
+                self._emit(ev.Pin(node.id, -1))
             self._offer(node)
             self._maybe_merge(node)
 
