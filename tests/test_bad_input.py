@@ -102,9 +102,9 @@ def test_decoder_rejects_extra_arguments(value):
 @pytest.mark.parametrize(
     ("line", "message"),
     [("", "empty command"), ("pause now", "pause takes no arguments"),
-     ("evict", "usage: evict TOKENS | watermark HIGH LOW"),
-     ("evict many", "usage: evict TOKENS"), ("watermark 0.9", "usage: evict TOKENS"),
-     ("watermark a b", "usage: evict TOKENS")],
+     ("evict", r"^usage: evict TOKENS \(e.g. evict 4096\)$"),
+     ("evict many", "usage: evict TOKENS"), ("watermark 0.9", "usage: watermark HIGH LOW"),
+     ("watermark a b", "usage: watermark HIGH LOW")],
 )
 def test_typed_command_line_errors(line, message):
     with pytest.raises(cmd.CommandError, match=message):

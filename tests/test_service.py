@@ -55,11 +55,9 @@ def test_evict_says_why_nothing_went() -> None:
 
 def test_bad_command_lines_say_their_usage() -> None:
     loop, _ = _loop(TreeDriver(256))
-    assert loop.command_line("evict abc") == (
-        "error: usage: evict TOKENS | watermark HIGH LOW (invalid literal for int() with base "
-        "10: 'abc')")
-    assert loop.command_line("watermark 0.5 0.9").startswith(
-        "error: watermarks need 0 < low <= high <= 1")
+    assert loop.command_line("evict abc") == "error: usage: evict TOKENS (e.g. evict 4096)"
+    assert loop.command_line("watermark 0.5 0.9") == (
+        "error: watermark needs 0 < LOW <= HIGH <= 1, e.g. watermark 0.9 0.8")
     assert loop.command_line("blah").startswith("error: unknown workload 'blah' (known: ")
 
 

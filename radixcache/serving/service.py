@@ -7,13 +7,14 @@ commands of ``wire.commands`` onto it and words the replies, for every front end
 command socket of ``serve``, the embedded engine of ``inspect``/``demo``, headless ``record``,
 the screenshots and the benchmarks (they all run ``ServiceLoop`` in ``serving.loop``).
 
-Adding a command: one struct in ``wire/commands.py`` (and its word in ``parse_command_line``),
-one method on the protocol and its two implementations, one ``case`` in ``handle`` below.
+Adding a command: one struct in ``wire/commands.py`` (and its row in ``CONTROLS``), one method
+on the protocol and its two implementations, one ``case`` in ``handle`` below (mypy fails
+without it: the match ends in ``assert_never``).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, assert_never
 
 from radixcache.core import events as ev
 from radixcache.core.tree import EvictResult, TreeError
@@ -162,7 +163,10 @@ def _handle(s: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
                           {"cancelled": n})
         case cmd.Stats():
             return cmd.Ok("stats", s.stats())
-    return cmd.Error(f"unsupported command {type(c).__name__}")  # TakeSnapshot: the loop's
+        case cmd.TakeSnapshot():  # the loop's: it publishes the snapshot in the stream
+            return cmd.Error(f"unsupported command {type(c).__name__}")
+        case _:
+            assert_never(c)
 
 
 def _evict_reply(r: EvictResult, asked: int) -> cmd.AnyReply:
