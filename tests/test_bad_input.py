@@ -364,7 +364,7 @@ def test_engine_rejects_empty_and_oversized_prompts():
         while not ok.done() and time.monotonic() < deadline:
             engine.step()
         assert len(ok.result(0).tokens) == 2
-        m = engine.metrics()
+        m = engine.stats()
         assert (m.submitted, m.finished, m.rejected) == (2, 1, 1)
         engine.tree.check()
         snap = engine.tree.snapshot()

@@ -203,7 +203,7 @@ def test_engine_waits_while_the_pool_is_locked_then_serves():
             report = engine.step()
             assert (report.admitted, report.sequences) == (0, 0)
         assert not h.done()
-        assert (engine.metrics().waiting, engine.metrics().running) == (1, 0)
+        assert (engine.stats().waiting, engine.stats().running) == (1, 0)
         tree.check()
         tree.release(held)
         tree.unlock(m.node)
