@@ -125,6 +125,8 @@ def header_line(status: SourceStatus, frame: Frame, req_per_s: float, now: float
     paused = c is not None and c.paused and not gone
     dot, color = _PAUSED if paused else _DOT[status.state]
     state = "paused" if paused else status.state.value
+    if paused and c is not None and c.running:  # pause stops admission; these still step
+        state = f"admission paused, {c.running:,} running"
     if gone:
         state += f" {max(0.0, now - status.since):.0f}s"
     parts: list[tuple[str, str]] = [
