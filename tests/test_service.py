@@ -36,7 +36,7 @@ def test_replies_name_their_unit_and_the_paused_state() -> None:
     loop, _ = _loop(TreeDriver(256))
     assert loop.command_line("system 5") == (
         "system: 5 requests submitted (synthetic: 5 users behind a 512-token system prompt)")
-    assert loop.command_line("pause") == "paused"
+    assert loop.command_line("pause") == "paused, 5 waiting stay queued"
     assert loop.command_line("fork 2") == (
         "fork: 3 requests queued (engine paused) (synthetic fork of 2 branches)")
     assert loop.command_line("watermark 0.9 0.8") == "watermarks high 90% low 80%"

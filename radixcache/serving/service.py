@@ -137,6 +137,17 @@ def handle(service: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
         return cmd.Error(str(exc))
 
 
+def _pause_reply(c: ev.Counters) -> cmd.Ok:
+    """Pause stops admission only: say so when requests are still running (they go on
+    stepping until they finish), so nobody reads "paused" and watches blocks still move."""
+    values: dict[str, float | int | str] = {"running": c.running, "waiting": c.waiting}
+    waiting = f", {c.waiting:,} waiting stay queued" if c.waiting else ""
+    if c.running == 0:
+        return cmd.Ok(f"paused{waiting}", values)
+    return cmd.Ok(f"admission paused: {c.running:,} running requests go on to finish"
+                  f"{waiting} (resume admits them)", values)
+
+
 def _handle(s: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
     match c:
         case cmd.StartWorkload():
@@ -147,7 +158,7 @@ def _handle(s: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
                           {"requests": done.requests})
         case cmd.Pause():
             s.pause()
-            return cmd.Ok("paused")
+            return _pause_reply(s.counters())
         case cmd.Resume():
             s.resume()
             return cmd.Ok("resumed")
