@@ -38,11 +38,11 @@ from inspector.widgets.block_map import BlockMap
 from inspector.widgets.command_line import CommandLine
 from inspector.widgets.event_log import EventLog
 from inspector.widgets.help import HelpScreen
-from inspector.widgets.lru import LruPane, next_victims
+from inspector.widgets.lru import LruPane
 from inspector.widgets.memory import MemoryPane
 from inspector.widgets.stats import StatsPane
 from inspector.widgets.tree_view import Folding, TreeView
-from radixcache.wire.mirror import MirrorNode
+from radixcache.wire.mirror import MirrorNode, next_victims
 
 FRAME_HZ = 30
 SYNC_LAYOUT_NODES = 5_000  # bigger trees are laid out off the UI thread

@@ -11,7 +11,7 @@ from conftest import toks, write_kv
 from radixcache.core import events as ev
 from radixcache.core.pool import KVPool, KVShape
 from radixcache.core.tree import Lease, MatchResult, RadixTree
-from radixcache.wire.mirror import Mirror, MirrorError
+from radixcache.wire.mirror import Mirror, MirrorError, next_victims
 
 B = 16
 A = list(range(1, 101))
@@ -61,7 +61,8 @@ def test_snapshot_mirror_equals_tree_and_event_mirror() -> None:
     assert snap.request_blocks == from_start.request_blocks == set(lease.table[lease.private_from:])
     assert (snap.block_size, snap.num_blocks, snap.clock) == (B, 32, from_start.clock)
     want_lru = [n.id for n in tree.lru_order(10)]
-    assert [n.id for n in snap.lru(10)] == [n.id for n in from_start.lru(10)] == want_lru
+    assert [n.id for n, _ in next_victims(snap, 10)] == [
+        n.id for n, _ in next_victims(from_start, 10)] == want_lru
     assert snap.node(running.node.id).lock == 1 and snap.root.lock == 1
     # both keep following the stream
     tree.release(lease)
