@@ -30,6 +30,7 @@ from inspector.feed import Delta, Feed
 from inspector.frame import Builder, Frame, Want
 from inspector.layout import Row, collapse, expand, flatten
 from inspector.paint import Outside, Painter, Panes
+from inspector.panes import PANES, pane_bindings
 from inspector.sources import (
     ReplayControls,
     Source,
@@ -50,7 +51,6 @@ BIG_LAYOUT_EVERY_S = 0.5
 LRU_ROWS = 12
 EVICTED_SHOW_S = 2.0
 WINDOW_MARGIN = 2  # screens of tree rows copied above and below the visible ones
-PANES = ("tree", "blocks", "memory", "lru", "events", "stats")
 SHORT, NARROW = 30, 100  # below these many rows / columns the compact layout is used
 
 
@@ -74,12 +74,7 @@ class InspectorApp(App[None]):
         Binding("question_mark", "help", "Help"),
         Binding("colon,slash", "focus_command", "Command"),
         Binding("escape", "focus_tree", "Tree", show=False),
-        Binding("f2", "toggle_pane('tree')", "Tree"),
-        Binding("f3", "toggle_pane('blocks')", "Blocks"),
-        Binding("f4", "toggle_pane('memory')", "Memory"),
-        Binding("f5", "toggle_pane('lru')", "LRU"),
-        Binding("f6", "toggle_pane('events')", "Events"),
-        Binding("f7", "toggle_pane('stats')", "Stats", show=False),
+        *pane_bindings(),
         Binding("ctrl+left", "resize(-5)", "Narrow", show=False),
         Binding("ctrl+right", "resize(5)", "Widen", show=False),
         Binding("p", "replay('toggle')", "Play", show=False),
@@ -156,12 +151,10 @@ class InspectorApp(App[None]):
                             q("#timeline", Static), q("#message", Static), q(CommandLine))
         self.painter = Painter(self._panes, self.commands, self.flash_s)
         self.tree_pane.vocab = self.source.vocabulary()
-        self.tree_pane.border_title = "tree"
-        self.blocks.border_title = "block map"
-        q("#memory").border_title = "memory"
-        q("#lru").border_title = "LRU queue (next out)"
+        for pane in PANES:
+            if pane.title:
+                q(f"#{pane.id}").border_title = pane.title
         self._panes.events.set_kinds(self._panes.events.kinds)
-        q("#stats").border_title = "stats"
         q("#timeline").display = isinstance(self.source, ReplayControls)
         self._panes.fault.display = False
         self._fit(self.size.width, self.size.height)
@@ -416,7 +409,7 @@ class InspectorApp(App[None]):
         """The palette: the app's own actions next to Textual's."""
         yield from super().get_system_commands(screen)
         for pane in PANES:
-            yield SystemCommand(f"Toggle {pane} pane", f"Show or hide the {pane} pane",
-                                partial(self.action_toggle_pane, pane))
+            yield SystemCommand(f"Toggle {pane.id} pane", f"Show or hide the {pane.id} pane",
+                                partial(self.action_toggle_pane, pane.id))
         yield SystemCommand("Help", "Show the key map", self.action_help)
         yield SystemCommand("Focus command line", "Type a command", self.action_focus_command)
