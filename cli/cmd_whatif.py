@@ -167,4 +167,4 @@ def _why(source: str, reqs: list[int], as_json: bool) -> None:
         return
     for r in reqs:
         for line in describe(follower.misses, r, follower.error):
-            typer.echo(line)
+            typer.echo(line.text)
