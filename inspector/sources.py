@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 from inspector.feed import Feed
 from inspector.layout import TokenText
 from radixcache.traffic import sharegpt
+from radixcache.traffic.sharegpt import TokenArray
 from radixcache.traffic.workloads import Vocabulary
 from radixcache.wire.commands import AnyCommand, AnyReply
 
@@ -121,7 +122,7 @@ class DatasetWords:
         self._loader: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    def text(self, tokens: Sequence[int]) -> str:
+    def text(self, tokens: Sequence[int] | TokenArray) -> str:
         """Words of ``tokens`` joined by spaces; an id neither list knows renders as ``#id``."""
         out = self.synthetic.text(tokens)
         if "#" not in out:
