@@ -191,7 +191,7 @@ class Feed:
                 d.structure = True
                 d.flashes[e.child] = Flash.MERGE
                 d.merged[e.parent] = e.child
-                if e.dropped is not None and e.dropped >= 0:
+                if e.dropped is not None:
                     d.blocks.add(e.dropped)
                 self.pinned.discard(e.parent)
             case ev.Evict():

@@ -3,8 +3,9 @@
 A ``Source`` runs its own thread that decodes batches and applies them through a ``Feed``;
 the app only polls ``status()`` and calls ``send()``. Sources here:
 
-- ``LocalSource`` (``inspector.local``): an in-process radix tree driven by seeded workloads
-  (tests, screenshots, ``radixcache inspect --local``);
+- ``EmbeddedSource`` (``inspector.embedded``): a service (an engine or the model-free
+  ``TreeDriver``) stepped in-process by its ``ServiceLoop`` (``radixcache inspect`` without
+  an endpoint; the tests' ``LocalSource`` is one over a ``TreeDriver``);
 - ``ReplaySource`` (``inspector.replay``): a recording, with play/pause/step/seek;
 - ``LiveSource`` (``inspector.live``): a running engine over ZeroMQ.
 """

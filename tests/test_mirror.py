@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
 import pytest
 from conftest import toks, write_kv
 
@@ -202,10 +203,17 @@ def test_a_schema_2_stream_with_merge_dropped_minus_one_still_reads() -> None:
     for tokens in prompts(300, seed=0):
         serve_request(tree, tokens)
         events = tree.take_events()
-        old = [ev.Merge(e.parent, e.child, -1) if type(e) is ev.Merge and e.dropped is None
-               else e for e in events]
-        merges += sum(type(e) is ev.Merge and e.dropped == -1 for e in old)
-        raw = ev.encode_batch(ev.Batch(1, 1, 0.0, "schema-2", old))
-        mirror.apply_batch(ev.decode_batch(raw))
+        # the events as schema 2 wrote them
+        old = [msgspec.to_builtins(ev.plain(e), builtin_types=(bytes,)) for e in events]
+        for e in old:
+            if e[0] == "merge" and e[3] is None:
+                e[3] = -1  # ["merge", parent, child, -1]
+                merges += 1
+        raw = msgspec.msgpack.encode({"seq": 1, "epoch": 1, "ts": 0.0, "engine": "schema-2",
+                                      "events": old})
+        batch = ev.decode_batch(raw)
+        assert all(e.dropped is None or e.dropped >= 0 for e in batch.events
+                   if isinstance(e, ev.Merge))
+        mirror.apply_batch(batch)
     assert merges > 0
     assert mirror.digest() == tree.digest()

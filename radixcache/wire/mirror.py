@@ -305,7 +305,7 @@ class Mirror:
         grand = p.parent
         if grand is None or c.parent is not p:
             raise MirrorError(f"bad merge of {e.parent} into {e.child}")
-        if e.dropped is not None and e.dropped >= 0:  # schema 2 wrote -1 for none
+        if e.dropped is not None:
             self.ref[e.dropped] -= 1
             c.blocks = p.blocks[:-1] + c.blocks
         else:
