@@ -7,6 +7,7 @@ refcounts and the few extra marks the inspector draws (COW copies, just evicted)
 
 from __future__ import annotations
 
+import heapq
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,7 +18,8 @@ from radixcache.core.kinds import exhaustive
 from radixcache.core.snapshot import structure_digest
 from radixcache.wire.validate import Malformed, MirrorError, check_event, check_snapshot
 
-__all__ = ["Malformed", "Mirror", "MirrorError", "MirrorNode", "MirrorStats"]
+__all__ = ["Malformed", "Mirror", "MirrorError", "MirrorNode", "MirrorStats", "is_victim",
+           "next_victims"]
 
 _first = struct.Struct("<I").unpack_from
 
@@ -72,6 +74,20 @@ class MirrorStats:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+def is_victim(n: MirrorNode) -> bool:
+    """What the engine may evict: an unpinned leaf other than the root."""
+    return not n.children and n.lock == 0 and n.parent is not None
+
+
+def next_victims(mirror: Mirror, limit: int) -> list[tuple[MirrorNode, int]]:
+    """The next ``limit`` eviction victims in the engine's order (unpinned leaves by last
+    access, then id: ``RadixTree.lru_order``), each with its clock as read, in O(n log k).
+    It reads one atomic copy of the node table, so the ingest thread may keep applying; a
+    caller that did not hold the feed's lock re-checks each (``is_victim``, same clock)."""
+    leaves = [(n, n.clock) for n in list(mirror.nodes.values()) if is_victim(n)]
+    return heapq.nsmallest(limit, leaves, key=lambda p: (p[1], p[0].id))
+
+
 class Mirror:
     """A tree rebuilt from events. Not thread-safe: one thread applies, then readers read."""
 
@@ -114,14 +130,6 @@ class Mirror:
     def used_blocks(self) -> int:
         """Blocks with a reference."""
         return sum(1 for r in self.ref if r)
-
-    def lru(self, limit: int) -> list[MirrorNode]:
-        """The next eviction victims in order: unlocked leaves by (last access, id)."""
-        leaves = [
-            n for n in self.nodes.values() if n is not self.root and not n.children and n.lock == 0
-        ]
-        leaves.sort(key=lambda n: (n.clock, n.id))
-        return leaves[:limit]
 
     def digest(self) -> str:
         """The same hash as ``RadixTree.digest`` over the mirrored state."""
@@ -298,7 +306,7 @@ class Mirror:
         grand = p.parent
         if grand is None or c.parent is not p:
             raise MirrorError(f"bad merge of {e.parent} into {e.child}")
-        if e.dropped is not None and e.dropped >= 0:  # schema 2 wrote -1 for none
+        if e.dropped is not None:
             self.ref[e.dropped] -= 1
             c.blocks = p.blocks[:-1] + c.blocks
         else:
