@@ -194,8 +194,8 @@ class InspectorApp(App[None]):
             return
         t0 = time.perf_counter()
         wall = time.time()
-        # Lock order: a source's own locks before the feed's (an embedded loop applies its
-        # batches holding its lock). So ask the source now, never while holding the feed's.
+        # A source's status takes no engine lock (published state only); still ask it before
+        # taking the feed's lock, so the lock is held for the frame view alone.
         status = self.source.status()
         position = self.source.position() if isinstance(self.source, ReplayControls) else None
         tree = self.tree_pane
