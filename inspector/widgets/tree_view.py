@@ -109,7 +109,12 @@ class TreeView(ScrollView, can_focus=True):
                     self.cursor = i
                     break
         self.cursor = min(self.cursor, max(0, len(rows) - 1))
-        self.virtual_size = Size(self.size.width, len(rows))
+        # no width of its own: rows are fitted to the pane, so it never scrolls sideways
+        self.virtual_size = Size(0, len(rows))
+        # a ScrollView's scrollbars follow its size, not its virtual size: without this, rows
+        # that grow after the first layout (an unfold) get no scrollbar, scrolling is refused
+        # and End leaves the cursor off screen (Textual's OptionList does the same)
+        self._scroll_update(self.virtual_size)
         self.refresh()
 
     def show(self, frame: Frame) -> None:
@@ -217,12 +222,14 @@ class TreeView(ScrollView, can_focus=True):
         self.cursor = max(0, min(index, len(self.rows) - 1))
         if self.cursor == old:
             return
-        top, height = self.scroll_offset.y, self.size.height
+        # the rows shown (a scrollbar takes none of them: rows never scroll sideways); the
+        # scroll happens now, so the frame this move asks for copies the rows on screen
+        top, height = self.scroll_offset.y, self.scrollable_content_region.height
         if self.cursor < top:
-            self.scroll_to(y=self.cursor, animate=False)
+            self.scroll_to(y=self.cursor, animate=False, immediate=True)
             self.post_message(self.Moved())
         elif self.cursor >= top + height:
-            self.scroll_to(y=self.cursor - height + 1, animate=False)
+            self.scroll_to(y=self.cursor - height + 1, animate=False, immediate=True)
             self.post_message(self.Moved())
         self.refresh()
         nid = self.selected_id()
