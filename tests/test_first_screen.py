@@ -62,3 +62,35 @@ async def test_the_selected_row_is_always_on_screen() -> None:
         assert tree.cursor == 40 and tree.cursor in _visible(app)
         await pilot.press("pageup")
         assert tree.cursor == 20 and tree.cursor in _visible(app)
+
+
+class _Cjk:
+    """Preview words two cells wide each (as Chinese or Japanese text is)."""
+
+    def text(self, tokens: object) -> str:
+        return "你好世界缓存前缀树" * 4
+
+
+@sync
+async def test_cjk_previews_never_cut_the_right_hand_columns() -> None:
+    src = ManualSource(num_blocks=2_400)
+    app = app_for(src)
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.tree_pane.vocab = _Cjk()
+        events: list[ev.AnyEvent] = [ev.BlockAlloc([5]), ev.NodeCreated(
+            2290, 0, 0, tokens(7, 8, 9), [5], shared_first=False)]
+        src.push(events)
+        await wait_until(pilot, lambda: len(app.tree_pane.rows) == 2 and app.caught_up())
+        tree = app.tree_pane
+        rows = {}
+        for width in (100, 70, 46, 44):
+            await pilot.resize_terminal(width, 30)
+            await pilot.pause(0.05)
+            line = tree.render_line(1)
+            assert line.cell_length == tree.size.width
+            rows[tree.size.width] = line.text.rstrip()
+        # columns that do not fit go whole (age, blocks, pins, then the id), never cut
+        assert rows == {48: '  · [3] "你好世…"  b5           r0    0s n2290',
+                        29: '  · [3] "你好…"  r0  n2290',
+                        18: '  · [3] "你好…"',
+                        17: '  · [3] "你好…"'}
