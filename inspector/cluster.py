@@ -26,7 +26,7 @@ from __future__ import annotations
 import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
 
 from rich.text import Text
@@ -36,6 +36,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Footer, Input, Static
 
 from inspector.sources import DatasetWords
+from inspector.words import CLUSTER, cluster_words
 from radixcache.wire.fleet import Fleet, FleetNode, FleetTree
 
 if TYPE_CHECKING:
@@ -204,8 +205,9 @@ class ClusterApp(App[int | None]):
         with VerticalScroll(id="tree"):
             yield Static(id="tree-body")
         yield Static(id="message")
-        yield Input(placeholder="chat 20 · kill 1 · restart 1 · restart router · quit",
-                    id="command")
+        examples = [next(iter(cluster_words().values())).example,
+                    *(w.example for w in CLUSTER.values())]
+        yield Input(placeholder=" · ".join(examples), id="command")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -326,49 +328,49 @@ class ClusterApp(App[int | None]):
             return
         if not words:
             return
-        if words[0] == "quit":
-            self.exit(None)
-        elif words == ["restart", "router"]:
-            self._restart_router()
-        elif words[0] in ("kill", "restart"):
-            self._fault(words)
-        else:
+        handler = self.WORDS.get(words[0])
+        if handler is not None:
+            handler(self, words)
+        elif words[0] in cluster_words():
             self._send_workload(words)
+        else:
+            known = " ".join(sorted(cluster_words()))
+            self.say(f"error: unknown command {words[0]!r} (commands: {known})")
+
+    def _quit(self, _: list[str]) -> None:
+        self.exit(None)
 
     def _fault(self, words: list[str]) -> None:
         if self.controls is None:
-            self.say("error: this screen did not start the replicas (radixcache cluster does)")
+            self.say("error: this screen did not start the cluster (radixcache cluster does)")
+            return
+        controls = self.controls
+        if words == ["restart", "router"]:
+            self._run_fault("restart router", controls.restart_router)
             return
         if len(words) != 2 or not words[1].isdigit() or int(words[1]) >= len(self.views):
             self.say(f"error: usage: {words[0]} RANK (0..{len(self.views) - 1})")
             return
-        rank, controls = int(words[1]), self.controls
+        rank = int(words[1])
         action = controls.kill if words[0] == "kill" else controls.restart
-        self.say(f"{words[0]} replica {rank} ...")
-        self.run_worker(lambda: self._done(action, rank, words[0]), thread=True)
+        self._run_fault(f"{words[0]} replica {rank}", lambda: action(rank))
 
-    def _restart_router(self) -> None:
-        if self.controls is None:
-            self.say("error: this screen did not start the router (radixcache cluster does)")
-            return
-        controls = self.controls
-        self.say("restart router ...")
+    def _run_fault(self, what: str, action: Callable[[], None]) -> None:
+        """Run ``action`` off the screen's thread; say when it is done, or why it failed."""
+        self.say(f"{what} ...")
 
         def run() -> None:
             try:
-                controls.restart_router()
-                self.call_from_thread(self.say, "restart router: done")
+                action()
+                self.call_from_thread(self.say, f"{what}: done")
             except RuntimeError as exc:
                 self.call_from_thread(self.say, f"error: {exc}")
 
         self.run_worker(run, thread=True)
 
-    def _done(self, action: Callable[[int], None], rank: int, verb: str) -> None:
-        try:
-            action(rank)
-            self.call_from_thread(self.say, f"{verb} replica {rank}: done")
-        except RuntimeError as exc:
-            self.call_from_thread(self.say, f"error: {exc}")
+    # one per ``inspector.words.CLUSTER`` (a test checks)
+    WORDS: ClassVar[Mapping[str, Callable[[ClusterApp, list[str]], None]]] = {
+        "quit": _quit, "kill": _fault, "restart": _fault}
 
     def _send_workload(self, words: list[str]) -> None:
         from radixcache.traffic.workloads import WorkloadError, build_workload

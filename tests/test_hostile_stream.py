@@ -196,7 +196,7 @@ def test_a_300m_block_pool_is_refused_before_any_allocation():
     (ev.BlockAlloc([-1]), "BlockAlloc block -1 outside the pool of 8 blocks"),
     (ev.BlockFree([8]), "BlockFree block 8 outside the pool of 8 blocks"),
     (ev.Cow(0, -3, 1), "cow dst -3 out of range [0, 7]"),
-    (ev.Merge(1, 2, -5), "merge dropped block -5 out of range [-1, 7]"),
+    (ev.Merge(1, 2, -5), "merge dropped block -5 out of range [0, 7]"),
     (ev.Access(2**63, 1), "access node 9223372036854775808 out of range"),
 ])
 def test_negative_and_out_of_pool_ids_are_malformed(event, message):

@@ -248,31 +248,28 @@ class RecordingReader:
         ``RecordingError`` when no keyframe before ``events`` can be read."""
         refs = [k for k in self.keyframes() if k.events_before <= events]
         mirror = Mirror()
-        count, at = 0, (-1, -1)
-        for ref in reversed(refs):
-            count, at = self._load_keyframe(mirror, ref.offset)
-            if count >= 0:
-                break
-        if count < 0 or not refs:
+        loaded = next((k for ref in reversed(refs)
+                       if (k := self._load_keyframe(mirror, ref.offset)) is not None), None)
+        if loaded is None:
             where = f" ({self.damage.reason} at byte {self.damage.offset})" if self.damage else ""
             raise RecordingError(f"{self.path}: no readable keyframe at or before event "
                                  f"{events}{where}")
-        return mirror, self._play(mirror, refs[-1].offset, count, at, events)
+        return mirror, self._play(mirror, refs[-1].offset, *loaded, events)
 
     def play_all(self) -> tuple[Mirror, int]:
         """A mirror after every batch of the file, played from the first keyframe (every
         Digest event checked on the way; ``damage`` says where a batch did not fit). Returns
         (mirror, events applied); raises ``RecordingError`` when the first keyframe is bad."""
         mirror = Mirror()
-        count, at = self._load_keyframe(mirror, self._first)
-        if count < 0:
+        loaded = self._load_keyframe(mirror, self._first)
+        if loaded is None:
             raise RecordingError(f"{self.path}: first keyframe unreadable "
                                  f"({self.damage.reason if self.damage else ''})")
-        return mirror, self._play(mirror, self._first, count, at, 2**62)
+        return mirror, self._play(mirror, self._first, *loaded, 2**62)
 
-    def _load_keyframe(self, mirror: Mirror, offset: int) -> tuple[int, tuple[int, int]]:
-        """Load the keyframe at ``offset``: (events before it, (epoch, seq)); (-1, ...) and
-        ``damage`` set when it cannot be read or loaded."""
+    def _load_keyframe(self, mirror: Mirror, offset: int) -> tuple[int, tuple[int, int]] | None:
+        """Load the keyframe at ``offset``: (events before it, (epoch, seq)); None, and
+        ``damage`` set, when it cannot be read or loaded."""
         frame = self._read_frame(offset)
         try:
             if isinstance(frame, Damage):
@@ -283,7 +280,7 @@ class RecordingReader:
             mirror.load_snapshot(k.snapshot)
         except (RecordingError, msgspec.DecodeError, Malformed) as exc:
             self.damage = Damage(offset, f"bad keyframe: {exc}")
-            return -1, (-1, -1)
+            return None
         return k.events_before, (k.epoch, k.seq)
 
     def _play(self, mirror: Mirror, start: int, count: int, at: tuple[int, int],

@@ -96,11 +96,12 @@ class Subscriber:
         self._timeout = request_timeout_s
         self._backoff, self._deadline = Backoff(backoff_s, backoff_cap_s), sync_deadline_s
         self._silence, self._heard = silence_s, time.monotonic()
+        # monotonic time of the last frame on either socket: the evidence the engine is alive
+        self.last_frame = 0.0  # (``_heard`` restarts on a reconnect, this never does)
         self._poller = zmq.Poller()
         self._held = HeldBatches(MAX_BUFFER_BYTES)
-        self._req_ids = itertools.count(1)
-        self._req_id = 0  # the last request id sent (tags held batches)
-        self._req = b""  # the request whose answer we wait for (b"": none)
+        # the last request id sent (tags held batches); the request awaiting an answer (b"": none)
+        self._req_ids, self._req_id, self._req = itertools.count(1), 0, b""
         self._sent_at, self._next_at, self._replay_from = -1e9, 0.0, 0
         self._replay_asks = 0  # replays asked since one last brought a batch (or a snapshot)
         self._order = LiveOrder()
@@ -153,8 +154,7 @@ class Subscriber:
 
     def _connect_events(self) -> None:
         """(Re)make the SUB socket. ZeroMQ drops a connection that delivers a frame over
-        MAXMSGSIZE and, measured with libzmq 4.3.5, never reconnects it: without this the
-        mirror would freeze at the last good batch with no word."""
+        MAXMSGSIZE and (libzmq 4.3.5) never reconnects it: the mirror would freeze silently."""
         if self._sub is not None:
             self._poller.unregister(self._sub)
             self._sub.close(linger=0)
@@ -167,8 +167,7 @@ class Subscriber:
         self._order.forget()
 
     def _check_silence(self) -> None:
-        """No frame at all (an engine sends heartbeats) for ``silence_s``: re-make the event
-        socket, and when live ask for what we may have missed."""
+        """No frame (engines send heartbeats) for ``silence_s``: remake the SUB, replay if live."""
         if time.monotonic() - self._heard < self._silence:
             return
         self.stats.reconnects += 1
@@ -185,9 +184,8 @@ class Subscriber:
         return sock
 
     def _guarded(self, ready: dict[zmq.Socket[bytes], int]) -> None:
-        """One poll round. Input errors are handled where they arise; anything else is a bug
-        of ours: counted, kept as the last error, and cured by a snapshot rather than by
-        letting the thread die (the mirror would freeze with no word)."""
+        """One poll round. Input errors are handled where they arise; anything else is our bug:
+        counted, kept as last_error, cured by a snapshot (a dead thread freezes the mirror)."""
         try:
             if self._dealer in ready:
                 self._on_control()
@@ -239,8 +237,8 @@ class Subscriber:
             self._request([b"replay", self._req, u64(self._replay_from)])
 
     def _request(self, frames: list[bytes]) -> None:
-        """Send without blocking: a DEALER with no peer (e.g. its CURVE handshake was refused)
-        would block ``send`` forever; an unsent request is sent again after the timeout."""
+        """Send without blocking (a DEALER with no peer, e.g. CURVE refused, blocks forever);
+        an unsent request is sent again after the timeout."""
         assert self._dealer is not None
         with contextlib.suppress(zmq.Again):
             self._dealer.send_multipart(frames, zmq.NOBLOCK)
@@ -255,7 +253,7 @@ class Subscriber:
                 data = self._sub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._heard = time.monotonic()
+            self._heard = self.last_frame = time.monotonic()
             try:
                 self._live_frame(data)
             except Malformed as exc:
@@ -288,6 +286,7 @@ class Subscriber:
                 frames = self._dealer.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self.last_frame = time.monotonic()
             if len(frames) < 2 or not self._req or frames[1] != self._req:
                 continue  # a late answer to a request we gave up on, or garbage
             try:
