@@ -93,3 +93,32 @@ def test_a_writer_that_cannot_write_its_index_keeps_every_batch(tmp_path):
     with RecordingReader(path) as reader:
         mirror, events = reader.play_all()
     assert (events, reader.damage, sorted(mirror.nodes)) == (1, None, [0, 1])
+
+
+def test_record_from_a_live_engine_on_a_full_disk_is_one_line(tmp_path):
+    """The live recorder (`record --from`) stops at the write that failed, closes what it has
+    and says so in one line, exit 1."""
+    from radixcache.serving.cluster import free_port_run
+
+    port = free_port_run(3)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    serve = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--port", str(port),
+                              "--workload", "chat", "--workload-args", "1000"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                             cwd=ROOT)
+    out = tmp_path / "live.rcx"
+    try:
+        r = run_capped(["record", "--from", f"tcp://127.0.0.1:{port}", "--seconds", "20",
+                        "--out", str(out)], 30_000)
+    finally:
+        serve.terminate()
+        serve.wait(10)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {out}: File too large: the file "
+                                                    f"holds the first "), lines
+    assert r.stdout == ""
+    with RecordingReader(out) as reader:
+        reader.play_all()
+        assert reader.damage is None
+    assert out.stat().st_size <= 30_000
