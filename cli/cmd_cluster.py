@@ -65,7 +65,7 @@ def start_http(server: Server, host: str, port: int | None) -> HttpFront | None:
         err_console.print(f"error: --http needs {exc.name}: {HTTP_HINT}", highlight=False)
         raise typer.Exit(2) from None
     try:
-        front = HttpFront(EngineBackend(server.service, server.loop.wake), host, port)
+        front = HttpFront(EngineBackend(server.service, server.loop), host, port)
     except OSError as exc:
         server.close()
         err_console.print(f"error: cannot bind HTTP {host}:{port}: {exc.strerror}",

@@ -133,7 +133,8 @@ class Mirror:
 
     def digest(self) -> str:
         """The same hash as ``RadixTree.digest`` over the mirrored state."""
-        return structure_digest(self.nodes.values(), self.request_blocks)
+        nodes = self.nodes.values()
+        return structure_digest(nodes, self.request_blocks, {n.id: n.lock for n in nodes})
 
     # -- applying --------------------------------------------------------------------------
     def apply_batch(self, batch: ev.Batch) -> None:

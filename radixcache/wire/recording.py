@@ -23,85 +23,56 @@ never ends) and files over ``MAX_FILE_BYTES``.
 from __future__ import annotations
 
 import contextlib
-import enum
 import os
 import stat
-import struct
 import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO
 
 import msgspec
 
 from radixcache.core import events as ev
 from radixcache.wire.mirror import Mirror, MirrorError
+from radixcache.wire.recording_format import (
+    FORMAT_VERSION,
+    FRAME,
+    MAGIC,
+    MAX_FILE_BYTES,
+    MAX_FRAME_BYTES,
+    PRELUDE,
+    TAIL,
+    TAIL_MAGIC,
+    Damage,
+    Keyframe,
+    KeyframeRef,
+    Kind,
+    Record,
+    RecordHeader,
+    RecordingError,
+    RecordingWriteError,
+)
 from radixcache.wire.validate import Malformed, decode_batch
 
-MAGIC = b"RADIXREC"
-FORMAT_VERSION = 1
-TAIL_MAGIC = b"RCXTAIL\0"
-MAX_FRAME_BYTES = 256 * 1024 * 1024
-MAX_FILE_BYTES = 64 * 1024**3  # the reader refuses larger files (it streams; this bounds a scan)
-_PRELUDE = struct.Struct("<8sHH")
-_FRAME = struct.Struct("<IBI")
-_TAIL = struct.Struct("<Q8s")
-
-
-class Kind(enum.IntEnum):
-    """Frame kinds."""
-
-    HEADER = 1
-    BATCH = 2
-    KEYFRAME = 3
-    INDEX = 4
-
-
-class RecordHeader(msgspec.Struct, array_like=True, frozen=True):
-    """Who recorded what: format and schema versions, engine name and config."""
-
-    format_version: int
-    schema_version: int
-    engine: str
-    config: dict[str, str | int | float]
-    created: float
-
-
-class Keyframe(msgspec.Struct, array_like=True, frozen=True):
-    """The whole state after ``events_before`` recorded events (at ``seq`` of ``epoch``)."""
-
-    seq: int
-    epoch: int
-    events_before: int
-    snapshot: ev.Snapshot
-
-
-class KeyframeRef(msgspec.Struct, array_like=True, frozen=True):
-    """Where a keyframe lies in the file."""
-
-    offset: int
-    seq: int
-    events_before: int
-
-
-class RecordingError(Exception):
-    """The file is not a readable recording at all (empty, wrong magic, future version)."""
-
-
-class Damage(NamedTuple):
-    """Where reading stopped and why."""
-
-    offset: int
-    reason: str
-
-
-class Record(NamedTuple):
-    """One batch or keyframe and the byte offset of its frame."""
-
-    offset: int
-    item: ev.Batch | Keyframe
-
+__all__ = [  # the format is recording_format's; its names are importable from here too
+    "FORMAT_VERSION",
+    "MAGIC",
+    "MAX_FILE_BYTES",
+    "MAX_FRAME_BYTES",
+    "TAIL_MAGIC",
+    "Damage",
+    "Keyframe",
+    "KeyframeRef",
+    "Kind",
+    "Record",
+    "RecordHeader",
+    "RecordingError",
+    "RecordingReader",
+    "RecordingWriteError",
+    "RecordingWriter",
+    "mirror_snapshot",
+]
 
 _ENC = msgspec.msgpack.Encoder(enc_hook=ev.enc_hook)
 _HEADER = msgspec.msgpack.Decoder(RecordHeader)
@@ -125,7 +96,12 @@ def mirror_snapshot(mirror: Mirror) -> ev.Snapshot:
 
 class RecordingWriter:
     """Appends frames to a new file. Call ``write_keyframe`` first and whenever
-    ``needs_keyframe``; ``close()`` writes the index and tail."""
+    ``needs_keyframe``; ``close()`` writes the index and tail.
+
+    Each frame goes to the file in one unbuffered write, so a write that fails (``ENOSPC``,
+    ``EFBIG``) is known at the frame it hit: the file is cut back to the frame before, closed,
+    and ``RecordingWriteError`` says how many events it holds (a reader scans a file without
+    an index). Every write after that raises the same error."""
 
     def __init__(
         self, path: str | os.PathLike[str], config: dict[str, str | int | float], *,
@@ -137,19 +113,49 @@ class RecordingWriter:
         self.batches = 0
         self._since_keyframe = 0
         self._index: list[KeyframeRef] = []
-        self._f: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed by close()
-        self._f.write(_PRELUDE.pack(MAGIC, FORMAT_VERSION, 0))
+        self.failed: RecordingWriteError | None = None
+        self._size = 0  # bytes of whole frames written
+        try:
+            self._f: BinaryIO = open(self.path, "wb", buffering=0)  # noqa: SIM115 - close()
+        except OSError as exc:
+            raise RecordingWriteError(f"{self.path}: {exc.strerror or exc}") from None
+        self._write(PRELUDE.pack(MAGIC, FORMAT_VERSION, 0), "")
         header = RecordHeader(FORMAT_VERSION, ev.SCHEMA_VERSION, engine, config, time.time())
         self._frame(Kind.HEADER, _ENC.encode(header))
 
-    def _frame(self, kind: Kind, payload: bytes) -> int:
+    def _frame(self, kind: Kind, payload: bytes, lost: str = "") -> int:
         if len(payload) > MAX_FRAME_BYTES:
             raise ValueError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME_BYTES}")
-        offset = self._f.tell()
+        offset = self._size
         crc = zlib.crc32(payload, zlib.crc32(bytes([kind])))
-        self._f.write(_FRAME.pack(len(payload), kind, crc))
-        self._f.write(payload)
+        self._write(FRAME.pack(len(payload), kind, crc) + payload, lost)
         return offset
+
+    def _write(self, data: bytes, lost: str) -> None:
+        """All of ``data`` at the end of the file, or cut back and ``RecordingWriteError``."""
+        if self.failed is not None:
+            raise self.failed
+        view = memoryview(data)
+        try:
+            while view:
+                written = self._f.write(view)
+                view = view[written or 0:]
+        except OSError as exc:
+            self._cut(exc, lost)
+            assert self.failed is not None
+            raise self.failed from None
+        self._size += len(data)
+
+    def _cut(self, exc: OSError, lost: str) -> None:
+        """Cut the file back to its last whole frame and close it (best effort: on a full disk
+        a truncate frees space, it needs none)."""
+        with contextlib.suppress(OSError):
+            self._f.truncate(self._size)
+        with contextlib.suppress(OSError):
+            self._f.close()
+        holds = (f"the file holds the first {self.events:,} events{lost}"
+                 if self._index else "nothing readable was written")
+        self.failed = RecordingWriteError(f"{self.path}: {exc.strerror or exc}: {holds}")
 
     @property
     def needs_keyframe(self) -> bool:
@@ -171,18 +177,27 @@ class RecordingWriter:
         self._since_keyframe = 0
 
     def close(self) -> None:
-        """Write the keyframe index and the tail, and close the file."""
+        """Write the keyframe index and the tail, and close the file. Raises
+        ``RecordingWriteError`` when they cannot be written (the batches stay readable)."""
         if self._f.closed:
             return
-        offset = self._frame(Kind.INDEX, _ENC.encode(self._index))
-        self._f.write(_TAIL.pack(offset, TAIL_MAGIC))
+        index = self._size
+        try:
+            self._frame(Kind.INDEX, _ENC.encode(self._index), " (no index)")
+            self._write(TAIL.pack(index, TAIL_MAGIC), " (no index)")
+        except RecordingWriteError:
+            if self._size > index:  # the index went in, its tail did not: drop both
+                with contextlib.suppress(OSError):
+                    os.truncate(self.path, index)
+            raise
         self._f.close()
 
     def __enter__(self) -> RecordingWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        if self.failed is None:
+            self.close()
 
 
 class RecordingReader:
@@ -222,17 +237,17 @@ class RecordingReader:
         return os.pread(self._fd, n, offset)
 
     def _read_prelude(self) -> tuple[RecordHeader, int]:
-        prelude = self._pread(_PRELUDE.size, 0)
+        prelude = self._pread(PRELUDE.size, 0)
         if not prelude:
             raise RecordingError(f"{self.path}: empty file")
-        if len(prelude) < _PRELUDE.size or prelude[:8] != MAGIC:
+        if len(prelude) < PRELUDE.size or prelude[:8] != MAGIC:
             raise RecordingError(f"{self.path}: not a radixcache recording (bad magic)")
-        _, version, _ = _PRELUDE.unpack(prelude)
+        _, version, _ = PRELUDE.unpack(prelude)
         if version > FORMAT_VERSION:
             raise RecordingError(
                 f"{self.path}: format version {version} is newer than this reader "
                 f"(reads up to {FORMAT_VERSION}); upgrade radixcache")
-        frame = self._read_frame(_PRELUDE.size)
+        frame = self._read_frame(PRELUDE.size)
         if isinstance(frame, Damage) or frame[0] != Kind.HEADER:
             raise RecordingError(f"{self.path}: unreadable header")
         try:
@@ -242,13 +257,13 @@ class RecordingReader:
 
     def _read_frame(self, offset: int) -> tuple[Kind, bytes, int] | Damage:
         """(kind, payload, next offset) or the damage at ``offset``."""
-        head = self._pread(_FRAME.size, offset)
-        if len(head) < _FRAME.size:
+        head = self._pread(FRAME.size, offset)
+        if len(head) < FRAME.size:
             return Damage(offset, "truncated frame header")
-        length, kind, crc = _FRAME.unpack(head)
+        length, kind, crc = FRAME.unpack(head)
         if length > MAX_FRAME_BYTES:
             return Damage(offset, f"frame length {length} exceeds the {MAX_FRAME_BYTES} limit")
-        start = offset + _FRAME.size
+        start = offset + FRAME.size
         if start + length > self.size:  # checked before reading: no allocation of `length`
             return Damage(offset, f"truncated frame: {length} bytes announced, "
                                   f"{self.size - start} present")
@@ -283,8 +298,8 @@ class RecordingReader:
 
     def keyframes(self) -> list[KeyframeRef]:
         """The keyframe index: from the tail when the file was closed, else by scanning."""
-        if self.size >= _TAIL.size + self._first:
-            offset, magic = _TAIL.unpack(self._pread(_TAIL.size, self.size - _TAIL.size))
+        if self.size >= TAIL.size + self._first:
+            offset, magic = TAIL.unpack(self._pread(TAIL.size, self.size - TAIL.size))
             if magic == TAIL_MAGIC and offset < self.size:
                 frame = self._read_frame(offset)
                 if not isinstance(frame, Damage) and frame[0] == Kind.INDEX:

@@ -39,20 +39,16 @@ from radixcache.wire.endpoints import Endpoints, connect, gc_paused, u64
 from radixcache.wire.mirror import Malformed, Mirror, MirrorError
 from radixcache.wire.resync import (
     Backoff,
-    DropHook,
-    HashDrop,
     Held,
     HeldBatches,
     State,
     SubscriberStats,
     SubscriberStatus,
-    drop_one_percent,
     u63,
 )
 from radixcache.wire.security import ClientCurve, client_curve
 
-__all__ = ["MAX_BUFFER_BYTES", "HashDrop", "State", "Subscriber", "SubscriberStats",
-           "SubscriberStatus", "drop_one_percent"]
+__all__ = ["MAX_BUFFER_BYTES", "State", "Subscriber", "SubscriberStats", "SubscriberStatus"]
 
 SnapshotHook = Callable[[int, int, ev.Snapshot], None]
 MAX_BUFFER_BYTES = 32 * 1024 * 1024  # raw batches held while a snapshot or replay is pending
@@ -72,7 +68,6 @@ class Subscriber:
         endpoints: Endpoints,
         mirror: Mirror | None = None,
         *,
-        drop: DropHook | None = None,
         request_timeout_s: float = 2.0,
         on_batch: Callable[[ev.Batch], None] | None = None,
         on_snapshot: SnapshotHook | None = None,
@@ -95,11 +90,14 @@ class Subscriber:
         self.last_digest = ""
         self.last_error = ""
         self.synced = threading.Event()  # set once the first snapshot is applied
-        self._drop, self._on_batch, self._on_snapshot = drop, on_batch, on_snapshot
+        self._on_batch, self._on_snapshot = on_batch, on_snapshot
         self._timeout = request_timeout_s
         self._backoff, self._deadline = Backoff(backoff_s, backoff_cap_s), sync_deadline_s
         self._silence = silence_s
         self._heard = time.monotonic()
+        # time.monotonic() of the last frame from the engine on either socket: the evidence
+        # that it is alive (``_heard`` restarts on a reconnect, this never does)
+        self.last_frame = 0.0
         self._poller = zmq.Poller()
         self._held = HeldBatches(MAX_BUFFER_BYTES)
         self._req_ids = itertools.count(1)
@@ -252,7 +250,7 @@ class Subscriber:
                 data = self._sub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._heard = time.monotonic()
+            self._heard = self.last_frame = time.monotonic()
             try:
                 self._live_frame(data)
             except Malformed as exc:
@@ -261,16 +259,9 @@ class Subscriber:
     def _live_frame(self, data: bytes) -> None:
         if self.state is not State.LIVE:
             head = validate.decode_head(data)
-            if not (self._drop is not None and self._drop(head.seq)):
-                self._hold(head.epoch, head.seq, data)
-            else:
-                self.stats.dropped_by_hook += 1
+            self._hold(head.epoch, head.seq, data)
             return
-        batch = validate.decode_batch(data)
-        if self._drop is not None and self._drop(batch.seq):
-            self.stats.dropped_by_hook += 1
-            return
-        self._handle(batch, data)
+        self._handle(validate.decode_batch(data), data)
 
     def _hold(self, epoch: int, seq: int, data: bytes) -> None:
         self._held.limit = MAX_BUFFER_BYTES  # read at each call (tests lower it)
@@ -284,6 +275,7 @@ class Subscriber:
                 frames = self._dealer.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self.last_frame = time.monotonic()
             if len(frames) < 2 or not self._req or frames[1] != self._req:
                 continue  # a late answer to a request we gave up on, or garbage
             try:
