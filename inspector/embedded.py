@@ -35,7 +35,6 @@ class EmbeddedSource:
         self.clock = clock
         self.recording = recording
         self.keyframe_every = keyframe_every
-        self.sent: list[cmd.AnyCommand] = []
         self.loop: ServiceLoop | None = None
         self._feed: Feed | None = None
         self._text = DatasetWords()
@@ -86,7 +85,6 @@ class EmbeddedSource:
 
     def send(self, command: cmd.AnyCommand) -> cmd.AnyReply:
         """Run ``command`` through the loop's handler (between two steps) and reply."""
-        self.sent.append(command)
         if self.loop is None:
             return cmd.Error("the embedded engine is not running")
         with self._count_lock:
