@@ -26,7 +26,7 @@ def _body(app: InspectorApp) -> str:
 async def _served(app: InspectorApp, pilot, line: str) -> None:  # type: ignore[no-untyped-def]
     """Type a workload command and wait until it is served and on screen."""
     await type_line(pilot, line)
-    await wait_until(pilot, lambda: len(app.replies) == 1 and app.source.idle()  # type: ignore[attr-defined]
+    await wait_until(pilot, lambda: app.replies == 1 and app.source.idle()  # type: ignore[attr-defined]
                      and app.caught_up())
 
 
