@@ -17,6 +17,7 @@ from types import MappingProxyType
 import typer
 from typer.models import DefaultPlaceholder
 
+from cli.lazy import BenchCommands, RootCommands
 from radixcache import __version__
 
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
@@ -32,13 +33,17 @@ app = typer.Typer(
     context_settings=HELP_OPTIONS,
     rich_markup_mode="rich",
     no_args_is_help=True,
+    cls=RootCommands,
 )
 bench_app = typer.Typer(
     help="Benchmarks: each prints a table, or one JSON object with --json.",
+    epilog="[bold]Example:[/]  radixcache bench cli --json",
     context_settings=HELP_OPTIONS,
     no_args_is_help=True,
     rich_markup_mode="rich",
+    cls=BenchCommands,
 )
+RootCommands.typer_app, BenchCommands.typer_app = app, bench_app
 app.add_typer(bench_app, name="bench", rich_help_panel="Benchmarks")
 
 RUN, INSPECT, DATA, BENCH, DIAG = "Run", "Inspect", "Data", "Benchmarks", "Diagnostics"
