@@ -10,7 +10,7 @@ checks the table against what the modules register (``load_all``).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import ClassVar
 
@@ -87,9 +87,15 @@ def load_all() -> None:
     """Import every command module (tests, and anything that walks the whole command tree)."""
     for module, _, _ in COMMANDS.values():
         importlib.import_module(module)
-    from cli.app import finish_help
+    LazyGroup.finish()
 
-    finish_help()
+
+def command_name(info: typer.models.CommandInfo) -> str:
+    """The name a registered command is invoked by (Typer derives it from the function)."""
+    if info.name:
+        return info.name
+    assert info.callback is not None
+    return info.callback.__name__.lower().replace("_", "-")
 
 
 class LazyGroup(TyperGroup):
@@ -98,7 +104,10 @@ class LazyGroup(TyperGroup):
     built are used as they are."""
 
     prefix: ClassVar[str] = ""
-    typer_app: ClassVar[typer.Typer | None] = None  # set by ``cli.app`` once the app exists
+    # set by ``cli.app`` once the apps exist: the Typer app commands register on, and what
+    # finishes a command's help once registered (its panel, its example)
+    typer_app: ClassVar[typer.Typer | None] = None
+    finish: ClassVar[Callable[[], None]] = staticmethod(lambda: None)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         """Every command of the table under this group, and the registered ones."""
@@ -122,10 +131,8 @@ class LazyGroup(TyperGroup):
         return super().resolve_command(ctx, args)
 
     def _load(self, name: str) -> None:
-        from cli.app import command_name, finish_help
-
         importlib.import_module(COMMANDS[self.prefix + name][0])
-        finish_help()
+        LazyGroup.finish()
         assert self.typer_app is not None
         for info in self.typer_app.registered_commands:
             if command_name(info) == name:

@@ -19,8 +19,7 @@ thousands; one that stays out of sync for ``sync_deadline_s`` is reported ``unsy
 ``status()``. While not live, batches wait as raw bytes in a buffer capped in bytes
 (``MAX_BUFFER_BYTES``); what it drops is recovered by replay once live.
 
-All of it runs in one thread (``run``), which owns the sockets and the mirror; readers of the
-mirror take ``lock``. ``stop()`` makes ``run`` return within ~50 ms.
+One thread (``run``) owns the sockets and the mirror; readers take ``lock``; ``stop()``: 50 ms.
 """
 
 from __future__ import annotations
@@ -100,9 +99,7 @@ class Subscriber:
         self._backoff, self._deadline = Backoff(backoff_s, backoff_cap_s), sync_deadline_s
         self._silence = silence_s
         self._heard = time.monotonic()
-        # time.monotonic() of the last frame from the engine on either socket: the evidence
-        # that it is alive (``_heard`` restarts on a reconnect, this never does)
-        self.last_frame = 0.0
+        self.last_frame = 0.0  # time.monotonic() of the engine's last frame, on either socket
         self._poller = zmq.Poller()
         self._held = HeldBatches(MAX_BUFFER_BYTES)
         self._req_ids = itertools.count(1)
@@ -191,9 +188,8 @@ class Subscriber:
         return sock
 
     def _guarded(self, ready: dict[zmq.Socket[bytes], int]) -> None:
-        """One poll round. Input errors are handled where they arise; anything else is a bug
-        of ours: counted, kept as the last error, and cured by a snapshot rather than by
-        letting the thread die (the mirror would freeze with no word)."""
+        """One poll round. Input errors are handled where they arise; anything else is our bug:
+        counted, kept as the last error, cured by a snapshot (a dead thread freezes the mirror)."""
         try:
             if self._dealer in ready:
                 self._on_control()
