@@ -20,7 +20,7 @@ from rich.tree import Tree
 from cli.app import CliError, app
 from cli.options import CURVE_HELP, AnswerMode, ModelSize, engine_config, sized_workload
 from inspector.sources import DatasetWords
-from radixcache.traffic.workloads import Vocabulary, WorkloadError
+from radixcache.traffic.workloads import Vocabulary, Workload, WorkloadError
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.export import jsonl_lines, perfetto_json
 from radixcache.wire.kvevents.pubsub import KVEventsClient
@@ -87,12 +87,8 @@ def record(
     from radixcache.serving.engine import Answers, Engine
     from radixcache.serving.server import record_service
 
-    try:
-        w = sized_workload(workload, workload_args, requests)
-    except WorkloadError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--workload") from None
-    n = min(requests, len(w.requests))
-    w = dataclasses.replace(w, requests=w.requests[:n])
+    w = _first_requests(workload, workload_args, requests)
+    n = len(w.requests)
     engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value)))
     header: dict[str, str | int | float] = {
         "num_blocks": blocks, "block_size": 16, "model": model.value, "answers": answers.value,
@@ -108,6 +104,15 @@ def record(
     console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
                   f"{n:,} requests finished ({c.rejected} rejected) in {r.steps:,} steps, "
                   f"{time.perf_counter() - t0:.1f} s")
+
+
+def _first_requests(workload: str, args: str, requests: int) -> Workload:
+    """The workload's first ``requests`` requests; a bad one is a usage error (exit 2)."""
+    try:
+        w = sized_workload(workload, args, requests)
+    except WorkloadError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--workload") from None
+    return dataclasses.replace(w, requests=w.requests[:requests])
 
 
 def _record_live(endpoint: str, out: Path, seconds: float, every: int,

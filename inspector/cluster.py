@@ -346,17 +346,17 @@ class ClusterApp(App[int | None]):
             return
         controls = self.controls
         if words == ["restart", "router"]:
-            self._run_fault("restart router", controls.restart_router)
+            self._start("restart router", controls.restart_router)
             return
         if len(words) != 2 or not words[1].isdigit() or int(words[1]) >= len(self.views):
             self.say(f"error: usage: {words[0]} RANK (0..{len(self.views) - 1})")
             return
         rank = int(words[1])
         action = controls.kill if words[0] == "kill" else controls.restart
-        self._run_fault(f"{words[0]} replica {rank}", lambda: action(rank))
+        self._start(f"{words[0]} replica {rank}", lambda: action(rank))
 
-    def _run_fault(self, what: str, action: Callable[[], None]) -> None:
-        """Run ``action`` off the screen's thread; say when it is done, or why it failed."""
+    def _start(self, what: str, action: Callable[[], None]) -> None:
+        """Say ``what`` is under way, run ``action`` off the UI thread, then say how it ended."""
         self.say(f"{what} ...")
 
         def run() -> None:

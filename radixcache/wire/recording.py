@@ -131,12 +131,12 @@ class RecordingReader:
         return os.pread(self._fd, n, offset)
 
     def _read_prelude(self) -> tuple[RecordHeader, int]:
-        prelude = self._pread(_PRELUDE.size, 0)
+        prelude = self._pread(PRELUDE.size, 0)
         if not prelude:
             raise RecordingError(f"{self.path}: empty file")
-        if len(prelude) < _PRELUDE.size or prelude[:8] != MAGIC:
+        if len(prelude) < PRELUDE.size or prelude[:8] != MAGIC:
             raise RecordingError(f"{self.path}: not a radixcache recording (bad magic)")
-        _, version, _ = _PRELUDE.unpack(prelude)
+        _, version, _ = PRELUDE.unpack(prelude)
         if version < 1:
             raise RecordingError(f"{self.path}: format version {version} is not one this reader "
                                  f"knows (1 to {FORMAT_VERSION})")
@@ -144,7 +144,7 @@ class RecordingReader:
             raise RecordingError(
                 f"{self.path}: format version {version} is newer than this reader "
                 f"(reads up to {FORMAT_VERSION}); upgrade radixcache")
-        frame = self._read_frame(_PRELUDE.size)
+        frame = self._read_frame(PRELUDE.size)
         if isinstance(frame, Damage) or frame[0] != Kind.HEADER:
             raise RecordingError(f"{self.path}: unreadable header")
         try:
@@ -154,13 +154,13 @@ class RecordingReader:
 
     def _read_frame(self, offset: int) -> tuple[Kind, bytes, int] | Damage:
         """(kind, payload, next offset) or the damage at ``offset``."""
-        head = self._pread(_FRAME.size, offset)
-        if len(head) < _FRAME.size:
+        head = self._pread(FRAME.size, offset)
+        if len(head) < FRAME.size:
             return Damage(offset, "truncated frame header")
-        length, kind, crc = _FRAME.unpack(head)
+        length, kind, crc = FRAME.unpack(head)
         if length > MAX_FRAME_BYTES:
             return Damage(offset, f"frame length {length} exceeds the {MAX_FRAME_BYTES} limit")
-        start = offset + _FRAME.size
+        start = offset + FRAME.size
         if start + length > self.size:  # checked before reading: no allocation of `length`
             return Damage(offset, f"truncated frame: {length} bytes announced, "
                                   f"{self.size - start} present")
@@ -230,8 +230,8 @@ class RecordingReader:
 
     def keyframes(self) -> list[KeyframeRef]:
         """The keyframe index: from the tail when the file was closed, else by scanning."""
-        if self.size >= _TAIL.size + self._first:
-            offset, magic = _TAIL.unpack(self._pread(_TAIL.size, self.size - _TAIL.size))
+        if self.size >= TAIL.size + self._first:
+            offset, magic = TAIL.unpack(self._pread(TAIL.size, self.size - TAIL.size))
             if magic == TAIL_MAGIC and offset < self.size:
                 frame = self._read_frame(offset)
                 if not isinstance(frame, Damage) and frame[0] == Kind.INDEX:
