@@ -95,30 +95,37 @@ def test_a_writer_that_cannot_write_its_index_keeps_every_batch(tmp_path):
     assert (events, reader.damage, sorted(mirror.nodes)) == (1, None, [0, 1])
 
 
-def test_record_from_a_live_engine_on_a_full_disk_is_one_line(tmp_path):
-    """The live recorder (`record --from`) stops at the write that failed, closes what it has
-    and says so in one line, exit 1."""
-    from radixcache.serving.cluster import free_port_run
+def test_the_live_recorder_on_a_full_disk_stops_and_keeps_the_file_readable(tmp_path):
+    """The live recorder (`record --from`) stops at the write that failed and keeps what it
+    wrote readable (the limit is set once it has synced: this process's files may not grow
+    past 20 KB more while the engine floods)."""
+    from radixcache.wire.recorder import LiveRecorder
+    from tests.helpers.stream import drive, make_source, prompts, serving, wait_for
 
-    port = free_port_run(3)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    serve = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--port", str(port),
-                              "--workload", "chat", "--workload-args", "1000"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                             cwd=ROOT)
+    source = make_source(num_blocks=256, digest_every=4)
     out = tmp_path / "live.rcx"
-    try:
-        r = run_capped(["record", "--from", f"tcp://127.0.0.1:{port}", "--seconds", "20",
-                        "--out", str(out)], 30_000)
-    finally:
-        serve.terminate()
-        serve.wait(10)
-    assert r.returncode == 1, (r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {out}: File too large: the file "
-                                                    f"holds the first "), lines
-    assert r.stdout == ""
+    with serving(source) as pub:
+        rec = LiveRecorder(pub.endpoints, out).start()
+        assert rec.subscriber.wait_synced(30)
+        limit = out.stat().st_size + 20_000
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+        try:
+            reqs = prompts(400, seed=3)
+            for i in range(0, 400, 2):
+                drive(source, reqs[i:i + 2], per_step=2)
+                if rec.failed is not None:
+                    break
+            assert wait_for(lambda: rec.failed is not None, 30)
+            result = rec.stop()
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            signal.signal(signal.SIGXFSZ, old)
+    assert result.failed.startswith(f"{out}: File too large: the file holds the first ")
+    assert result.note is None  # nothing more was written after the failure
     with RecordingReader(out) as reader:
-        reader.play_all()
+        _, events = reader.play_all()
         assert reader.damage is None
-    assert out.stat().st_size <= 30_000
+    assert out.stat().st_size <= limit
+    assert result.failed == f"{out}: File too large: the file holds the first {events:,} events"
