@@ -146,17 +146,23 @@ def bench_tui(
     nodes: int = typer.Option(100_000, help="Nodes in the tree."),
     seconds: float = typer.Option(3.0, help="Length of each phase (scroll, change, keys)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    embedded: bool = typer.Option(False, "--embedded", help="Feed the inspector through an "
+                                  "embedded engine's loop and feed thread (as `inspect` "
+                                  "without ENDPOINT runs), not the bench's own stream."),
 ) -> None:
     """The inspector headless on a big tree fed 50,000 events/s: frame cost while scrolling
-    and while nodes change, key latency, events ingested/s, memory pane redraws/s.
+    and while nodes change, key latency, events ingested/s, memory pane redraws/s, command
+    reply time.
 
-    Example: radixcache bench tui --nodes 100000 --json
+    Example: radixcache bench tui --nodes 100000 --embedded --json
     """
+    from inspector.bench import Path as BenchPath
     from inspector.bench import run_bench
     from radixcache.serving.driver import TreeDriver
 
+    path = BenchPath.EMBEDDED if embedded else BenchPath.STREAM
     if as_json:
-        result = run_bench(TreeDriver(nodes * 2 + 4096), nodes, seconds)
+        result = run_bench(TreeDriver(nodes * 2 + 4096), nodes, seconds, path=path)
         print(json.dumps(result._asdict()))
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}"),
@@ -169,9 +175,9 @@ def bench_tui(
 
         result = run_bench(TreeDriver(nodes * 2 + 4096), nodes, seconds,
                            progress=lambda done, _: progress.update(build, completed=done),
-                           step=step)
+                           step=step, path=path)
         progress.update(phase, completed=3)
-    table = Table(title=f"bench tui ({result.nodes:,} nodes)")
+    table = Table(title=f"bench tui ({result.nodes:,} nodes, {result.path})")
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("target", justify="right")
