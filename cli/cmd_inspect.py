@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -15,6 +16,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.app import CliError, app, bench_app
+
+if TYPE_CHECKING:
+    from inspector.bench import TuiBench
 
 console = Console()
 
@@ -177,6 +181,10 @@ def bench_tui(
                            progress=lambda done, _: progress.update(build, completed=done),
                            step=step, path=path)
         progress.update(phase, completed=3)
+    console.print(_tui_table(result))
+
+
+def _tui_table(result: TuiBench) -> Table:
     table = Table(title=f"bench tui ({result.nodes:,} nodes, {result.path})")
     table.add_column("figure")
     table.add_column("value", justify="right")
@@ -194,4 +202,4 @@ def bench_tui(
             ("memory kept over resyncs MB", f"{result.resync_growth_mb:.1f}", "flat")]
     for row in rows:
         table.add_row(*row)
-    console.print(table)
+    return table

@@ -201,6 +201,24 @@ def test_pause_stops_admission_until_resume() -> None:
     assert h.result(0).metrics.output_tokens == 2
 
 
+def test_pause_says_that_running_requests_go_on_to_finish() -> None:
+    """``pause`` stops admission, not stepping: the reply says how many still run, so a user
+    who reads it is not surprised that blocks keep moving (issue 21)."""
+    from radixcache.serving.service import handle
+    from radixcache.wire import commands as cmd
+
+    engine = _engine(256)
+    running = [engine.submit(_words(s, 20), 8) for s in range(3)]
+    assert engine.step().admitted == 3
+    engine.submit(_words(9, 20), 8)
+    assert handle(engine, cmd.Pause()) == cmd.Ok(
+        "admission paused: 3 running requests go on to finish, 1 waiting stay queued "
+        "(resume admits them)", {"running": 3, "waiting": 1})
+    _run(engine, running)  # they do finish, paused
+    assert handle(engine, cmd.Pause()) == cmd.Ok("paused, 1 waiting stay queued",
+                                                 {"running": 0, "waiting": 1})
+
+
 def test_events_rebuild_the_tree_in_a_mirror() -> None:
     engine = _engine(32, events=True)
     mirror = Mirror(16, 32)

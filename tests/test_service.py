@@ -36,7 +36,7 @@ def test_replies_name_their_unit_and_the_paused_state() -> None:
     loop, _ = _loop(TreeDriver(256))
     assert loop.command_line("system 5") == (
         "system: 5 requests submitted (synthetic: 5 users behind a 512-token system prompt)")
-    assert loop.command_line("pause") == "paused"
+    assert loop.command_line("pause") == "paused, 5 waiting stay queued"
     assert loop.command_line("fork 2") == (
         "fork: 3 requests queued (engine paused) (synthetic fork of 2 branches)")
     assert loop.command_line("watermark 0.9 0.8") == "watermarks high 90% low 80%"
@@ -55,11 +55,9 @@ def test_evict_says_why_nothing_went() -> None:
 
 def test_bad_command_lines_say_their_usage() -> None:
     loop, _ = _loop(TreeDriver(256))
-    assert loop.command_line("evict abc") == (
-        "error: usage: evict TOKENS | watermark HIGH LOW (invalid literal for int() with base "
-        "10: 'abc')")
-    assert loop.command_line("watermark 0.5 0.9").startswith(
-        "error: watermarks need 0 < low <= high <= 1")
+    assert loop.command_line("evict abc") == "error: usage: evict TOKENS (e.g. evict 4096)"
+    assert loop.command_line("watermark 0.5 0.9") == (
+        "error: watermark needs 0 < LOW <= HIGH <= 1, e.g. watermark 0.9 0.8")
     assert loop.command_line("blah").startswith("error: unknown workload 'blah' (known: ")
 
 

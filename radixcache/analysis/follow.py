@@ -99,5 +99,5 @@ def why_record(follower: Follower, req: int) -> dict[str, object]:
         "path": [list(p) for p in why.path],
         "spans": None if why.spans is None else [
             {"start": s.start, "end": s.end, "cause": s.cause.value,
-             "seq": s.seq if s.seq >= 0 else None} for s in why.spans],
+             "seq": s.seq} for s in why.spans],
     }

@@ -30,12 +30,12 @@ def serve_request(tree: RadixTree, tokens: Sequence[int] | npt.NDArray[np.uint32
     """Run one sequence through ``tree`` as an engine would (match and pin, allocate, insert,
     unpin) with no model; evicts as needed. Returns the matched length. Raises
     ``PromptTooLarge``/``PoolExhausted`` with the tree unchanged but for evictions."""
-    m = tree.match_and_lock(tokens)
+    m = tree.match_and_pin(tokens)
     try:
         lease = tree.allocate(m, len(tokens))
         tree.insert(tokens, lease)
     finally:
-        tree.unlock(m.node)
+        tree.unpin(m.node)
     return m.length
 
 
@@ -110,7 +110,7 @@ class TreeDriver(TreeService):
             output = self._words[rng.integers(0, len(self._words), request.max_new_tokens)]
         full = np.concatenate([request.prompt, output]).astype(np.uint32)
         tree = self.tree
-        m = tree.match_and_lock(request.prompt)
+        m = tree.match_and_pin(request.prompt)
         tree.emit(ev.RequestStart(rid, len(request.prompt), m.length))
         try:
             lease = tree.allocate(m, len(full))
@@ -126,5 +126,5 @@ class TreeDriver(TreeService):
             produced = 0
             self.totals.rejected += 1
         finally:
-            tree.unlock(m.node)
+            tree.unpin(m.node)
         tree.emit(ev.RequestFinish(rid, produced, (time.perf_counter() - t0) * 1000))

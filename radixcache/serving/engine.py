@@ -3,7 +3,7 @@
 Life of one request (``requests.Request``)::
 
     submit ─> waiting (FIFO) ─admit─> running: prefill chunks ─> decodes ─> finish
-                │                     match_and_lock(prompt[:-1])     insert(prompt + out[:-1])
+                │                     match_and_pin(prompt[:-1])     insert(prompt + out[:-1])
                 │                     allocate(m, len(prompt) + max_new - 1)    unlock(m.node)
                 └── PromptTooLarge: failed at once (RequestRejected on its handle)
 

@@ -80,10 +80,10 @@ class Scheduler:
     def _lock_prefix(self, req: Request) -> MatchResult:
         if not self.config.cache or len(req.prompt) < 2:
             return self._lock_root()
-        return self.tree.match_and_lock(req.prompt[:-1])
+        return self.tree.match_and_pin(req.prompt[:-1])
 
     def _lock_root(self) -> MatchResult:
-        self.tree.lock(self.tree.root)
+        self.tree.pin(self.tree.root)
         return MatchResult(0, self.tree.root, array("i"))
 
     def _try_admit(self, req: Request) -> _Admit:
@@ -113,9 +113,9 @@ class Scheduler:
         try:
             return m, self.tree.allocate(m, req.total)
         except PoolExhausted:
-            self.tree.unlock(m.node)
+            self.tree.unpin(m.node)
         except PromptTooLarge:
-            self.tree.unlock(m.node)
+            self.tree.unpin(m.node)
             raise
         if self._running or m.length == 0:
             return None
@@ -123,7 +123,7 @@ class Scheduler:
         try:
             return m, self.tree.allocate(m, req.total)
         except PoolExhausted:
-            self.tree.unlock(m.node)
+            self.tree.unpin(m.node)
             return None
 
     # -- planning and the model ----------------------------------------------------------------
@@ -207,7 +207,7 @@ class Scheduler:
             self.tree.insert(seq, r.lease)
         else:
             self.tree.release(r.lease)
-        self.tree.unlock(r.match.node)
+        self.tree.unpin(r.match.node)
         r.lease = None
 
     @staticmethod
@@ -239,7 +239,7 @@ class Scheduler:
         for r in self._running:
             assert r.lease is not None and r.match is not None
             self.tree.release(r.lease)
-            self.tree.unlock(r.match.node)
+            self.tree.unpin(r.match.node)
             self._fail(r, RequestCancelled(f"request {r.id} cancelled"))
         self._running = []
         with self._queue:
