@@ -37,8 +37,7 @@ class LiveSource:
         """Start the subscriber thread on the feed's mirror and lock."""
         self._feed = feed
         sub = Subscriber(self.endpoints, feed.mirror, on_batch=self._on_batch,
-                         request_timeout_s=self._timeout)
-        sub.lock = feed.lock  # one lock: the UI never reads a half-applied batch
+                         request_timeout_s=self._timeout, lock=feed.lock)
         self._sub = sub.start()
 
     def _on_batch(self, batch: object) -> None:
