@@ -47,10 +47,12 @@ class KVFleet:
             self._clients = clients
         self._ready.set()
         try:
-            while not self._stop.is_set():
-                for c in clients:
-                    with self._lock:
-                        c.poll(POLL_S / len(clients))
+            # wait with the lock free (a frame reading the views never waits on a socket),
+            # then take what arrived under it, waiting on nothing
+            while not self._stop.wait(POLL_S):
+                with self._lock:
+                    for c in clients:
+                        c.poll(0)
         finally:
             for c in clients:
                 c.close()
