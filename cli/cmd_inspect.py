@@ -19,11 +19,12 @@ from cli.app import CliError, app, bench_app
 
 if TYPE_CHECKING:
     from inspector.bench import TuiBench
+    from radixcache.wire.security import ClientCurve
 
 console = Console()
 
 
-def run_live(endpoints: list[str]) -> None:
+def run_live(endpoints: list[str], curve: ClientCurve | None = None) -> None:
     """Open the inspector on the engine whose event endpoint is ``endpoints[0]`` (tcp://HOST:PORT
     or ipc://PATH-events; the snapshot/replay and command sockets follow from it). Blocks until
     the user quits. Only one engine is shown: extra endpoints are refused."""
@@ -32,7 +33,7 @@ def run_live(endpoints: list[str]) -> None:
 
     if len(endpoints) != 1:
         raise CliError(f"the inspector follows one engine, got {len(endpoints)} endpoints")
-    InspectorApp(LiveSource(endpoints[0])).run()
+    InspectorApp(LiveSource(endpoints[0], curve=curve)).run()
 
 
 def run_local(num_blocks: int = 4096) -> None:
@@ -69,11 +70,12 @@ def inspect(
 
     Example: radixcache inspect tcp://127.0.0.1:5557   (after: radixcache serve --port 5557)
     """
+    keys = None
     if curve_keys is not None:
         if not endpoint:
             raise typer.BadParameter("--curve-keys goes with ENDPOINT (one or several)",
                                      param_hint="--curve-keys")
-        _use_curve_keys(curve_keys)  # one engine or the cluster screen: every socket uses them
+        keys = _load_curve_keys(curve_keys)  # one engine or the cluster screen: every socket
     if kv_events is not None and len(kv_events) > 1:
         from cli.cluster_screens import inspect_kv_many
 
@@ -89,25 +91,22 @@ def inspect(
     elif endpoint is not None and len(endpoint) > 1:
         from cli.cluster_screens import inspect_many
 
-        inspect_many(endpoint)
+        inspect_many(endpoint, keys)
     elif endpoint:
-        run_live(endpoint)
+        run_live(endpoint, keys)
     else:
         run_local(blocks)
 
 
-def _use_curve_keys(directory: Path) -> None:
-    """Check the keys, then hand them to the inspector's subscriber and command sockets via
-    ``$RADIXCACHE_CURVE_KEYS`` (their default when built without explicit keys)."""
-    import os
-
-    from radixcache.wire.security import KEYS_ENV, ClientCurve, CurveError
+def _load_curve_keys(directory: Path) -> ClientCurve:
+    """The client keys in ``directory``, handed to every subscriber and command socket the
+    inspector opens (never through the environment); a clear error when they do not load."""
+    from radixcache.wire.security import ClientCurve, CurveError
 
     try:
-        ClientCurve.load(directory)
+        return ClientCurve.load(directory)
     except CurveError as exc:
         raise CliError(str(exc)) from None
-    os.environ[KEYS_ENV] = str(directory)
 
 
 @app.command("replay")
