@@ -15,6 +15,7 @@ from rich.table import Table
 from cli.app import RUN, app, bench_app
 from cli.cluster_screens import streams_screen
 from radixcache.serving.cluster import Policy  # stdlib only: cheap at start-up
+from radixcache.wire.endpoints import LOOPBACK_HOSTS
 
 if TYPE_CHECKING:
 
@@ -57,14 +58,19 @@ def start_http(server: Server, host: str, port: int | None) -> HttpFront | None:
         err_console.print(f"error: --http needs {exc.name}: {HTTP_HINT}", highlight=False)
         raise typer.Exit(2) from None
     try:
-        front = HttpFront(EngineBackend(server.service, server.loop.wake), host, port)
-    except OSError as exc:
+        backend = EngineBackend(server.service, server.loop.wake, server.loop.command)
+        front = HttpFront(backend, host, port)
+    except (OSError, ValueError) as exc:
         server.close()
-        err_console.print(f"error: cannot bind HTTP {host}:{port}: {exc.strerror}",
-                          highlight=False)
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        err_console.print(f"error: cannot bind HTTP {host}:{port}: {why}", highlight=False)
         raise typer.Exit(2) from None
     front.start()
     console.print(f"HTTP (OpenAI, SGLang) {front.url}", highlight=False)
+    if host not in LOOPBACK_HOSTS:
+        console.print(f"[yellow]warning:[/] the HTTP API (OpenAI, SGLang, admin endpoints "
+                      f"such as /flush_cache) on {front.url} is reachable from other machines "
+                      "and is not authenticated")
     return front
 
 
