@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from radixcache.serving.engine import Engine, EngineConfig
 from radixcache.serving.http import EngineBackend, HttpFront
+from radixcache.serving.http_run import Limits
 from radixcache.serving.loop import BatchSink, ServiceLoop
 from radixcache.serving.model import tiny_model
 from radixcache.traffic.tokenizer import BOS, EOT, HDR, HDR_END, shipped
@@ -32,11 +33,11 @@ _http = httpx.Client(timeout=60)
 
 
 @contextmanager
-def http_engine(blocks: int) -> Iterator[HttpFront]:
+def http_engine(blocks: int, limits: Limits | None = None) -> Iterator[HttpFront]:
     """An engine stepped by a ``ServiceLoop`` (its batches dropped) behind an HTTP front."""
     engine = Engine(EngineConfig(num_blocks=blocks, model=tiny_model()))
     loop = ServiceLoop(engine, BatchSink(lambda _batch: None)).start()
-    f = HttpFront(EngineBackend(engine, loop.wake)).start()
+    f = HttpFront(EngineBackend(engine, loop.wake, loop.command), limits=limits).start()
     try:
         yield f
     finally:

@@ -201,7 +201,10 @@ def _encode(ctx: Context, text: str, name: str, encode: Callable[[str], list[int
         raise ApiError(400, f"'{name}' holds {len(text)} characters: more than the "
                        f"{ctx.max_chars} the context can hold", param=name,
                        code="context_length_exceeded")
-    return encode(text)
+    try:
+        return encode(text)
+    except ValueError as exc:
+        raise ApiError(400, f"'{name}': {exc}", param=name) from None
 
 
 def _text(ctx: Context, value: str, name: str) -> list[int]:
@@ -286,6 +289,13 @@ def _messages(value: object) -> list[tuple[str, str]]:
     return out
 
 
+def _chat(ctx: Context, messages: list[tuple[str, str]]) -> list[int]:
+    try:
+        return ctx.tok.chat(messages)
+    except ValueError as exc:
+        raise ApiError(400, f"'messages': {exc}", param="messages") from None
+
+
 def parse_chat(body: Mapping[str, object], ctx: Context) -> Ask:
     """An OpenAI ``/v1/chat/completions`` body. Raises ``ApiError``."""
     _refuse_unknown(body, _CHAT_FIELDS, "")
@@ -295,7 +305,7 @@ def parse_chat(body: Mapping[str, object], ctx: Context) -> Ask:
         raise ApiError(400, f"'messages' hold {chars} characters: more than the "
                        f"{ctx.max_chars} the context can hold", param="messages",
                        code="context_length_exceeded")
-    prompt = ctx.tok.chat(messages)
+    prompt = _chat(ctx, messages)
     default = _int(body, "max_tokens", CHAT_DEFAULT_TOKENS, 1, 1 << 31)
     n = _int(body, "max_completion_tokens", default, 1, 1 << 31)
     top = _int(body, "top_logprobs", 0, 0, MAX_LOGPROBS)
@@ -343,7 +353,7 @@ def tokenize(body: Mapping[str, object], ctx: Context) -> JsonObject:
     _refuse_unknown(body, frozenset({"model", "prompt", "text", "messages",
                                      "add_special_tokens", "add_generation_prompt"}), "")
     if "messages" in body:
-        ids = ctx.tok.chat(_messages(body["messages"]))
+        ids = _chat(ctx, _messages(body["messages"]))
     else:
         text = body.get("prompt", body.get("text"))
         if not isinstance(text, str):

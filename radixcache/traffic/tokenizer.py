@@ -48,12 +48,13 @@ class TextTokenizer:
         self.max_token_chars = longest  # no token covers more characters of text than this
 
     def encode(self, text: str) -> list[int]:
-        """Ids of ``text``, the template markers recognized (a completion prompt)."""
-        return list(self._special.encode(text, add_special_tokens=False).ids)
+        """Ids of ``text``, the template markers recognized (a completion prompt). Raises
+        ``ValueError`` for text that is not Unicode text (a lone surrogate from JSON)."""
+        return list(self._special.encode(_utf8(text), add_special_tokens=False).ids)
 
     def encode_plain(self, text: str) -> list[int]:
         """Ids of ``text`` with every character taken as text (a chat message)."""
-        return list(self._plain.encode(text, add_special_tokens=False).ids)
+        return list(self._plain.encode(_utf8(text), add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` (markers included); ids outside the vocabulary are skipped."""
@@ -86,6 +87,15 @@ class TextStream:
     def add(self, token: int) -> str:
         """The new text after ``token``."""
         return self._stream.step(self._tok, token) or ""
+
+
+def _utf8(text: str) -> str:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"a lone surrogate at character {exc.start} is not text") from None
+    return text
 
 
 @cache
