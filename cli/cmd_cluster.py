@@ -188,6 +188,9 @@ def cluster(
     http_base: int = typer.Option(0, help="Rank r serves HTTP on BASE+r (0: a free run)."),
     zmq_base: int = typer.Option(0, help="Rank r streams on BASE+3r..+2 (0: a free run)."),
     router_port: int = typer.Option(0, help="The router's port (0: a free one)."),
+    router_arg: list[str] = typer.Option([], "--router-arg", help="More sglang-router flags, "
+                                         "split as a shell would (repeatable), e.g. "
+                                         "--router-arg='--cache-threshold 0.5'."),
 ) -> None:
     """Start N engine replicas behind sglang-router (127.0.0.1) and open the cluster screen;
     q stops every process it started. Send load with `radixcache load --url ROUTER`.
@@ -199,7 +202,12 @@ def cluster(
     from radixcache.wire.endpoints import Endpoints
     from radixcache.wire.fleet import Fleet
 
-    config = ClusterConfig(replicas, policy, blocks, http_base, zmq_base, router_port)
+    try:
+        extra = tuple(a for arg in router_arg for a in shlex.split(arg))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--router-arg") from None
+    config = ClusterConfig(replicas, policy, blocks, http_base, zmq_base, router_port,
+                           router_args=extra)
     try:
         with console.status(f"starting {replicas} replicas and sglang-router ..."):
             c = Cluster(config).start()

@@ -207,12 +207,14 @@ class HttpFront:
         return JSONResponse({"version": _server_version()})
 
     async def get_load(self, _request: Request) -> Response:
-        """SGLang's load figures (what sglang-router's ``/get_loads`` collects)."""
+        """SGLang's load figures, one entry per data-parallel rank (here one): what
+        sglang-router's ``/get_loads`` sums (``num_tokens``, tokens held by running
+        requests) and what its power-of-two policy balances on."""
         c = self.backend.counters()
-        return JSONResponse({"load": c.running + c.waiting, "num_reqs": c.running + c.waiting,
-                             "num_running_reqs": c.running, "num_waiting_reqs": c.waiting,
-                             "num_tokens": c.pinned_blocks * c.block_size,
-                             "http_waiting": self.runner.waiting})
+        return JSONResponse([{"dp_rank": 0, "num_reqs": c.running + c.waiting,
+                              "num_running_reqs": c.running, "num_waiting_reqs": c.waiting,
+                              "num_tokens": c.pinned_blocks * c.block_size,
+                              "num_http_requests": self.runner.waiting}])
 
     async def flush_cache(self, _request: Request) -> Response:
         """Empty the cache; 400 while requests are queued or running (SGLang's rule)."""
