@@ -212,3 +212,27 @@ def test_serve_http_refuses_a_taken_port_in_one_line() -> None:
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
         f"error: cannot bind HTTP 127.0.0.1:{port}: Address already in use"]
+
+
+def test_serve_http_refuses_a_port_out_of_range_before_any_work() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--http", "70000"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "Invalid value for '--http'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_front_serves_ipv6_loopback() -> None:
+    engine = Engine(EngineConfig(num_blocks=64, model=tiny_model()))
+    loop = ServiceLoop(engine, BatchSink(lambda _batch: None)).start()
+    f = HttpFront(EngineBackend(engine, loop.wake), host="::1").start()
+    try:
+        assert f.url == f"http://[::1]:{f.port}"
+        client = openai.OpenAI(base_url=f"{f.url}/v1", api_key="unused", max_retries=0)
+        r = client.completions.create(model=MODEL, prompt="I love C#", max_tokens=2)
+        assert r.usage is not None and r.usage.completion_tokens == 2
+    finally:
+        f.close()
+        loop.close()
+    with pytest.raises(ValueError, match="port 70000 is outside 0-65535"):
+        HttpFront(EngineBackend(engine), port=70000)
