@@ -147,6 +147,9 @@ class RequestMetrics:
                                                      "sglang:generation_tokens")]
         for reason in FINISHED_REASONS:  # every series exists from the first scrape
             self.success.labels(model, reason)
+        for h in (*self.ttft, *self.itl, *self.e2e, *self.queue, self.prefill, self.decode,
+                  self.prompt_len, *self.gen_len, self.requests, *self.tokens):
+            h.labels(model)
 
     def token(self, gap_s: float | None) -> None:
         """One generated token, ``gap_s`` after the one before it (None for the first)."""
