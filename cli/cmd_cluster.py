@@ -58,8 +58,7 @@ def start_http(server: Server, host: str, port: int | None) -> HttpFront | None:
         err_console.print(f"error: --http needs {exc.name}: {HTTP_HINT}", highlight=False)
         raise typer.Exit(2) from None
     try:
-        backend = EngineBackend(server.service, server.loop.wake, server.loop.command)
-        front = HttpFront(backend, host, port)
+        front = HttpFront(EngineBackend(server.service, server.loop), host, port)
     except (OSError, ValueError) as exc:
         server.close()
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

@@ -36,7 +36,7 @@ class Cell(IntEnum):
     CACHED = 2
     SHARED = 3
     COW = 4
-    LOCKED = 5
+    PINNED = 5
     SELECTED = 6
 
 
@@ -121,7 +121,7 @@ class Builder:
 
     def __init__(self) -> None:
         self.cells = bytearray()
-        self.locked: set[int] = set()
+        self.pinned: set[int] = set()
         self.selected: set[int] = set()
         self.evicted: dict[int, float] = {}  # freed block -> wall time its mark fades
         self.selected_id: int | None = None
@@ -189,13 +189,13 @@ class Builder:
         faded = {b for b, until in self.evicted.items() if until <= wall}
         for b in faded:
             del self.evicted[b]
-        locked = feed.locked_blocks()
+        pinned = feed.pinned_blocks()
         node = m.nodes.get(sel) if sel is not None else None
         selected = set(node.blocks) if node is not None else set()
         if not isinstance(dirty, range):
             unshared = {b for b in self.shared if m.ref[b] < 2} if d.evicted else set()
-            dirty = dirty | faded | unshared | (locked ^ self.locked) | (selected ^ self.selected)
-        self.locked, self.selected = locked, selected
+            dirty = dirty | faded | unshared | (pinned ^ self.pinned) | (selected ^ self.selected)
+        self.pinned, self.selected = pinned, selected
         self._changed = None if isinstance(dirty, range) else frozenset(dirty)
         if not dirty and len(self._bytes) == n:
             return
@@ -214,8 +214,8 @@ class Builder:
             return Cell.SELECTED
         if m.ref[b] == 0:
             return Cell.EVICTED if b in self.evicted else Cell.FREE
-        if b in self.locked:
-            return Cell.LOCKED
+        if b in self.pinned:
+            return Cell.PINNED
         if b in m.cow_blocks:
             return Cell.COW
         return Cell.SHARED if m.ref[b] > 1 else Cell.CACHED

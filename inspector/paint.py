@@ -67,10 +67,12 @@ class Painter:
 
     def show(self, frame: Frame, d: Delta, out: Outside, note: str) -> None:
         """Every pane takes ``frame``; the log and the memory history take the delta. A frame
-        equal to the one on screen with nothing new in the delta costs nothing."""
+        equal to the one on screen with nothing new in the delta costs only the header: the
+        source's state (live, disconnected since when) changes without any batch."""
         p = self.p
         if d.empty and frame == self.view and not p.tree.flashes:
             self.view = frame
+            self._header_line(frame, out)
             return
         self.view = frame
         wall = out.wall
@@ -111,15 +113,18 @@ class Painter:
             self._words_in = True
             self.p.tree.forget_previews()
 
+    def _header_line(self, frame: Frame, out: Outside) -> None:
+        header = header_line(out.status, frame, self.req_per_s, out.wall, out.width)
+        if header.plain != self._header:
+            self._header = header.plain
+            self.p.header.update(header)
+
     def _figures(self, frame: Frame, out: Outside) -> None:
         p = self.p
         self.req_per_s = self.rate.add(frame.now, figures(frame).requests)
         if out.position is not None:
             p.timeline.update(timeline(out.position, out.width))
-        header = header_line(out.status, frame, self.req_per_s, out.wall, out.width)
-        if header.plain != self._header:
-            self._header = header.plain
-            p.header.update(header)
+        self._header_line(frame, out)
         p.stats.show(frame, self.req_per_s)
         fault = frame.fault
         p.fault.display = fault is not None

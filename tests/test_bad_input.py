@@ -102,9 +102,9 @@ def test_decoder_rejects_extra_arguments(value):
 @pytest.mark.parametrize(
     ("line", "message"),
     [("", "empty command"), ("pause now", "pause takes no arguments"),
-     ("evict", "usage: evict TOKENS | watermark HIGH LOW"),
-     ("evict many", "usage: evict TOKENS"), ("watermark 0.9", "usage: evict TOKENS"),
-     ("watermark a b", "usage: evict TOKENS")],
+     ("evict", r"^usage: evict TOKENS \(e.g. evict 4096\)$"),
+     ("evict many", "usage: evict TOKENS"), ("watermark 0.9", "usage: watermark HIGH LOW"),
+     ("watermark a b", "usage: watermark HIGH LOW")],
 )
 def test_typed_command_line_errors(line, message):
     with pytest.raises(cmd.CommandError, match=message):
@@ -321,17 +321,17 @@ def test_tree_rejects_empty_and_oversized_prompts():
     digest, used = tree.digest(), tree.alloc.used_count
     for empty in ([], np.zeros(0, np.uint32), b""):
         with pytest.raises(InvalidTokens, match=r"at least one token|non-empty multiple"):
-            tree.match_and_lock(empty)
+            tree.match_and_pin(empty)
     with pytest.raises(InvalidTokens, match="token bytes must be a non-empty multiple of 4"):
         tree.match(b"abc")
     with pytest.raises(InvalidTokens, match="token ids must be integers, got float64"):
         tree.match([1.5])
     assert tree.digest() == digest  # refused before touching anything
     tree.check()
-    m = tree.match_and_lock(list(range(200)))
+    m = tree.match_and_pin(list(range(200)))
     with pytest.raises(PromptTooLarge, match="200 tokens need 13 blocks; the pool has 8"):
         tree.allocate(m, 200)
-    tree.unlock(m.node)
+    tree.unpin(m.node)
     tree.take_events()  # the match touched the access clock; no block or node changed
     assert tree.alloc.used_count == used
     assert len(tree.snapshot().request_blocks) == 0
@@ -364,7 +364,7 @@ def test_engine_rejects_empty_and_oversized_prompts():
         while not ok.done() and time.monotonic() < deadline:
             engine.step()
         assert len(ok.result(0).tokens) == 2
-        m = engine.metrics()
+        m = engine.stats()
         assert (m.submitted, m.finished, m.rejected) == (2, 1, 1)
         engine.tree.check()
         snap = engine.tree.snapshot()

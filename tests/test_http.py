@@ -37,7 +37,7 @@ def http_engine(blocks: int, limits: Limits | None = None) -> Iterator[HttpFront
     """An engine stepped by a ``ServiceLoop`` (its batches dropped) behind an HTTP front."""
     engine = Engine(EngineConfig(num_blocks=blocks, model=tiny_model()))
     loop = ServiceLoop(engine, BatchSink(lambda _batch: None)).start()
-    f = HttpFront(EngineBackend(engine, loop.wake, loop.command), limits=limits).start()
+    f = HttpFront(EngineBackend(engine, loop), limits=limits).start()
     try:
         yield f
     finally:
@@ -225,7 +225,7 @@ def test_serve_http_refuses_a_port_out_of_range_before_any_work() -> None:
 def test_the_front_serves_ipv6_loopback() -> None:
     engine = Engine(EngineConfig(num_blocks=64, model=tiny_model()))
     loop = ServiceLoop(engine, BatchSink(lambda _batch: None)).start()
-    f = HttpFront(EngineBackend(engine, loop.wake), host="::1").start()
+    f = HttpFront(EngineBackend(engine, loop), host="::1").start()
     try:
         assert f.url == f"http://[::1]:{f.port}"
         client = openai.OpenAI(base_url=f"{f.url}/v1", api_key="unused", max_retries=0)
@@ -235,4 +235,4 @@ def test_the_front_serves_ipv6_loopback() -> None:
         f.close()
         loop.close()
     with pytest.raises(ValueError, match="port 70000 is outside 0-65535"):
-        HttpFront(EngineBackend(engine), port=70000)
+        HttpFront(EngineBackend(engine, loop), port=70000)

@@ -35,7 +35,7 @@ def front(caplog: pytest.LogCaptureFixture) -> Iterator[HttpFront]:
 
 
 def _engine_idle(front: HttpFront) -> tuple[int, int]:
-    m = front.backend.engine.metrics()  # type: ignore[attr-defined]
+    m = front.backend.engine.stats()  # type: ignore[attr-defined]
     return m.running, m.waiting
 
 
@@ -74,7 +74,7 @@ def test_clients_that_leave_free_their_requests(front: HttpFront) -> None:
     m = (("model_name", MODEL),)
     assert values[("vllm:request_success_total", (("finished_reason", "abort"), *m))] == 4
     assert values[("vllm:request_success_total", (("finished_reason", "length"), *m))] == 1
-    assert engine.metrics().cancelled == 4
+    assert engine.stats().cancelled == 4
 
 
 def test_abort_request_by_rid(front: HttpFront) -> None:

@@ -130,8 +130,8 @@ async def test_wrong_command_shows_a_message_and_sends_nothing() -> None:
         await type_line(pilot, "tot 2 x")
         await pilot.pause(0.05)
         assert src.sent == []
-        assert app.messages == ["✗ tot: branching must be an integer, got 'x' "
-                                "(usage: tot DEPTH BRANCHING (e.g. tot 3 4)) — nothing sent"]
+        assert app.messages == ["✗ tot: branching must be an integer, got 'x' (usage: tot "
+                                "DEPTH BRANCHING [--seed N] (e.g. tot 3 4)) — nothing sent"]
 
 
 @sync

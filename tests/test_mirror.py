@@ -19,11 +19,11 @@ FORK = A[:40] + list(range(500, 530))
 
 
 def serve(tree: RadixTree, seq: Sequence[int]) -> None:
-    m = tree.match_and_lock(toks(seq))
+    m = tree.match_and_pin(toks(seq))
     lease = tree.allocate(m, len(seq))
     write_kv(tree.pool, lease.table, m.length, seq)
     tree.insert(toks(seq), lease)
-    tree.unlock(m.node)
+    tree.unpin(m.node)
 
 
 def busy_tree() -> tuple[RadixTree, Mirror, MatchResult, Lease]:
@@ -36,7 +36,7 @@ def busy_tree() -> tuple[RadixTree, Mirror, MatchResult, Lease]:
     serve(tree, FORK)
     serve(tree, [*A[:20], 7, 7])
     tree.evict(1)
-    running = tree.match_and_lock(toks([*FORK, 1, 2, 3]))
+    running = tree.match_and_pin(toks([*FORK, 1, 2, 3]))
     lease = tree.allocate(running, 80)
     for e in tree.take_events():
         from_start.apply(e)
@@ -65,7 +65,7 @@ def test_snapshot_mirror_equals_tree_and_event_mirror() -> None:
     assert snap.node(running.node.id).lock == 1 and snap.root.lock == 1
     # both keep following the stream
     tree.release(lease)
-    tree.unlock(running.node)
+    tree.unpin(running.node)
     serve(tree, [*FORK[:45], 3])
     events = tree.take_events()
     for m in (snap, from_start):
@@ -120,7 +120,7 @@ def test_stats_follow_the_events() -> None:
     "event",
     [
         ev.Access(999, 5),
-        ev.Lock(999, 1),
+        ev.Pin(999, 1),
         ev.NodeCreated(1000, 999, 0, toks([1]).tobytes(), [5], False),
         ev.Split(999, 3, 1000, [1], [1]),
         ev.Merge(999, 1, None),
@@ -179,7 +179,7 @@ def test_digest_detects_any_difference() -> None:
 def test_reset_event_empties_the_mirror() -> None:
     tree, m, running, lease = busy_tree()
     tree.release(lease)
-    tree.unlock(running.node)
+    tree.unpin(running.node)
     tree.reset()
     for e in tree.take_events():
         m.apply(e)

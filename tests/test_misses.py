@@ -254,10 +254,11 @@ def test_a_follower_that_fails_detaches_and_the_mirror_follows_on():
     f.serve(list(range(100, 140)))
     follower = f.follower
 
-    def broken(_: object) -> None:
-        raise RuntimeError("a bug in the analysis")
+    class BrokenGhosts(Ghosts):  # the history breaks at the next insert it records
+        def insert(self, seq: bytes, lo: int, version: int, seq_no: int) -> None:
+            raise RuntimeError("a bug in the analysis")
 
-    follower.misses._handlers[ev.RequestStart] = broken  # type: ignore[assignment]
+    follower.misses.ghosts = BrokenGhosts(follower.max_tokens)
     f.serve(list(range(100, 150)))  # the digests in every batch: the mirror stays exact
     assert follower.error is not None
     assert follower.error.startswith("RuntimeError: a bug in the analysis (at seq ")

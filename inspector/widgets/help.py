@@ -10,6 +10,8 @@ from textual.binding import Binding, BindingType
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from inspector.words import help_lines, main_words
+
 
 class Key(NamedTuple):
     """One row of the key map: what to press (as shown), the binding keys, what it does."""
@@ -57,9 +59,7 @@ def help_text() -> str:
     rows = "\n".join(f"  {k.shown.replace('`', ''):<{width}}{k.does}" for k in KEYS)
     return (
         "[b]radixcache inspector[/b]\n\n" + rows.replace("[", r"\[") + "\n\n"
-        "[b]Commands[/b] (after `:`): chat 20 · tot 3 4 · system 50 · fork 8 · flood 500\n"
-        "  evict 4096 · watermark 0.9 0.8 · pause · resume · reset · stats · snapshot\n"
-        "  filter split evict cow (event kinds; `filter all`) · why REQ · help · quit\n"
+        "[b]Commands[/b] (after `:`): " + "\n  ".join(help_lines(main_words())) + "\n"
         "  tab completes, ↑ ↓ history; a wrong command is explained and not sent\n\n"
         "Press esc to close."
     )

@@ -10,7 +10,7 @@ the person sees).
 
 A request is explained once it finishes (the stream names a prompt's tokens only then, as
 the path its insert touched: ``RequestTracker``), against the history at the moment of its
-match (the ``Lock`` right before its ``RequestStart``). Its prompt splits into:
+match (the ``Pin`` right before its ``RequestStart``). Its prompt splits into:
 
 - the hit: the matched path, node by node;
 - each missed span with its cause:
@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixcache.analysis.ghosts import MAX_TOKENS, Ghosts, W
 from radixcache.core import events as ev
+from radixcache.core.kinds import exhaustive
 from radixcache.core.tokens import common_units
 from radixcache.traffic.traces import path_tokens
 
@@ -121,10 +122,6 @@ class MissHistory:
         self._dropped = b""  # the path of a match given up for room, until its RequestStart
         self._edge = 0  # event counter at the last RequestStart or RequestFinish
         self._seq = -1  # the batch of the last event seen (a snapshot before it: a seek back)
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            ev.NodeCreated: self._held, ev.Extend: self._held, ev.Evict: self._evicted,
-            ev.Lock: self._lock, ev.RequestStart: self._start, ev.RequestFinish: self._finish,
-            ev.Reset: self._reset, ev.Snapshot: self._restart}
 
     def why(self, req: int) -> Why | None:
         """What is known of request ``req`` (None: not seen since the history began); its
@@ -149,9 +146,9 @@ class MissHistory:
     def observe(self, e: ev.AnyEvent, prompt: bytes | None = None) -> None:
         """Account ``e``, already applied to the mirror; ``prompt`` is the finished
         request's prompt (little-endian uint32 ids) when ``e`` finished one."""
-        handler = self._handlers.get(type(e))
+        handler = _HANDLERS.get(type(e))
         if handler is not None:
-            handler(e)
+            handler(self, e)
         self._seq = self.mirror.seq  # (a snapshot's handler compares it before this line)
         if prompt is not None and isinstance(e, ev.RequestFinish):
             why = self.whys.get(e.req)
@@ -182,7 +179,7 @@ class MissHistory:
         self.ghosts.evict_all(self.mirror.version, self.mirror.seq)
         self.resets.add(self.mirror.seq)
 
-    def _lock(self, e: ev.Lock) -> None:
+    def _pin(self, e: ev.Pin) -> None:
         m = self.mirror
         if e.delta > 0:
             if not (e.node == m.root.id and self._dropped and self._match is None):
@@ -263,6 +260,18 @@ class MissHistory:
             spans.append(Span(first_new, p, Cause.NEVER_SEEN))
         return _merged(spans)
 
+
+
+# What each kind means to the history; the rest change no path it keeps.
+_HANDLERS: Mapping[type, Callable[[MissHistory, Any], None]] = exhaustive(
+    "analysis.misses",
+    {ev.NodeCreated: MissHistory._held, ev.Extend: MissHistory._held,
+     ev.Evict: MissHistory._evicted, ev.Pin: MissHistory._pin,
+     ev.RequestStart: MissHistory._start, ev.RequestFinish: MissHistory._finish,
+     ev.Reset: MissHistory._reset, ev.Snapshot: MissHistory._restart},
+    ignored=(ev.Split, ev.Merge, ev.Access, ev.BlockAlloc, ev.BlockFree, ev.Cow, ev.Watermark,
+             ev.Counters, ev.Fault, ev.Digest),
+)
 
 def _held_unmatched(lo: int, hi: int, p: int, dropped: int) -> list[Span]:
     """Tokens the tree held at the match but the request did not read from it."""

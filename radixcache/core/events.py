@@ -86,8 +86,10 @@ class Evict(Event, tag="evict", frozen=True):
     freed: Sequence[int]
 
 
-class Lock(Event, tag="lock", frozen=True):
-    """Every node on the path from ``node`` to the root changed its lock refcount by ``delta``."""
+class Pin(Event, tag="lock", frozen=True):
+    """Every node on the path from ``node`` to the root changed its pin count by ``delta``
+    (a request pinned its path: +1, or unpinned it: -1). The wire tag is still ``lock``, the
+    word of schema 1, so every recording reads as it did."""
 
     node: int
     delta: int
@@ -213,25 +215,26 @@ class Digest(Event, tag="digest", frozen=True):
     value: str
 
 
+# In the order the inspector's event log lists the kinds (``core/kinds.py``: ``KINDS``).
 AnyEvent = (
     NodeCreated
     | Extend
     | Split
     | Merge
     | Evict
-    | Lock
+    | Cow
+    | Pin
     | Access
     | BlockAlloc
     | BlockFree
-    | Cow
     | Watermark
     | RequestStart
     | RequestFinish
     | Snapshot
     | Reset
+    | Digest
     | Counters
     | Fault
-    | Digest
 )
 
 

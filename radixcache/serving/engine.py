@@ -3,7 +3,7 @@
 Life of one request (``requests.Request``)::
 
     submit ─> waiting (FIFO) ─admit─> running: prefill chunks ─> decodes ─> finish
-                │                     match_and_lock(prompt[:-1])     insert(prompt + out[:-1])
+                │                     match_and_pin(prompt[:-1])     insert(prompt + out[:-1])
                 │                     allocate(m, len(prompt) + max_new - 1)    unlock(m.node)
                 └── PromptTooLarge: failed at once (RequestRejected on its handle)
 
@@ -42,14 +42,13 @@ import numpy.typing as npt
 from radixcache.core import events as ev
 from radixcache.core import tokens as tk
 from radixcache.core.pool import KVPool
-from radixcache.core.tree import EvictResult, RadixTree
+from radixcache.core.tree import RadixTree
 from radixcache.serving.memory import MemorySource
 from radixcache.serving.model import TinyTransformer
 from radixcache.serving.requests import Answers as Answers
 from radixcache.serving.requests import EngineConfig as EngineConfig
 from radixcache.serving.requests import EngineError as EngineError
-from radixcache.serving.requests import EngineMetrics as EngineMetrics
-from radixcache.serving.requests import Request, TokenHook, Totals
+from radixcache.serving.requests import Request, TokenHook
 from radixcache.serving.requests import RequestCancelled as RequestCancelled
 from radixcache.serving.requests import RequestHandle as RequestHandle
 from radixcache.serving.requests import RequestMetrics as RequestMetrics
@@ -62,10 +61,12 @@ from radixcache.serving.requests import fold_answers as fold_answers
 from radixcache.serving.requests import percentiles as percentiles
 from radixcache.serving.scheduler import Scheduler
 from radixcache.serving.service import Submitted, check_room
+from radixcache.serving.stats import Stats as Stats
+from radixcache.serving.tree_service import TreeService
 from radixcache.traffic.workloads import Workload, WorkloadRequest
 
 
-class Engine(Scheduler):
+class Engine(TreeService, Scheduler):
     """Serves requests on a ``TinyTransformer`` whose K/V live in a ``KVPool`` indexed by a
     ``RadixTree`` (``engine.tree``). ``start()`` runs the scheduler thread; ``step()`` runs
     one scheduling step synchronously (tests). ``close()`` when done."""
@@ -79,22 +80,19 @@ class Engine(Scheduler):
         self.config = cfg = config or EngineConfig()
         self.model = TinyTransformer(cfg.model, cfg.device)
         self.pool = KVPool(cfg.num_blocks, cfg.block_size, cfg.model.kv_shape(), self.model.device)
-        self.tree = RadixTree(
-            self.pool, high=cfg.high, low=cfg.low, record_events=cfg.record_events
-        )
-        self._memory = memory if memory is not None else MemorySource(device=self.model.device)
+        tree = RadixTree(self.pool, high=cfg.high, low=cfg.low, record_events=cfg.record_events)
+        TreeService.__init__(
+            self, tree, memory if memory is not None else MemorySource(device=self.model.device),
+            model=f"tiny transformer (layers={cfg.model.n_layers})",
+            device=str(self.model.device), cache=cfg.cache)
         self._step_lock = threading.Lock()
         self._queue = threading.Condition()
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._events: list[ev.AnyEvent] = []
         self._events_lock = threading.Lock()
-        self._totals = Totals()
         self._next_id = 0
-        self._paused = False
         self._aborted: set[int] = set()  # running requests to drop at the next step
-        self._generation = 0
-        self._evicted_base = (0, 0, 0)  # tree counters (nodes, tokens, COW) at the last reset
 
     # -- submitting --------------------------------------------------------------------------
     def submit(
@@ -133,10 +131,10 @@ class Engine(Scheduler):
             req = Request(rid, prompt, max_new_tokens, forced, keep_logits,
                            RequestHandle(rid), time.perf_counter(), on_token=on_token,
                            policy=policy)
-            self._totals.submitted += 1
+            self.totals.submitted += 1
             need = -(-req.total // self.config.block_size)
             if need > self.config.num_blocks:
-                self._totals.rejected += 1
+                self.totals.rejected += 1
             else:
                 self._waiting.append(req)
                 self._queue.notify()
@@ -164,11 +162,11 @@ class Engine(Scheduler):
         """Cancel every unfinished request and close the memory source."""
         with self._step_lock:
             self._cancel_all()
-        self._memory.close()
+        super().close()
 
     def busy(self) -> bool:
         """True when ``step`` has work: running requests, or waiting ones while not paused."""
-        return bool(self._running) or (bool(self._waiting) and not self._paused)
+        return bool(self._running) or (bool(self._waiting) and not self.paused)
 
     # -- one step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
@@ -182,9 +180,9 @@ class Engine(Scheduler):
             decodes, prefills = self._plan()
             forwards = self._forward(decodes, prefills)
             finished = self._finish_done()
-            self._totals.steps += 1
+            self.totals.steps += 1
             if forwards:
-                self._totals.busy_s += time.perf_counter() - t0
+                self.totals.busy_s += time.perf_counter() - t0
             report = StepReport(
                 admitted,
                 len(decodes) + len(prefills),
@@ -212,39 +210,21 @@ class Engine(Scheduler):
             self._events = []
             return out
 
-    def watermark(self) -> ev.Watermark:
-        """A memory sample now: pool blocks used/total, the marks, NVML device memory if any."""
-        a = self.pool.allocator
-        nbytes = self.pool.kv.numel() * self.pool.kv.element_size()
-        s = self._memory.sample(a.used_count, a.num_blocks, nbytes)
-        return ev.Watermark(a.used_count, a.num_blocks, self.tree.high, self.tree.low,
-                            s.device_used_bytes, s.device_total_bytes, s.nvml_error)
-
     # -- commands ------------------------------------------------------------------------------
     def pause(self) -> None:
         """Stop admitting requests; running ones go on to finish."""
         with self._queue:
-            self._paused = True
+            super().pause()
 
     def resume(self) -> None:
         """Admit requests again."""
         with self._queue:
-            self._paused = False
+            super().resume()
             self._queue.notify_all()
 
-    @property
-    def paused(self) -> bool:
-        """True between ``pause()`` and ``resume()``."""
-        return self._paused
-
-    def set_watermarks(self, high: float, low: float) -> None:
-        """Set the eviction band (fractions of used blocks); ``ValueError`` unless
-        0 < low <= high <= 1."""
-        self.tree.set_watermarks(high, low)
-
-    def evict(self, tokens: int) -> EvictResult:
-        """Evict at least ``tokens`` tokens of unlocked LRU leaves (or as many as can go)."""
-        return self.tree.evict(tokens)
+    def depths(self) -> tuple[int, int]:
+        """(waiting, running) requests now."""
+        return len(self._waiting), len(self._running)
 
     def reset(self) -> int:
         """Cancel every waiting and running request (their handles fail with
@@ -254,11 +234,7 @@ class Engine(Scheduler):
         with self._step_lock:
             cancelled = len(self._running) + len(self._waiting)
             self._cancel_all()
-            self.tree.reset()
-            self._totals = Totals()
-            self._generation += 1
-            s = self.tree.stats
-            self._evicted_base = (s.evicted_nodes, s.evicted_tokens, s.cow_copies)
+            self.new_generation()
         return cancelled
 
     def abort(self, request_id: int) -> bool:
@@ -298,7 +274,7 @@ class Engine(Scheduler):
         for r in gone:
             assert r.lease is not None and r.match is not None
             self.tree.release(r.lease)
-            self.tree.unlock(r.match.node)
+            self.tree.unpin(r.match.node)
             self._fail(r, RequestCancelled(f"request {r.id} aborted"))
 
     # -- the rest of the cache service (``serving.service.CacheService``) -----------------------
@@ -311,50 +287,7 @@ class Engine(Scheduler):
         n = len(workload.requests)
         check_room(len(self._waiting), n)
         self.run_workload(workload)
-        return Submitted(n, self._paused)
-
-    def snapshot(self) -> ev.Snapshot:
-        """The tree's snapshot (running requests' blocks included)."""
-        return self.tree.snapshot()
-
-    def digest(self) -> str:
-        """The tree's digest."""
-        return self.tree.digest()
-
-    def counters(self) -> ev.Counters:
-        """Counters since start or the last reset (``generation`` counts resets)."""
-        t, s, (nodes0, tokens0, cows0) = self._totals, self.tree.stats, self._evicted_base
-        return ev.Counters(self._generation, t.submitted, t.finished, t.rejected,
-                           t.prompt_tokens, t.hit_tokens, s.evicted_nodes - nodes0,
-                           s.evicted_tokens - tokens0, s.cow_copies - cows0,
-                           len(self._waiting), len(self._running), self._paused)
-
-    def metrics(self) -> EngineMetrics:
-        """Running totals and the queue depth now."""
-        t = self._totals
-        return EngineMetrics(
-            t.submitted, t.finished, t.rejected, t.cancelled, len(self._waiting),
-            len(self._running), t.steps, t.prompt_tokens, t.hit_tokens, t.prefill_tokens,
-            t.output_tokens, t.busy_s,
-            t.hit_tokens / t.prompt_tokens if t.prompt_tokens else 0.0,
-            t.output_tokens / t.busy_s if t.busy_s else 0.0,
-        )
-
-    def stats(self) -> dict[str, float | int | str]:
-        """Flat counters for a ``stats`` command reply: metrics, tree and pool figures."""
-        out: dict[str, float | int | str] = {}
-        m = self.metrics()
-        for name in m.__dataclass_fields__:
-            out[name] = getattr(m, name)
-        s = self.tree.stats
-        out.update(
-            nodes=len(self.tree), used_blocks=self.pool.allocator.used_count,
-            num_blocks=self.pool.num_blocks, splits=s.splits, merges=s.merges,
-            cow_copies=s.cow_copies, evicted_nodes=s.evicted_nodes,
-            evicted_tokens=s.evicted_tokens, paused=int(self._paused),
-            cache="on" if self.config.cache else "off", device=str(self.model.device),
-        )
-        return out
+        return Submitted(n, self.paused)
 
 
 class _Feed(NamedTuple):

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 from radixcache.serving.engine import Engine, RequestHandle, TokenPolicy
+from radixcache.serving.loop import ServiceLoop
 from radixcache.serving.prometheus import Counters
 from radixcache.serving.requests import TokenHook
 from radixcache.wire import commands as cmd
@@ -44,14 +45,13 @@ class Backend(Protocol):
 
 
 class EngineBackend:
-    """An ``Engine`` stepped by someone else's loop (``serve``'s, or ``engine.start()``);
-    ``wake`` tells that loop there is work (``serve`` waits on an event when idle);
-    ``command`` is that loop's command handler (so a flush is published like a ``reset``)."""
+    """An ``Engine`` stepped by ``loop`` (``serve``'s): a submit or an abort wakes the loop
+    (it waits on an event when idle); figures are read under the loop's state lock (a step's
+    counts are all in or all out); a flush is the loop's ``reset`` command (published as one)."""
 
-    def __init__(self, engine: Engine, wake: Callable[[], None] | None = None,
-                 command: Callable[[cmd.AnyCommand], cmd.AnyReply] | None = None) -> None:
+    def __init__(self, engine: Engine, loop: ServiceLoop) -> None:
         self.engine = engine
-        self._wake, self._command = wake, command
+        self._loop = loop
 
     @property
     def vocab_size(self) -> int:
@@ -67,34 +67,26 @@ class EngineBackend:
                policy: TokenPolicy | None) -> RequestHandle:
         """``Engine.submit`` then wake the stepping loop."""
         handle = self.engine.submit(prompt, max_new_tokens, on_token=on_token, policy=policy)
-        self._poke()
+        self._loop.wake()
         return handle
 
     def abort(self, request_id: int) -> bool:
-        """``Engine.abort``, then wake the loop so the next step drops it."""
+        """``Engine.abort``, then wake the loop so that its next step drops the request."""
         found = self.engine.abort(request_id)
-        self._poke()
+        self._loop.wake()
         return found
 
     def flush(self) -> bool:
-        """The engine's reset, through the loop's command handler when there is one."""
-        m = self.engine.metrics()
-        if m.running or m.waiting:
+        """The loop's ``reset``, unless requests are queued or running."""
+        s = self._loop.stats()
+        if s.running or s.waiting:
             return False
-        if self._command is not None:
-            self._command(cmd.Reset())
-        else:
-            self.engine.reset()
+        self._loop.command(cmd.Reset())
         return True
 
     def counters(self) -> Counters:
-        """From ``Engine.metrics`` and the pool's allocator (racy reads of plain ints)."""
-        e = self.engine
-        m, a = e.metrics(), e.pool.allocator
-        return Counters(m.finished, m.prompt_tokens, m.hit_tokens, m.output_tokens,
-                        m.running, m.waiting, a.used_count, a.num_blocks, e.pinned_blocks(),
+        """``Engine.stats`` between two steps, and the blocks running requests hold."""
+        s, e = self._loop.stats(), self.engine
+        return Counters(s.finished, s.prompt_tokens, s.hit_tokens, s.output_tokens,
+                        s.running, s.waiting, s.used_blocks, s.num_blocks, e.pinned_blocks(),
                         e.config.block_size)
-
-    def _poke(self) -> None:
-        if self._wake is not None:
-            self._wake()

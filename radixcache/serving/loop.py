@@ -32,8 +32,9 @@ from typing import NamedTuple, Protocol
 
 from radixcache.core import events as ev
 from radixcache.core.guard import Guard, ThreadFault
-from radixcache.serving.service import CacheService, Figures, handle
+from radixcache.serving.service import CacheService, handle
 from radixcache.serving.statelock import StateLock
+from radixcache.serving.stats import Figures, Stats
 from radixcache.wire import commands as cmd
 from radixcache.wire.publisher import SnapshotAt
 
@@ -152,6 +153,11 @@ class ServiceLoop:
             self._flush(sample=True)
         self._wake.set()
         return reply
+
+    def stats(self) -> Stats:
+        """The service's figures between two steps (waits for the step in progress)."""
+        with self.lock:
+            return self.service.stats()
 
     def sample(self) -> None:
         """Publish a memory and counter sample now (with any events not yet published)."""

@@ -10,10 +10,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from radixcache.core import events as ev
+from radixcache.core.kinds import exhaustive
 from radixcache.core.snapshot import structure_digest
 from radixcache.wire.validate import Malformed, MirrorError, check_event, check_snapshot
 
@@ -125,7 +125,8 @@ class Mirror:
 
     def digest(self) -> str:
         """The same hash as ``RadixTree.digest`` over the mirrored state."""
-        return structure_digest(self.nodes.values(), self.request_blocks)
+        nodes = self.nodes.values()
+        return structure_digest(nodes, self.request_blocks, {n.id: n.lock for n in nodes})
 
     # -- applying --------------------------------------------------------------------------
     def apply_batch(self, batch: ev.Batch) -> None:
@@ -147,8 +148,9 @@ class Mirror:
     def _apply(self, e: ev.AnyEvent) -> None:
         self.stats.events += 1
         self.version += 1
+        handler = _HANDLERS[type(e)]  # every kind has one (``exhaustive``): a KeyError is a bug
         try:
-            _HANDLERS[type(e)](self, e)
+            handler(self, e)
         except (IndexError, KeyError) as exc:
             raise MirrorError(f"{type(e).__name__} does not fit the mirror: {exc!r}") from exc
         if self.after_event is not None:
@@ -158,7 +160,7 @@ class Mirror:
         self._path(self.node(e.node), "clock", e.clock)
         self.clock = e.clock
 
-    def _lock_event(self, e: ev.Lock) -> None:
+    def _pin_event(self, e: ev.Pin) -> None:
         self._lock(self.node(e.node), e.delta)
 
     def _alloc(self, e: ev.BlockAlloc) -> None:
@@ -323,10 +325,11 @@ class Mirror:
 
 
 # One handler per event kind: a dict lookup instead of a chain of isinstance tests.
-_HANDLERS: Mapping[type, Callable[[Mirror, Any], None]] = MappingProxyType(
+_HANDLERS: Mapping[type, Callable[[Mirror, Any], None]] = exhaustive(
+    "wire.mirror",
     {
         ev.Access: Mirror._access,
-        ev.Lock: Mirror._lock_event,
+        ev.Pin: Mirror._pin_event,
         ev.NodeCreated: Mirror._create,
         ev.Extend: Mirror._extend,
         ev.Split: Mirror._split,

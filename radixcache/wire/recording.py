@@ -89,6 +89,11 @@ class RecordingError(Exception):
     """The file is not a readable recording at all (empty, wrong magic, future version)."""
 
 
+class RecordingWriteError(RecordingError):
+    """The file could not be written (a full disk, a size limit): it was cut back to its last
+    whole frame, so what it holds stays readable; the message says how much that is."""
+
+
 class Damage(NamedTuple):
     """Where reading stopped and why."""
 
@@ -125,7 +130,12 @@ def mirror_snapshot(mirror: Mirror) -> ev.Snapshot:
 
 class RecordingWriter:
     """Appends frames to a new file. Call ``write_keyframe`` first and whenever
-    ``needs_keyframe``; ``close()`` writes the index and tail."""
+    ``needs_keyframe``; ``close()`` writes the index and tail.
+
+    Each frame goes to the file in one unbuffered write, so a write that fails (``ENOSPC``,
+    ``EFBIG``) is known at the frame it hit: the file is cut back to the frame before, closed,
+    and ``RecordingWriteError`` says how many events it holds (a reader scans a file without
+    an index). Every write after that raises the same error."""
 
     def __init__(
         self, path: str | os.PathLike[str], config: dict[str, str | int | float], *,
@@ -137,19 +147,49 @@ class RecordingWriter:
         self.batches = 0
         self._since_keyframe = 0
         self._index: list[KeyframeRef] = []
-        self._f: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed by close()
-        self._f.write(_PRELUDE.pack(MAGIC, FORMAT_VERSION, 0))
+        self.failed: RecordingWriteError | None = None
+        self._size = 0  # bytes of whole frames written
+        try:
+            self._f: BinaryIO = open(self.path, "wb", buffering=0)  # noqa: SIM115 - close()
+        except OSError as exc:
+            raise RecordingWriteError(f"{self.path}: {exc.strerror or exc}") from None
+        self._write(_PRELUDE.pack(MAGIC, FORMAT_VERSION, 0), "")
         header = RecordHeader(FORMAT_VERSION, ev.SCHEMA_VERSION, engine, config, time.time())
         self._frame(Kind.HEADER, _ENC.encode(header))
 
-    def _frame(self, kind: Kind, payload: bytes) -> int:
+    def _frame(self, kind: Kind, payload: bytes, lost: str = "") -> int:
         if len(payload) > MAX_FRAME_BYTES:
             raise ValueError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME_BYTES}")
-        offset = self._f.tell()
+        offset = self._size
         crc = zlib.crc32(payload, zlib.crc32(bytes([kind])))
-        self._f.write(_FRAME.pack(len(payload), kind, crc))
-        self._f.write(payload)
+        self._write(_FRAME.pack(len(payload), kind, crc) + payload, lost)
         return offset
+
+    def _write(self, data: bytes, lost: str) -> None:
+        """All of ``data`` at the end of the file, or cut back and ``RecordingWriteError``."""
+        if self.failed is not None:
+            raise self.failed
+        view = memoryview(data)
+        try:
+            while view:
+                written = self._f.write(view)
+                view = view[written or 0:]
+        except OSError as exc:
+            self._cut(exc, lost)
+            assert self.failed is not None
+            raise self.failed from None
+        self._size += len(data)
+
+    def _cut(self, exc: OSError, lost: str) -> None:
+        """Cut the file back to its last whole frame and close it (best effort: on a full disk
+        a truncate frees space, it needs none)."""
+        with contextlib.suppress(OSError):
+            self._f.truncate(self._size)
+        with contextlib.suppress(OSError):
+            self._f.close()
+        holds = (f"the file holds the first {self.events:,} events{lost}"
+                 if self._index else "nothing readable was written")
+        self.failed = RecordingWriteError(f"{self.path}: {exc.strerror or exc}: {holds}")
 
     @property
     def needs_keyframe(self) -> bool:
@@ -171,18 +211,27 @@ class RecordingWriter:
         self._since_keyframe = 0
 
     def close(self) -> None:
-        """Write the keyframe index and the tail, and close the file."""
+        """Write the keyframe index and the tail, and close the file. Raises
+        ``RecordingWriteError`` when they cannot be written (the batches stay readable)."""
         if self._f.closed:
             return
-        offset = self._frame(Kind.INDEX, _ENC.encode(self._index))
-        self._f.write(_TAIL.pack(offset, TAIL_MAGIC))
+        index = self._size
+        try:
+            self._frame(Kind.INDEX, _ENC.encode(self._index), " (no index)")
+            self._write(_TAIL.pack(index, TAIL_MAGIC), " (no index)")
+        except RecordingWriteError:
+            if self._size > index:  # the index went in, its tail did not: drop both
+                with contextlib.suppress(OSError):
+                    os.truncate(self.path, index)
+            raise
         self._f.close()
 
     def __enter__(self) -> RecordingWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        if self.failed is None:
+            self.close()
 
 
 class RecordingReader:

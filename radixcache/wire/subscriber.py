@@ -100,6 +100,9 @@ class Subscriber:
         self._backoff, self._deadline = Backoff(backoff_s, backoff_cap_s), sync_deadline_s
         self._silence = silence_s
         self._heard = time.monotonic()
+        # time.monotonic() of the last frame from the engine on either socket: the evidence
+        # that it is alive (``_heard`` restarts on a reconnect, this never does)
+        self.last_frame = 0.0
         self._poller = zmq.Poller()
         self._held = HeldBatches(MAX_BUFFER_BYTES)
         self._req_ids = itertools.count(1)
@@ -252,7 +255,7 @@ class Subscriber:
                 data = self._sub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._heard = time.monotonic()
+            self._heard = self.last_frame = time.monotonic()
             try:
                 self._live_frame(data)
             except Malformed as exc:
@@ -284,6 +287,7 @@ class Subscriber:
                 frames = self._dealer.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self.last_frame = time.monotonic()
             if len(frames) < 2 or not self._req or frames[1] != self._req:
                 continue  # a late answer to a request we gave up on, or garbage
             try:
