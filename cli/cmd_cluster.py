@@ -220,3 +220,33 @@ def cluster(
         fleet.close()
         c.close()
     console.print(f"stopped {replicas} replicas and the router", highlight=False)
+
+
+@bench_app.command("http")
+def bench_http(
+    blocks: int = typer.Option(2048, min=16, help="KV blocks of the server."),
+    leavers: int = typer.Option(300, min=1, help="Clients that leave mid-answer."),
+    concurrent: int = typer.Option(500, min=1, help="Requests sent at once."),
+    big_prompts: int = typer.Option(200, min=1, help="Prompts of one 900 KB word."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """A hostile client against `serve --http`: /health latency while huge prompts are
+    refused, clients that leave, a burst of concurrent requests, server RSS under huge words.
+
+    Example: [bold]radixcache bench http --json[/bold]
+    """
+    _need_cluster_extra()
+    from radixcache.tools import bench_http as bh
+
+    cfg = bh.BenchHttpConfig(blocks, leavers, concurrent, big_prompts)
+    with err_console.status("starting serve --http ...") as status:
+        out = bh.run(cfg, lambda name: status.update(name))
+    if json_out:
+        print(json.dumps(out))
+        return
+    t = Table(title="serve --http under a hostile client")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for k, v in out.items():
+        t.add_row(k, f"{v:.1f}" if isinstance(v, float) else str(v))
+    console.print(t)

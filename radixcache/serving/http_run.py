@@ -50,9 +50,8 @@ def error_response(exc: api.ApiError, headers: dict[str, str] | None = None) -> 
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-async def read_json(request: Request, limit: int) -> dict[str, object]:
-    """The body as a JSON object; 413 past ``limit`` bytes (counted as they arrive); 400 for
-    anything but a JSON object Python can hold."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body's bytes; 413 past ``limit`` bytes (counted as they arrive)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise api.ApiError(413, f"request body over {limit} bytes")
@@ -61,6 +60,11 @@ async def read_json(request: Request, limit: int) -> dict[str, object]:
         raw += part
         if len(raw) > limit:
             raise api.ApiError(413, f"request body over {limit} bytes")
+    return bytes(raw)
+
+
+def parse_json(raw: bytes) -> dict[str, object]:
+    """``raw`` as a JSON object; 400 for anything but a JSON object Python can hold."""
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # JSON, UTF-8, int digits, nesting depth
@@ -216,12 +220,14 @@ class Runner:
             return Response(status_code=499)
 
     async def _body(self, request: Request) -> dict[str, object]:
+        """The body, read within the read timeout (408), parsed on the encoding thread."""
         try:
-            return await asyncio.wait_for(read_json(request, self.limits.max_body),
-                                          self.limits.read_timeout_s)
+            raw = await asyncio.wait_for(read_body(request, self.limits.max_body),
+                                         self.limits.read_timeout_s)
         except TimeoutError:
             raise api.ApiError(408, f"request body not received within "
                                f"{self.limits.read_timeout_s:g} s") from None
+        return await asyncio.get_running_loop().run_in_executor(self._encoder, parse_json, raw)
 
     async def _serve(self, request: Request, parse: api.Parser) -> Response:
         if self.waiting >= self.limits.max_waiting:
