@@ -3,6 +3,7 @@ SGLang's /generate, the errors, /metrics; and `serve --http` as a process."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -236,3 +237,30 @@ def test_the_front_serves_ipv6_loopback() -> None:
         loop.close()
     with pytest.raises(ValueError, match="port 70000 is outside 0-65535"):
         HttpFront(EngineBackend(engine, loop), port=70000)
+
+
+def test_the_sglang_stream_sends_only_new_text(front: HttpFront) -> None:
+    ids = TOK.encode("I love C#")
+    whole = _http.post(f"{front.url}/generate", json={
+        "input_ids": ids, "sampling_params": {"max_new_tokens": 6}}).json()
+    r = _http.post(f"{front.url}/generate", json={
+        "input_ids": ids, "sampling_params": {"max_new_tokens": 6}, "stream": True})
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    assert [i for c in chunks for i in c["output_ids"]] == whole["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+
+
+def test_tokenize_detokenize_and_version(front: HttpFront) -> None:
+    t = _http.post(f"{front.url}/tokenize", json={"prompt": "I love C#"}).json()
+    assert t == {"tokens": TOK.encode("I love C#"), "count": 4, "max_model_len": 64 * 16}
+    chat = _http.post(f"{front.url}/tokenize", json={
+        "messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["tokens"] == TOK.chat([("user", "hi")])
+    d = _http.post(f"{front.url}/detokenize", json={"tokens": t["tokens"]}).json()
+    assert d == {"prompt": "I love C#"}
+    bad = _http.post(f"{front.url}/detokenize", json={"tokens": [TOK.vocab_size]})
+    assert (bad.status_code, bad.json()["error"]["param"]) == (400, "tokens")
+    assert isinstance(_http.get(f"{front.url}/version").json()["version"], str)
