@@ -50,11 +50,11 @@ class TextTokenizer:
     def encode(self, text: str) -> list[int]:
         """Ids of ``text``, the template markers recognized (a completion prompt). Raises
         ``ValueError`` for text that is not Unicode text (a lone surrogate from JSON)."""
-        return list(self._special.encode(_utf8(text), add_special_tokens=False).ids)
+        return _encode(self._special, text)
 
     def encode_plain(self, text: str) -> list[int]:
         """Ids of ``text`` with every character taken as text (a chat message)."""
-        return list(self._plain.encode(_utf8(text), add_special_tokens=False).ids)
+        return _encode(self._plain, text)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` (markers included); ids outside the vocabulary are skipped."""
@@ -87,6 +87,12 @@ class TextStream:
     def add(self, token: int) -> str:
         """The new text after ``token``."""
         return self._stream.step(self._tok, token) or ""
+
+
+def _encode(tok: Tokenizer, text: str) -> list[int]:
+    # encode_batch lets go of the GIL while it works (encode holds it: a 1M-character prompt
+    # stalled a server's event loop for seconds)
+    return list(tok.encode_batch([_utf8(text)], add_special_tokens=False)[0].ids)
 
 
 def _utf8(text: str) -> str:
