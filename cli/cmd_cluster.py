@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import json
 import shlex
+from functools import partial
 from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from cli.app import RUN, app, bench_app
@@ -157,7 +165,7 @@ def bench_cluster(
         for p in cfg.policies:
             task = bar.add_task(str(p), total=len(w.requests))
             try:
-                results[p] = bc.run_policy(cfg, p, w, lambda _r, t=task: bar.advance(t))
+                results[p] = bc.run_policy(cfg, p, w, partial(_advance, bar, task))
             except ClusterError as exc:
                 err_console.print(f"error: {exc}", highlight=False)
                 raise typer.Exit(1) from None
@@ -220,6 +228,10 @@ def cluster(
         fleet.close()
         c.close()
     console.print(f"stopped {replicas} replicas and the router", highlight=False)
+
+
+def _advance(bar: Progress, task: TaskID, _reply: object) -> None:
+    bar.advance(task)
 
 
 @bench_app.command("http")

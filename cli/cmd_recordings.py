@@ -74,8 +74,7 @@ def record(
                                        "forced answer into its prompt (same tree, ~50x faster "
                                        "on a CPU; RequestStart then counts answers as prompt); "
                                        "decode generates them token by token."),
-    device: str | None = typer.Option(None, help="Headless torch device (default: cuda when "
-                                                 "present)."),
+    device: str | None = typer.Option(None, help="Headless torch device (default: cuda)."),
     threads: int = typer.Option(1, help="torch CPU threads."),
     keyframe_every: int = typer.Option(50_000, help="Events between snapshot keyframes."),
     curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),

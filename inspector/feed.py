@@ -176,13 +176,9 @@ class Feed:
                     self._clock_ts.append(batch.ts)
             case ev.Pin():
                 self._repin(self.mirror.nodes.get(e.node))
-            case ev.NodeCreated():
+            case ev.NodeCreated() | ev.Extend():
                 d.structure = True
-                d.flashes[e.node] = Flash.CREATE
-                d.blocks.update(e.blocks)
-            case ev.Extend():
-                d.structure = True
-                d.flashes[e.node] = Flash.EXTEND
+                d.flashes[e.node] = Flash.CREATE if isinstance(e, ev.NodeCreated) else Flash.EXTEND
                 d.blocks.update(e.blocks)
             case ev.Split():
                 d.structure = True
@@ -195,7 +191,7 @@ class Feed:
                 d.structure = True
                 d.flashes[e.child] = Flash.MERGE
                 d.merged[e.parent] = e.child
-                if e.dropped is not None and e.dropped >= 0:
+                if e.dropped is not None:
                     d.blocks.add(e.dropped)
                 self.pinned.discard(e.parent)
             case ev.Evict():

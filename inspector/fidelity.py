@@ -25,7 +25,7 @@ import numpy as np
 
 from inspector.frame import Cell
 from inspector.layout import block_ranges
-from radixcache.wire.mirror import Mirror
+from radixcache.wire.mirror import Mirror, is_victim
 
 if TYPE_CHECKING:
     from inspector.app import InspectorApp
@@ -124,7 +124,7 @@ class Fidelity:
         prev: tuple[int, int] | None = None
         for nid in app.panes.lru.victims:
             n = m.nodes.get(nid)
-            if n is None or n.children or n.lock or n.parent is None:
+            if n is None or not is_victim(n):
                 out.append(f"LRU entry n{nid} is not a live unpinned leaf")
                 continue
             if prev is not None and (n.clock, n.id) < prev:

@@ -14,7 +14,6 @@ whose lock or selection changed) are reclassified, so a frame costs what changed
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -23,7 +22,7 @@ from types import MappingProxyType
 from inspector.feed import Delta, Feed
 from inspector.layout import Row, block_ranges, human_age
 from radixcache.core import events as ev
-from radixcache.wire.mirror import Mirror, MirrorNode, MirrorStats
+from radixcache.wire.mirror import Mirror, MirrorNode, MirrorStats, is_victim, next_victims
 
 PREVIEW_BYTES = 8 * 4  # the tokens a preview shows (uint32 each)
 
@@ -237,14 +236,11 @@ class Builder:
         here (still a live, unpinned leaf at the same access clock) and kept in their order;
         without candidates the whole (small) tree is ranked now."""
         if want.lru_candidates is None:
-            leaves = (n for n in m.nodes.values()
-                      if not n.children and n.lock == 0 and n.parent is not None)
-            first = heapq.nsmallest(want.lru_rows, leaves, key=lambda n: (n.clock, n.id))
-            return [self._view(feed, m, n.id) for n in first]
+            return [self._view(feed, m, n.id) for n, _ in next_victims(m, want.lru_rows)]
         out: list[NodeView] = []
         for cand, clock in want.lru_candidates:
             n = m.nodes.get(cand.id)
-            if n is cand and not n.children and n.lock == 0 and n.clock == clock:
+            if n is cand and is_victim(n) and n.clock == clock:
                 out.append(self._view(feed, m, n.id))
                 if len(out) == want.lru_rows:
                     break

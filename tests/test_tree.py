@@ -25,7 +25,7 @@ from radixcache.core.tree import (
     TreeError,
     UnknownNode,
 )
-from radixcache.wire.mirror import Mirror
+from radixcache.wire.mirror import Mirror, next_victims
 
 B = 16
 
@@ -279,7 +279,7 @@ def test_eviction_order_is_last_access() -> None:
     sync(tree, mirror)
     want = [ids[1], ids[4], ids[2], ids[0], ids[3]]
     assert [n.id for n in tree.lru_order(10)] == want
-    assert [n.id for n in mirror.lru(10)] == want
+    assert [n.id for n, _ in next_victims(mirror, 10)] == want
     res = tree.evict(5 * B)
     events = sync(tree, mirror)
     assert res == EvictResult(5, 5 * B, 5)

@@ -10,6 +10,7 @@ from textual.binding import Binding, BindingType
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from inspector.panes import help_row
 from inspector.words import help_lines, main_words
 
 
@@ -29,8 +30,7 @@ KEYS: tuple[Key, ...] = (
     Key("`pgup` `pgdn` `home` `end`", ("pageup", "pagedown", "home", "end"), "move by pages"),
     Key("`enter` `space`", ("enter", "space"), "fold or unfold the selected node"),
     Key("`←` `→` `h` `l`", ("left", "right", "h", "l"), "collapse / expand the selected node"),
-    Key("`F2`…`F7`", ("f2", "f3", "f4", "f5", "f6", "f7"),
-        "show / hide tree, block map, memory, LRU, events, stats"),
+    Key(*help_row()),
     Key("`ctrl+←` `ctrl+→`", ("ctrl+left", "ctrl+right"), "narrow / widen the tree pane"),
     Key("`z`", ("z",), "block map: whole pool at a glance / one cell per block"),
     Key("`w`", ("w",), "what-if: the hit-rate curve of all the engine did since the "

@@ -86,8 +86,10 @@ class StatsPane(Widget):
         """Copy the figures to draw; the border title says what they count since."""
         old = (self.frame.stats, self.frame.counters, round(self.req_per_s))
         self.frame, self.req_per_s = frame, req_per_s
+        title = f"stats · {figures(frame).label}"  # from the first frame, changed or not
+        if self.border_title != title:
+            self.border_title = title
         if old != (frame.stats, frame.counters, round(req_per_s)):
-            self.border_title = f"stats · {figures(frame).label}"
             self.refresh()
 
     def rows(self) -> list[tuple[str, str]]:

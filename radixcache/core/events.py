@@ -71,11 +71,15 @@ class Split(Event, tag="split", frozen=True):
 class Merge(Event, tag="merge", frozen=True):
     """``child`` absorbed its only-child ``parent`` (path compression); ``dropped`` is the
     boundary block reference the parent held that the joined node no longer holds, or None
-    (schema 3; streams of schema 2 said -1, which readers still take as none)."""
+    (schema 3; streams of schema 2 said -1, which is read as None right here)."""
 
     parent: int
     child: int
     dropped: int | None
+
+    def __post_init__(self) -> None:
+        if self.dropped == -1:  # schema 2's "none": no reader sees the sentinel
+            msgspec.structs.force_setattr(self, "dropped", None)
 
 
 class Evict(Event, tag="evict", frozen=True):

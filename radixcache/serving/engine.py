@@ -22,9 +22,12 @@ stays at the head and retries next step; running requests finish and unlock mean
 nothing running, the head retries without its match, so every request that fits the pool
 is admitted eventually (no deadlock).
 
-Threads: ``submit`` and the commands may be called from any thread. ``step`` runs under the
-engine's step lock (the scheduler thread calls it, or a test does); tree and pool mutations
-happen under the tree's lock (inside the tree), model compute outside it.
+Threads: ``submit`` may be called from any thread (the HTTP front's, a workload's
+follow-up from the stepping thread): it takes ``_queue``, the one lock of the engine's own,
+which guards the waiting queue and the request ids. Everything else (``step``, the commands,
+``take_events``, ``stats``) is called by ``ServiceLoop`` under its state lock, one thread at a
+time, as ``CacheService`` says; a test may call them from one thread. Tree and pool
+mutations happen under the tree's lock (inside the tree), model compute outside it.
 """
 
 from __future__ import annotations
@@ -85,12 +88,10 @@ class Engine(TreeService, Scheduler):
             self, tree, memory if memory is not None else MemorySource(device=self.model.device),
             model=f"tiny transformer (layers={cfg.model.n_layers})",
             device=str(self.model.device), cache=cfg.cache)
-        self._step_lock = threading.Lock()
-        self._queue = threading.Condition()
+        self._queue = threading.Lock()  # the waiting queue, against submitting threads
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._events: list[ev.AnyEvent] = []
-        self._events_lock = threading.Lock()
         self._next_id = 0
         self._aborted: set[int] = set()  # running requests to drop at the next step
 
@@ -137,7 +138,6 @@ class Engine(TreeService, Scheduler):
                 self.totals.rejected += 1
             else:
                 self._waiting.append(req)
-                self._queue.notify()
         if need > self.config.num_blocks:
             req.handle.settle(None, RequestRejected(
                 f"request {rid}: {req.total} positions need {need} blocks;"
@@ -160,8 +160,7 @@ class Engine(TreeService, Scheduler):
 
     def close(self) -> None:
         """Cancel every unfinished request and close the memory source."""
-        with self._step_lock:
-            self._cancel_all()
+        self._cancel_all()
         super().close()
 
     def busy(self) -> bool:
@@ -171,44 +170,41 @@ class Engine(TreeService, Scheduler):
     # -- one step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
         """Admit what fits, run one batched forward (or two, see the module doc), advance
-        every request in it, finish the done ones. Thread-safe (serialized with other steps
-        and ``reset``); ``ServiceLoop`` calls it and publishes the events it recorded."""
-        with self._step_lock:
-            t0 = time.perf_counter()
-            self._drop_aborted()
-            admitted = self._admit()
-            decodes, prefills = self._plan()
-            forwards = self._forward(decodes, prefills)
-            finished = self._finish_done()
-            self.totals.steps += 1
-            if forwards:
-                self.totals.busy_s += time.perf_counter() - t0
-            report = StepReport(
-                admitted,
-                len(decodes) + len(prefills),
-                sum(len(s.tokens) for _, s in prefills),
-                len(decodes),
-                forwards,
-                finished,
-            )
+        every request in it, finish the done ones. ``ServiceLoop`` calls it under its state
+        lock and publishes the events it recorded (a test may call it from one thread)."""
+        t0 = time.perf_counter()
+        self._drop_aborted()
+        admitted = self._admit()
+        decodes, prefills = self._plan()
+        forwards = self._forward(decodes, prefills)
+        finished = self._finish_done()
+        self.totals.steps += 1
+        if forwards:
+            self.totals.busy_s += time.perf_counter() - t0
+        report = StepReport(
+            admitted,
+            len(decodes) + len(prefills),
+            sum(len(s.tokens) for _, s in prefills),
+            len(decodes),
+            forwards,
+            finished,
+        )
         return report
     # -- events --------------------------------------------------------------------------------
     def _emit(self, event: ev.AnyEvent) -> None:
         """Append an engine event after the tree events recorded so far (keeps their order)."""
         if not self.config.record_events:
             return
-        with self._events_lock:
-            self._events.extend(self.tree.take_events())
-            self._events.append(event)
+        self._events.extend(self.tree.take_events())
+        self._events.append(event)
 
     def take_events(self) -> list[ev.AnyEvent]:
         """Drain every event since the last call, in order: the tree's, ``RequestStart`` /
-        ``RequestFinish``. Thread-safe."""
-        with self._events_lock:
-            out = self._events
-            out.extend(self.tree.take_events())
-            self._events = []
-            return out
+        ``RequestFinish``."""
+        out = self._events
+        out.extend(self.tree.take_events())
+        self._events = []
+        return out
 
     # -- commands ------------------------------------------------------------------------------
     def pause(self) -> None:
@@ -220,7 +216,6 @@ class Engine(TreeService, Scheduler):
         """Admit requests again."""
         with self._queue:
             super().resume()
-            self._queue.notify_all()
 
     def depths(self) -> tuple[int, int]:
         """(waiting, running) requests now."""
@@ -229,12 +224,11 @@ class Engine(TreeService, Scheduler):
     def reset(self) -> int:
         """Cancel every waiting and running request (their handles fail with
         ``RequestCancelled``), then empty the tree, zero the metrics and start a new counter
-        generation; returns how many requests were cancelled. Waits for the step in
-        progress; the pool is entirely free afterwards."""
-        with self._step_lock:
-            cancelled = len(self._running) + len(self._waiting)
-            self._cancel_all()
-            self.new_generation()
+        generation; returns how many requests were cancelled. The pool is entirely free
+        afterwards."""
+        cancelled = len(self._running) + len(self._waiting)
+        self._cancel_all()
+        self.new_generation()
         return cancelled
 
     def abort(self, request_id: int) -> bool:
@@ -248,7 +242,6 @@ class Engine(TreeService, Scheduler):
                 self._waiting.remove(waiting[0])
             else:  # running, or being admitted by the step in progress
                 self._aborted.add(request_id)
-                self._queue.notify()
         for r in waiting:
             self._fail(r, RequestCancelled(f"request {r.id} aborted before admission"))
         return bool(waiting) or running
@@ -264,7 +257,7 @@ class Engine(TreeService, Scheduler):
         return len(held)
 
     def _drop_aborted(self) -> None:
-        """Release the running requests ``abort`` named (step lock held)."""
+        """Release the running requests ``abort`` named (from ``step``)."""
         with self._queue:
             ids, self._aborted = self._aborted, set()
         if not ids:

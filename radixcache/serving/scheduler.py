@@ -53,7 +53,7 @@ class Scheduler:
     model: TinyTransformer
     pool: KVPool
     tree: RadixTree
-    _queue: threading.Condition
+    _queue: threading.Lock
     _waiting: deque[Request]
     _running: list[Request]
     totals: Totals

@@ -209,8 +209,8 @@ def _split(e: ev.Split, n: int) -> None:
 def _merge(e: ev.Merge, n: int) -> None:
     _int(e.parent, "merge parent", 1)
     _int(e.child, "merge child", 1)
-    if e.dropped is not None:  # None: no boundary block (schema 2 wrote -1 for it)
-        _int(e.dropped, "merge dropped block", -1, n - 1)
+    if e.dropped is not None:  # None: no boundary block (schema 2's -1 is decoded as None)
+        _int(e.dropped, "merge dropped block", 0, n - 1)
 
 
 def _evict(e: ev.Evict, n: int) -> None:
