@@ -26,6 +26,7 @@ from typing import NamedTuple, cast
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from radixcache.serving import openai_api as api
 from radixcache.serving import openai_out as out
@@ -275,8 +276,7 @@ class Runner:
             run = self._submit(ask)
             if ask.stream:
                 streaming = True
-                return StreamingResponse(self._stream(run, request),
-                                         media_type="text/event-stream")
+                return _Streamed(self._stream(run, request), lambda: self._closed(run))
             return JSONResponse(await self._answer(run, request))
         except api.ApiError as exc:
             return error_response(exc)
@@ -339,7 +339,27 @@ class Runner:
         finally:
             gone.cancel()
             run.abort()  # a no-op once the request is finished
-            self.waiting -= 1
+
+    def _closed(self, run: _Run) -> None:
+        """A streamed response ended, sent or not (its generator may never have started)."""
+        run.abort()
+        self.waiting -= 1
+
+
+class _Streamed(StreamingResponse):
+    """Server-sent events that call ``on_close`` once the response is over, however it ends
+    (a client that left before the first byte included)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send, then ``on_close``."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
 
 
 async def _sse_chunks(run: _Run, gone: asyncio.Future[None], model: str,
