@@ -251,8 +251,12 @@ def bench_http(
     from radixcache.tools import bench_http as bh
 
     cfg = bh.BenchHttpConfig(blocks, leavers, concurrent, big_prompts)
-    with err_console.status("starting serve --http ...") as status:
-        out = bh.run(cfg, lambda name: status.update(name))
+    try:
+        with err_console.status("starting serve --http ...") as status:
+            out = bh.run(cfg, lambda name: status.update(name))
+    except RuntimeError as exc:
+        err_console.print(f"error: {exc}", highlight=False)
+        raise typer.Exit(1) from None
     if json_out:
         print(json.dumps(out))
         return

@@ -58,7 +58,9 @@ def served(blocks: int) -> Iterator[tuple[str, int]]:
                     break
             time.sleep(0.2)
         else:
-            raise RuntimeError("serve --http did not come up within 120 s")
+            why = (f"exited ({proc.returncode})" if proc.poll() is not None
+                   else "did not answer /health within 120 s")
+            raise RuntimeError(f"serve --http {why}")
         yield url, proc.pid
     finally:
         proc.terminate()
