@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import json
@@ -126,7 +127,15 @@ class _Run:
         return f"cmpl-{self.handle.id}"
 
     def _push(self, item: Piece | None) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        with contextlib.suppress(RuntimeError):  # the front closed its loop: nobody waits
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def on_done(self, call: Callable[[], object]) -> None:
+        """``call()`` on the event loop once the request is over."""
+        def done(_handle: object) -> None:
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(call)
+        self.handle.add_done_callback(done)
 
     def _piece(self, piece: Piece) -> None:  # the engine's thread
         self._push(piece)
@@ -308,8 +317,7 @@ class Runner:
         if ask.rid is not None:
             self._rids[ask.rid] = run
             rid = ask.rid
-            run.handle.add_done_callback(
-                lambda _h: run.loop.call_soon_threadsafe(lambda: self._rids.pop(rid, None)))
+            run.on_done(lambda: self._rids.pop(rid, None))
         return run
 
     async def _answer(self, run: _Run, request: Request) -> api.JsonObject:
