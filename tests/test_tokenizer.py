@@ -73,3 +73,11 @@ def test_transformers_loads_it_with_the_servers_chat_template() -> None:
     assert rendered == "<bos><hdr>system<end>be brief<eot><hdr>user<end>hi<eot><hdr>assistant<end>"
     ids = auto(rendered, add_special_tokens=False)["input_ids"]
     assert ids == TOK.chat([("system", "be brief"), ("user", "hi")])
+
+
+def test_the_models_vocabulary_covers_the_tokenizers_and_the_traces() -> None:
+    from radixcache.serving.model import ModelConfig, tiny_model
+    from radixcache.traffic.sharegpt import VOCAB_SIZE
+
+    for config in (ModelConfig(), tiny_model()):
+        assert config.vocab_size == VOCAB_SIZE > TOK.vocab_size
