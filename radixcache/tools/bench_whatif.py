@@ -27,12 +27,11 @@ from radixcache.analysis.answers import FRACTIONS, capacity_for
 from radixcache.analysis.replay import Policy, ReplayCache, replay
 from radixcache.analysis.stackdist import Curve
 from radixcache.analysis.whatif import one_pass
+from radixcache.traffic.mooncake import generate_mooncake, read_mooncake
 from radixcache.traffic.traces import (
     MOONCAKE_BLOCK,
     Access,
     TokenRequest,
-    generate_mooncake,
-    read_mooncake,
     token_access,
 )
 
