@@ -45,7 +45,7 @@ def knee_tokens(curve: Curve, points: int = 512) -> int:
     Kneedle (Satopaa et al., 2011) takes the point farthest above the chord, which only
     works on a concave curve: a curve flat up to a large capacity, or S-shaped, lies below its
     chord from one block, and the farthest point is then the first block. So the chord here
-    starts at the curve's steepest point (the largest rise over 1/32 of the log range) and
+    starts at the curve's steepest point (the largest slope over 1/32 of the log range) and
     ends at saturation: from there every curve is concave, and the knee is its upper bend.
     On a concave curve the steepest point is the first, and this is plain Kneedle."""
     top = curve.saturation_units
@@ -62,11 +62,15 @@ def knee_tokens(curve: Curve, points: int = 512) -> int:
     return int(units[steep + int(np.argmax(ys - chord))]) * curve.block_tokens
 
 
-def _steepest(x: np.ndarray, y: np.ndarray) -> int:
-    """Index where the largest rise of ``y`` over a window of 1/32 of ``x``'s range starts."""
-    ends = np.searchsorted(x, x + 1 / 32, side="right") - 1
-    rise = y[ends] - y
-    return int(np.argmax(rise))
+def _steepest(x: np.ndarray, y: np.ndarray, w: float = 1 / 32) -> int:
+    """Index of the steepest point: the largest slope over a window of ``w`` of ``x``'s range
+    centred on it (cut at the ends, and at least one step wide)."""
+    i = np.arange(len(x))
+    lo = np.searchsorted(x, x - w / 2, side="left")
+    hi = np.maximum(np.searchsorted(x, x + w / 2, side="right") - 1, np.minimum(i + 1, len(x) - 1))
+    lo = np.minimum(lo, np.maximum(hi - 1, 0))
+    width = np.maximum(x[hi] - x[lo], 1e-12)
+    return int(np.argmax((y[hi] - y[lo]) / width))
 
 
 def grid_tokens(curve: Curve, at: Sequence[int], points: int = 96) -> list[int]:
