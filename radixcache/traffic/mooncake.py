@@ -22,6 +22,7 @@ import msgspec
 import numpy as np
 
 from radixcache.core.blockrule import hash_id_problem, hash_run_problem
+from radixcache.traffic.mooncake_scan import scan_chunk
 from radixcache.traffic.traces import (
     BOM,
     MOONCAKE_BLOCK,
@@ -105,9 +106,16 @@ def _runs(recs: list[MooncakeRequest], first_line: int, block: int,
         tokens = np.fromiter((r.input_length for r in recs), np.int64, len(recs))
     except OverflowError:  # an id outside [0, 2^64) or a length outside int64
         return None
-    if len(recs) and (tokens.min() < 1 or np.any(counts != (tokens + block - 1) // block)):
+    return _checked(HashRuns(ids, ends, tokens, first_line, line_nos), block)
+
+
+def _checked(runs: HashRuns, block: int) -> HashRuns | None:
+    """``runs`` if every request obeys ``radixcache.core.blockrule``'s count rule."""
+    counts = np.diff(runs.ends, prepend=0)
+    t = runs.tokens
+    if len(t) and (t.min() < 1 or np.any(counts != (t + block - 1) // block)):
         return None
-    return HashRuns(ids, ends, tokens, first_line, line_nos)
+    return runs
 
 
 def _chunk_lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -121,6 +129,8 @@ def _chunk_lines(path: Path) -> Iterator[tuple[int, bytes]]:
             buf = rest + data
             cut = buf.rfind(b"\n") + 1 if data else len(buf)
             chunk, rest = buf[:cut], buf[cut:]
+            if not data and chunk and not chunk.endswith(b"\n"):
+                chunk += b"\n"  # the last line, unterminated
             if chunk:
                 yield line_no, chunk
                 line_no += chunk.count(b"\n")
@@ -145,7 +155,10 @@ def read_hash_runs(path: Path, hash_block_size: int = MOONCAKE_BLOCK) -> Iterato
     dec = msgspec.json.Decoder(MooncakeRequest)
     for first, chunk in _chunk_lines(path):
         runs = None
-        if b"\n\n" not in chunk and not chunk[:1].isspace():
+        scanned = scan_chunk(chunk)  # the common shape, compiled; else msgspec
+        if scanned is not None:
+            runs = _checked(HashRuns(*scanned, first), hash_block_size)
+        elif b"\n\n" not in chunk and not chunk[:1].isspace():
             with contextlib.suppress(msgspec.DecodeError):
                 runs = _runs(dec.decode_lines(chunk), first, hash_block_size)
         if runs is None:
