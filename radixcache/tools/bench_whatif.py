@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from radixcache.analysis.answers import FRACTIONS, capacity_for
 from radixcache.analysis.replay import Policy, ReplayCache, replay
 from radixcache.analysis.stackdist import Curve
 from radixcache.analysis.whatif import one_pass
+from radixcache.tools.bench_whatif_scale import peak_rss_mb as _peak_rss_mb
 from radixcache.traffic.mooncake import generate_mooncake, read_mooncake
 from radixcache.traffic.traces import (
     MOONCAKE_BLOCK,
@@ -128,18 +128,6 @@ def sharegpt(limit: int | None, checks: int, new: NewTask, advance: Advance) -> 
         "direct_lru_block_16": direct, "tree_block_1": tree1, "tree_block_16": tree16,
         "tree_batched_block_16": batched,
     }
-
-
-def _peak_rss_mb() -> float:
-    """This process's peak resident memory: Linux's VmHWM (ru_maxrss would carry the forking
-    parent's peak across exec), else ru_maxrss."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def mooncake_figures(path: Path, checks: int) -> Figures:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,6 @@ import numpy as np
 
 from radixcache.analysis.hashstack import HashStack
 from radixcache.analysis.stackdist import Curve
-from radixcache.tools.bench_whatif import _peak_rss_mb
 from radixcache.traffic.mooncake import generate_mooncake, generate_runs
 from radixcache.traffic.traces import MOONCAKE_BLOCK
 
@@ -32,9 +32,21 @@ Figures = dict[str, object]
 GRID = np.unique(np.geomspace(1, 2**36, 800).round().astype(np.int64))  # capacities, blocks
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory: Linux's VmHWM (ru_maxrss would carry the forking
+    parent's peak across exec), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _result(curve: Curve, seconds: float, extra: Figures) -> Figures:
     p = max(curve.prompt_tokens, 1)
-    return {"seconds": seconds, "peak_rss_mb": _peak_rss_mb(), "requests": curve.requests,
+    return {"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "requests": curve.requests,
             "prompt_tokens": curve.prompt_tokens, "max_hit_rate": curve.max_hits / p,
             "saturation_blocks": curve.saturation_units,
             "hits_at_grid": [int(h) for h in curve.hits(GRID)], **extra}
