@@ -86,14 +86,15 @@ def _run(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, block: int, keep
          dense: int, keys: np.ndarray, last: np.ndarray, length: np.ndarray,
          fen: np.ndarray, hist: np.ndarray, st: np.ndarray) -> None:
     """Apply requests in order (see the module docstring). ``st`` in and out: requests,
-    distinct blocks, Fenwick total, followed prompt tokens, then an error: code, request, id,
-    its length before, its length now."""
+    distinct blocks, Fenwick total, followed prompt tokens, then an error (code, request, id,
+    its length before, its length now), then the last stamp (a request's number in ``last``
+    and the Fenwick tree, given only to requests that follow a block)."""
     path = np.empty(ids.shape[0] + 1, np.int64)  # slots of one request's followed blocks
     was = np.empty(ids.shape[0] + 1, np.int64)  # their last toucher before this request
     start = 0
     for i in range(len(ends)):
         st[0] += 1
-        end, tok, r = ends[i], tokens[i], st[0]
+        end, tok, r = ends[i], tokens[i], st[9] + 1  # a stamp: requests that follow blocks
         n, m = 0, 0
         for k in range(start, end):  # the followed blocks; the matched ones are a prefix
             x = ids[k]
@@ -119,12 +120,15 @@ def _run(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, block: int, keep
             path[n] = s
             n += 1
             st[3] += want
+        start = end
+        if n == 0:  # nothing followed (a sample): no stamp, no group
+            continue
         _account(path, was, m, length, fen, hist, st)
         for j in range(n):
             last[path[j]] = r
         _fen_add(fen, r, n)
         st[2] += n
-        start = end
+        st[9] = r
 
 
 @_jit
@@ -180,9 +184,9 @@ class HashStack:
         self.keys = np.zeros(1 if self.dense else 1 << 16, np.uint64)
         self.last = np.zeros(len(self.keys), np.int32)
         self.length = np.zeros(len(self.keys), np.int32)
-        self.fen = np.zeros((1 << 16) + 1, np.int64)
+        self.fen = np.zeros((1 << 16) + 1, np.int32)  # sums <= distinct blocks < 2^31
         self.hist = np.zeros(1 << 16, np.int64)
-        self.st = np.zeros(9, np.int64)
+        self.st = np.zeros(10, np.int64)
         self.prompt_tokens = 0
         self.ids_seen = 0
 
@@ -212,10 +216,12 @@ class HashStack:
 
     def _room(self, ids: np.ndarray, n: int) -> None:
         """Grow the arrays so that ``n`` more requests of ``ids`` fit."""
-        need = self.requests + n + 1
+        need = int(self.st[9]) + n + 1
+        if need >= 2**31 - 1 or self.distinct + len(ids) >= 2**31 - 1:
+            raise HashStackError(0, "over 2^31 requests or blocks: split the trace")
         while len(self.fen) <= need:  # a power-of-two Fenwick doubles with one new cell
             size = len(self.fen) - 1
-            self.fen = np.concatenate((self.fen, np.zeros(size, np.int64)))
+            self.fen = np.concatenate((self.fen, np.zeros(size, np.int32)))
             self.fen[2 * size] = self.st[2]
         if len(self.hist) <= self.distinct + len(ids):
             grow = max(len(self.hist) // 2, self.distinct + len(ids) + 1 - len(self.hist))

@@ -21,6 +21,8 @@ import numpy as np
 F = TypeVar("F", bound=Callable[..., object])
 INPUT_LENGTH = np.frombuffer(b"input_length", np.uint8)
 HASH_IDS = np.frombuffer(b"hash_ids", np.uint8)
+TIMESTAMP = np.frombuffer(b"timestamp", np.uint8)
+OUTPUT_LENGTH = np.frombuffer(b"output_length", np.uint8)
 U64_DIGITS = np.frombuffer(b"18446744073709551615", np.uint8)
 
 
@@ -77,18 +79,27 @@ def _skip_value(b: np.ndarray, i: int, tmp: np.ndarray) -> int:
 
 @_jit
 def _ids(b: np.ndarray, i: int, ids: np.ndarray, n: int, tmp: np.ndarray) -> tuple[int, int]:
-    """An array of unsigned integers at ``i`` (after ``[``) appended to ``ids`` from ``n``."""
+    """An array of unsigned integers at ``i`` (after ``[``) appended to ``ids`` from ``n``.
+    The digit loop is written out here: most of a trace's bytes are these digits."""
+    size = len(b)
     i = _ws(b, i)
-    if i < len(b) and b[i] == 93:
+    if i < size and b[i] == 93:
         return i + 1, n
     while True:
-        i = _uint(b, _ws(b, i), tmp)
-        if i < 0 or n >= len(ids):
+        i = _ws(b, i)
+        start, v = i, np.uint64(0)
+        while i < size and 48 <= b[i] <= 57:
+            v = v * np.uint64(10) + np.uint64(b[i] - 48)
+            i += 1
+        nd = i - start
+        if nd == 0 or n >= len(ids) or (b[start] == 48 and nd > 1):
             return -1, n
-        ids[n] = tmp[0]
+        if nd >= 20 and _uint(b, start, tmp) < 0:  # 20 digits: over 2^64 - 1?
+            return -1, n
+        ids[n] = v
         n += 1
         i = _ws(b, i)
-        if i >= len(b):
+        if i >= size:
             return -1, n
         if b[i] == 93:
             return i + 1, n
@@ -99,7 +110,8 @@ def _ids(b: np.ndarray, i: int, ids: np.ndarray, n: int, tmp: np.ndarray) -> tup
 
 @_jit
 def _key(b: np.ndarray, i: int) -> tuple[int, int]:
-    """A key at ``i`` (at its quote): 1 for input_length, 2 for hash_ids, 0 for another."""
+    """A key at ``i`` (at its quote): 1 for input_length, 2 for hash_ids, 4 for timestamp (a
+    number), 8 for output_length (an integer), 0 for another (any number or string)."""
     j = i + 1
     while j < len(b) and b[j] != 34:
         if b[j] == 92 or b[j] == 10:
@@ -112,12 +124,19 @@ def _key(b: np.ndarray, i: int) -> tuple[int, int]:
         return j + 1, 1
     if _is(k, HASH_IDS):
         return j + 1, 2
-    return j + 1, 0
+    if _is(k, TIMESTAMP):
+        return j + 1, 4
+    return j + 1, 8 if _is(k, OUTPUT_LENGTH) else 0
 
 
 @_jit
 def _is(k: np.ndarray, word: np.ndarray) -> bool:
-    return len(k) == len(word) and bool((k == word).all())
+    if len(k) != len(word):  # (an array comparison would allocate: this runs per key)
+        return False
+    t = 0
+    while t < len(word) and k[t] == word[t]:
+        t += 1
+    return t == len(word)
 
 
 @_jit
@@ -131,8 +150,10 @@ def _value(b: np.ndarray, i: int, which: int, ids: np.ndarray, n: int,
         i, n = _ids(b, i + 1, ids, n, tmp)
     elif which == 1:
         i = _uint(b, i, tmp)
+    elif which == 8:
+        i = _uint(b, i + 1 if b[i] == 45 else i, tmp)
     else:
-        i = _skip_value(b, i, tmp)
+        i = -1 if which == 4 and b[i] == 34 else _skip_value(b, i, tmp)
     if i < 0:
         return -1, n
     i = _ws(b, i)
@@ -167,7 +188,7 @@ def _object(b: np.ndarray, i: int, ids: np.ndarray, n: int,
             return -1, n, length
         if which == 1:
             length = tmp[0]
-    if seen != 3 or i >= len(b):
+    if seen & 3 != 3 or i >= len(b):
         return -1, n, length
     return i + 1, n, length
 
