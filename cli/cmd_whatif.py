@@ -4,6 +4,8 @@ miss (shown by ``cli.whatif_view``; `bench whatif` is ``cli.cmd_bench_whatif``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,8 +73,8 @@ def _bytes_per_token(kv_bytes: int | None, model: str | None) -> int | None:
 
 
 def _compute(
-    cfg: WhatIfConfig, at: list[int], pool_blocks: int | None, bpt: int | None,
-    routers: list[Router], replicas: int, err: Console,
+    cfg: WhatIfConfig, err: Console, *, at: list[int], pool_blocks: int | None,
+    bpt: int | None, routers: list[Router], replicas: int,
 ) -> tuple[dict[str, object], list[str]]:
     """The ``--json`` object (with ``routing`` when ``replicas``) and the source's notes."""
     from radixcache.analysis.answers import summary
@@ -105,18 +107,14 @@ def whatif(
                                  help="K+V bytes per token, for the GiB column."),
     model: str = typer.Option(None, "--model",
                               help="Bytes per token of: llama-3-8b, llama-3-70b, qwen2.5-7b."),
-    pool_blocks: int = typer.Option(None, "--pool-blocks", min=1, max=MAX_BLOCKS,
-                                    help="Your pool, in blocks of the curve's block size "
-                                         "(a recording's own pool is used without it)."),
-    policies: str = typer.Option("none", "--policies",
-                                 help="Also replay these at --samples sizes: lru, fifo, lfu "
-                                      "(each costs --samples replays)."),
-    alignment: bool = typer.Option(False, "--alignment",
-                                   help="Token sources: also the block-1 curve (a second "
-                                        "pass), to tell the alignment misses apart."),
-    sample: float = typer.Option(1.0, "--sample", min=1e-6, max=1.0,
-                                 help="Mooncake-format traces: follow this fraction of the "
-                                      "blocks (SHARDS sampling; 1: exact)."),
+    pool_blocks: int = typer.Option(None, "--pool-blocks", min=1, max=MAX_BLOCKS, help=(
+        "Your pool, in blocks of the curve's block size (default: a recording's own).")),
+    policies: str = typer.Option("none", "--policies", help=(
+        "Also replay these at --samples sizes: lru, fifo, lfu (each costs --samples replays).")),
+    alignment: bool = typer.Option(False, "--alignment", help=(
+        "Token sources: also the block-1 curve (a 2nd pass), for the alignment misses.")),
+    sample: float = typer.Option(1.0, "--sample", min=1e-6, max=1.0, help=(
+        "Mooncake format: follow this fraction of the blocks (SHARDS; 1: exact).")),
     samples: int = typer.Option(6, "--samples", min=1, max=64,
                                 help="Capacities each policy is replayed at."),
     plot: Path = typer.Option(None, "--plot", help="Write the chart: FILE.svg or FILE.png."),
@@ -143,18 +141,33 @@ def whatif(
 
     cfg = WhatIfConfig(source, block_size, hash_block_size, limit or None,
                        _policies(policies), samples, alignment, sample)
-    at_caps = _ints(at, "--at")
-    bpt = _bytes_per_token(kv_bytes, model)
+    _checked_curve(cfg, _ints(at, "--at"), _bytes_per_token(kv_bytes, model), plot,
+                   (replicas, router, pool_blocks), as_json)
+
+
+def _checked_curve(cfg: WhatIfConfig, at_caps: list[int], bpt: int | None, plot: Path | None,
+                   routing: tuple[int, str, int | None], as_json: bool) -> None:
+    """Every option checked (a usage error, exit 2, before any work), then the curve."""
+    replicas, router, pool_blocks = routing
     check_plot(plot)
     routers = _routers(router) if replicas else []
     if replicas and pool_blocks is None:
         raise typer.BadParameter("--replicas needs --pool-blocks (each replica's pool)",
                                  param_hint="--replicas")
     _check_source(cfg)
+    _curve(cfg, plot, as_json, partial(_compute, at=at_caps, pool_blocks=pool_blocks, bpt=bpt,
+                                       routers=routers, replicas=replicas))
+
+
+def _curve(cfg: WhatIfConfig, plot: Path | None, as_json: bool,
+           compute: Callable[[WhatIfConfig, Console], tuple[dict[str, object], list[str]]]) -> None:
+    """Compute the curve and show it: the answers and the table, or ``--json``; a bad trace
+    is one line naming the line (exit 1). The plot is written last: a file that cannot be
+    written loses none of the answers."""
     err = Console(stderr=True)
     try:
-        fig, notes = _compute(cfg, at_caps, pool_blocks, bpt, routers, replicas, err)
-    except TraceError as exc:  # a bad trace: one line naming the line, exit 1
+        fig, notes = compute(cfg, err)
+    except TraceError as exc:
         raise CliError(str(exc)) from exc
     for note in notes:
         err.print(f"note: {note}", highlight=False)
@@ -200,4 +213,4 @@ def _why(source: str, reqs: list[int], as_json: bool) -> None:
         return
     for r in reqs:
         for line in describe(follower.misses, r, follower.error):
-            typer.echo(line)
+            typer.echo(line.text)
