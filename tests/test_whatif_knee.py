@@ -69,3 +69,11 @@ def test_degenerate_curves():
     assert knee_tokens(empty) == 0
     one = Curve(BLOCK, 2, 32, np.asarray([0, 16, 16], np.int64))  # all hits at one block
     assert knee_tokens(one) == BLOCK
+
+
+def test_capacity_labels_are_readable():
+    """Chart and terminal ticks: "101M", not "101299712.0"."""
+    from radixcache.analysis.chart import si
+
+    assert [si(x) for x in (1, 512, 1536, 101299712.0, 2.5e9, 3e12)] == [
+        "1", "512", "1.54K", "101M", "2.5G", "3T"]
