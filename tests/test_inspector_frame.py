@@ -220,12 +220,12 @@ async def test_replay_counters_at_the_playhead_equal_a_clean_pass() -> None:
 
 def test_cells_of_k_blocks_show_density_and_dominant_state() -> None:
     cells = bytes([Cell.CACHED, Cell.CACHED, Cell.FREE, Cell.FREE,
-                   Cell.LOCKED, Cell.FREE, Cell.FREE, Cell.FREE,
+                   Cell.PINNED, Cell.FREE, Cell.FREE, Cell.FREE,
                    Cell.FREE, Cell.EVICTED, Cell.FREE, Cell.FREE,
                    Cell.SHARED, Cell.COW, Cell.COW, Cell.SHARED])
     codes = cell_codes(cells, 4)
     assert [(Cell(c >> 3).name, int(c & 7)) for c in codes] == [
-        ("CACHED", 2), ("LOCKED", 1), ("EVICTED", 0), ("COW", 4)]  # a tie goes to COW
+        ("CACHED", 2), ("PINNED", 1), ("EVICTED", 0), ("COW", 4)]  # a tie goes to COW
     assert [int(c) >> 3 for c in cell_codes(cells, 1)] == list(cells)
 
 

@@ -23,13 +23,13 @@ from textual.strip import Strip
 from inspector.frame import EMPTY, Cell, Frame
 from inspector.widgets.styled import Styled
 
-NAMES = {Cell.SELECTED: "selected node", Cell.LOCKED: "locked", Cell.COW: "COW copy",
+NAMES = {Cell.SELECTED: "selected node", Cell.PINNED: "locked", Cell.COW: "COW copy",
          Cell.SHARED: "shared", Cell.CACHED: "cached", Cell.EVICTED: "just evicted",
          Cell.FREE: "free"}
 GLYPH = {Cell.COW: "◆", Cell.EVICTED: "░", Cell.FREE: "·"}  # the others: a full block
 DENSITY = "·░▒▓█"  # used fraction of a k-block cell: 0, (0, 1/4], .. (3/4, 1]
 # columns in priority order (argmax picks the first of equal counts)
-_PRIORITY = [Cell.SELECTED, Cell.LOCKED, Cell.COW, Cell.SHARED, Cell.CACHED]
+_PRIORITY = [Cell.SELECTED, Cell.PINNED, Cell.COW, Cell.SHARED, Cell.CACHED]
 
 
 def cell_class(state: Cell) -> str:
