@@ -7,11 +7,14 @@ and warning goes to stderr; results to stdout.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -31,6 +34,9 @@ from radixcache.wire.recording import Damage, RecordingReader, RecordingWriter
 from radixcache.wire.security import ClientCurve, CurveError
 from radixcache.wire.subscriber import Subscriber
 from radixcache.wire.treeview import Line, TokenText, node_label, preview, walk
+
+if TYPE_CHECKING:
+    from radixcache.core import events as ev
 
 console = Console(highlight=False)
 # 2,048 blocks of 16 tokens (32k tokens): 2,000 chat requests evict, so a recording shows
@@ -100,14 +106,36 @@ def record(
         "device": str(engine.model.device)}
     t0 = time.perf_counter()
     try:  # a full disk ends in RecordingWriteError: one line, the file cut to whole frames
-        with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer:
-            r = record_service(engine, w, writer)
+        with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer, \
+                _requests_bar(n) as finished:
+            r = record_service(engine, w, writer, progress=finished)
     finally:
         engine.close()
     c = r.counters
     console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
                   f"{n:,} requests finished ({c.rejected} rejected) in {r.steps:,} steps, "
                   f"{time.perf_counter() - t0:.1f} s")
+
+
+@contextlib.contextmanager
+def _requests_bar(total: int) -> Iterator[Callable[[ev.Batch], None]]:
+    """A progress bar of finished requests on stderr (drawn on a terminal only, and erased
+    at the end); yields what counts each batch's finished requests into it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from radixcache.core import events as evs
+
+    bar = Progress("recording", BarColumn(), MofNCompleteColumn(), "requests",
+                   TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    task = bar.add_task("record", total=total)
+
+    def finished(batch: ev.Batch) -> None:
+        done = sum(1 for e in batch.events if type(e) is evs.RequestFinish)
+        if done:
+            bar.advance(task, done)
+
+    with bar:
+        yield finished
 
 
 def _record_live(endpoint: str, out: Path, seconds: float, every: int,
