@@ -249,16 +249,16 @@ def test_demo_stops_its_engine_when_the_inspector_raises(
     engines: list[demo_mod.EngineProcess] = []
     monkeypatch.setattr(demo_mod, "EngineProcess", _recording(engines))
 
-    def broken_inspector(engine: demo_mod.EngineProcess) -> None:
+    def broken_inspector(engine: demo_mod.EngineProcess, mix: object, interval: float) -> None:
         raise RuntimeError("inspector crashed")
 
     monkeypatch.setattr(demo_mod, "_run_inspector", broken_inspector)
-    monkeypatch.setattr(demo_mod, "_import_inspector", lambda: None)
     with pytest.raises(RuntimeError, match="inspector crashed"):
         demo_mod.demo(no_inspect=False, seconds=1.0, blocks=64, mix="fork 2", interval=0.5,
                       as_json=False)
     (engine,) = engines
-    assert engine.proc is not None and engine.proc.returncode == 0
+    # the inspector starts at once, so the engine may still be importing when it is stopped
+    assert engine.proc is not None and engine.proc.returncode in (0, -signal.SIGTERM)
     assert not engine.dir.exists()
 
 
