@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -37,8 +38,13 @@ from radixcache.wire.treeview import Line, TokenText, node_label, preview, walk
 
 if TYPE_CHECKING:
     from radixcache.core import events as ev
+    from radixcache.serving.engine import Engine
+    from radixcache.serving.server import RecordResult
+    from radixcache.traffic.workload_types import Workload
 
-console = Console(highlight=False)
+# piped (not a terminal), lines are never wrapped at Rich's default 80 columns: a node's line
+# stays one line for grep and for whatever reads it
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
 # 2,048 blocks of 16 tokens (32k tokens): 2,000 chat requests evict, so a recording shows
 # eviction, merges and the LRU at work (65,536 never filled up: no eviction to see)
 RECORD_BLOCKS = 2048
@@ -91,7 +97,6 @@ def record(
         _record_live(from_, out, seconds, keyframe_every, _client_curve(curve_keys))
         return
     from radixcache.serving.engine import Answers, Engine
-    from radixcache.serving.server import record_service
 
     try:
         w = sized_workload(workload, workload_args, requests)
@@ -105,16 +110,25 @@ def record(
         "workload": f"{workload} {workload_args}".strip(), "requests": n,
         "device": str(engine.model.device)}
     t0 = time.perf_counter()
-    try:  # a full disk ends in RecordingWriteError: one line, the file cut to whole frames
-        with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer, \
-                _requests_bar(n) as finished:
-            r = record_service(engine, w, writer, progress=finished)
-    finally:
-        engine.close()
+    r = _record_to(out, header, keyframe_every, engine, w)
     c = r.counters
     console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
                   f"{n:,} requests finished ({c.rejected} rejected) in {r.steps:,} steps, "
                   f"{time.perf_counter() - t0:.1f} s")
+
+
+def _record_to(out: Path, header: dict[str, str | int | float], keyframe_every: int,
+               engine: Engine, w: Workload) -> RecordResult:
+    """Run ``w`` on ``engine`` into ``out`` with a progress bar; the engine is closed after.
+    A full disk ends in ``RecordingWriteError``: one line, the file cut to whole frames."""
+    from radixcache.serving.server import record_service
+
+    try:
+        with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer, \
+                _requests_bar(len(w.requests)) as bar:
+            return record_service(engine, w, writer, progress=bar)
+    finally:
+        engine.close()
 
 
 @contextlib.contextmanager

@@ -94,3 +94,19 @@ async def test_cjk_previews_never_cut_the_right_hand_columns() -> None:
                         29: '  · [3] "你好…"  r0  n2290',
                         18: '  · [3] "你好…"',
                         17: '  · [3] "你好…"'}
+
+
+def test_tree_piped_keeps_each_node_on_one_line(tmp_path: Path) -> None:
+    """``radixcache tree FILE | grep`` works: no line is wrapped at 80 columns."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    path = record_demo(tmp_path / "tot.rcx", requests=30)
+    out = CliRunner().invoke(app, ["tree", str(path)], terminal_width=80).output.splitlines()
+    node = re.compile(r"^[│ ]*[├└]── n\d+ \[\d+ tok\] .* r\d+$")
+    assert (out[0], out[-1]) == ("root (30 nodes)", "272 events read")
+    assert [line for line in out[1:-1] if not node.match(line)] == []
+    assert max(len(line) for line in out) > 80  # long lines were there to be wrapped
