@@ -280,3 +280,9 @@ def test_engine_command_is_radixcache_serve_on_private_ipc() -> None:
     finally:
         engine.stop()
     assert not engine.dir.exists()
+
+
+def test_serve_help_keeps_the_extras_name() -> None:
+    """Rich markup took ``[http]`` for a style tag and printed "needs radixcache."."""
+    out = RUNNER.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
+    assert "(on --endpoint-host; needs radixcache[http])." in " ".join(out.split())
