@@ -140,3 +140,14 @@ async def test_help_at_80x24_shows_no_backtick_and_scrolls_to_its_end() -> None:
         assert "Press esc to close (↑ ↓ scroll when the screen is short)." in screen()
         await pilot.press("escape")
         assert type(app.screen).__name__ == "Screen"
+
+
+@sync
+async def test_z_zooms_the_block_map_while_the_tree_has_the_focus() -> None:
+    app = _help_app()
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.focused is app.tree_pane and not app.blocks.zoomed
+        await pilot.press("z")
+        assert app.blocks.zoomed and app.blocks.per_cell == 1
+        await pilot.press("z")
+        assert not app.blocks.zoomed
