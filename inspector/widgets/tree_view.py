@@ -49,7 +49,7 @@ class TreeView(ScrollView, can_focus=True):
     come from the layout (order, depth); what a row says comes from the frame (``show``)."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
-        "tree--count", "tree--text", "tree--dim", "tree--lock", "tree--gone", "tree--cursor",
+        "tree--count", "tree--text", "tree--dim", "tree--pinned", "tree--gone", "tree--cursor",
         "tree--selected", "tree--create", "tree--split", "tree--merge", "tree--evict"}
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -198,7 +198,7 @@ class TreeView(ScrollView, can_focus=True):
             Segment("[" + head.split("[")[-1], base + self._style("count")),
             Segment(f"{text:<{room}}", base + self._style("text")),
             Segment(f" {block_ranges(v.blocks, BLOCKS_W):<{BLOCKS_W}}", dim),
-            Segment(f" r{v.lock:<2}", base + self._style("lock") if v.lock else dim),
+            Segment(f" r{v.pins:<2}", base + self._style("pinned") if v.pins else dim),
             Segment(f" {v.age:>4}", dim),
             Segment(f" n{v.id:<6}", dim),
         ]
