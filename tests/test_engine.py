@@ -44,7 +44,7 @@ def _assert_idle_and_consistent(engine: Engine) -> None:
     """No lock left, every block referenced by a node, and the tree's invariants."""
     engine.check()
     snap = engine.tree.snapshot()
-    assert [n.lock for n in snap.nodes] == [0] * len(snap.nodes)
+    assert [n.pins for n in snap.nodes] == [0] * len(snap.nodes)
     assert snap.request_blocks == []
     held = {b for n in snap.nodes for b in n.blocks}
     assert engine.pool.allocator.used_count == len(held)

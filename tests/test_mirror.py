@@ -46,7 +46,7 @@ def busy_tree() -> tuple[RadixTree, Mirror, MatchResult, Lease]:
 
 def shape(m: Mirror) -> list[tuple[int, int, int, bytes, list[int], int, int]]:
     return sorted(
-        (n.id, n.parent.id if n.parent else -1, n.start, n.tokens, list(n.blocks), n.lock, n.clock)
+        (n.id, n.parent.id if n.parent else -1, n.start, n.tokens, list(n.blocks), n.pins, n.clock)
         for n in m.nodes.values()
     )
 
@@ -64,7 +64,7 @@ def test_snapshot_mirror_equals_tree_and_event_mirror() -> None:
     want_lru = [n.id for n in tree.lru_order(10)]
     assert [n.id for n, _ in next_victims(snap, 10)] == [
         n.id for n, _ in next_victims(from_start, 10)] == want_lru
-    assert snap.node(running.node.id).lock == 1 and snap.root.lock == 1
+    assert snap.node(running.node.id).pins == 1 and snap.root.pins == 1
     # both keep following the stream
     tree.release(lease)
     tree.unpin(running.node)
@@ -129,7 +129,7 @@ def test_stats_follow_the_events() -> None:
         ev.Evict(999, 4, []),
         ev.BlockAlloc([32]),
     ],
-    ids=["access", "lock", "create", "split", "merge", "evict", "alloc-out-of-range"],
+    ids=["access", "pin", "create", "split", "merge", "evict", "alloc-out-of-range"],
 )
 def test_event_that_does_not_fit_raises(event: ev.AnyEvent) -> None:
     _tree, m, _, _ = busy_tree()
@@ -159,7 +159,7 @@ def test_digest_detects_any_difference() -> None:
     base = tree.digest()
     assert m.digest() == base
     node = m.node(running.node.id)
-    for attr, value in (("lock", 7), ("clock", 10**6), ("start", node.start + 1),
+    for attr, value in (("pins", 7), ("clock", 10**6), ("start", node.start + 1),
                         ("tokens", node.tokens[:-4] + b"\xff\xff\x00\x00"),
                         ("blocks", [*node.blocks[:-1], 31])):
         old = getattr(node, attr)

@@ -267,7 +267,7 @@ class TreeMachine(RuleBasedStateMachine):
             while n is not None:
                 want[n.id] = want.get(n.id, 0) + 1
                 n = n.parent
-        got = {s.node: s.lock for s in self.tree.snapshot().nodes if s.lock}
+        got = {s.node: s.pins for s in self.tree.snapshot().nodes if s.pins}
         assert got == want
 
 

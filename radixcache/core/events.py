@@ -162,7 +162,7 @@ class NodeState(msgspec.Struct, array_like=True, frozen=True):
     start: int
     tokens: bytes
     blocks: list[int]
-    lock: int
+    pins: int  # pins on the paths through this node (the tree's path_pins)
     clock: int
 
 

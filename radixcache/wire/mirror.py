@@ -33,7 +33,7 @@ class MirrorNode:
     start: int
     tokens: bytes
     blocks: list[int]
-    lock: int = 0
+    pins: int = 0  # pins on the paths through it (a Pin event adds to the whole path)
     clock: int = 0
     children: dict[int, MirrorNode] = field(default_factory=dict)
     born: int = 0
@@ -76,7 +76,7 @@ class MirrorStats:
 
 def is_victim(n: MirrorNode) -> bool:
     """What the engine may evict: an unpinned leaf other than the root."""
-    return not n.children and n.lock == 0 and n.parent is not None
+    return not n.children and n.pins == 0 and n.parent is not None
 
 
 def next_victims(mirror: Mirror, limit: int) -> list[tuple[MirrorNode, int]]:
@@ -131,7 +131,7 @@ class Mirror:
     def digest(self) -> str:
         """The same hash as ``RadixTree.digest`` over the mirrored state."""
         nodes = self.nodes.values()
-        return structure_digest(nodes, self.request_blocks, {n.id: n.lock for n in nodes})
+        return structure_digest(nodes, self.request_blocks, {n.id: n.pins for n in nodes})
 
     # -- watchers --------------------------------------------------------------------------
     def watch(self, watcher: Callable[[ev.AnyEvent], None]) -> None:
@@ -244,10 +244,10 @@ class Mirror:
         self.high, self.low, self.clock = s.high, s.low, s.clock
         for st in s.nodes:
             if st.parent < 0:
-                self.root.lock, self.root.clock = st.lock, st.clock
+                self.root.pins, self.root.clock = st.pins, st.clock
                 continue
             parent = self.node(st.parent)
-            n = MirrorNode(st.node, parent, st.start, st.tokens, list(st.blocks), st.lock, st.clock)
+            n = MirrorNode(st.node, parent, st.start, st.tokens, list(st.blocks), st.pins, st.clock)
             parent.children[_first(st.tokens, 0)[0]] = n
             self.nodes[n.id] = n
             for b in n.blocks:
@@ -265,7 +265,7 @@ class Mirror:
     @staticmethod
     def _lock(n: MirrorNode | None, delta: int) -> None:
         while n is not None:
-            n.lock += delta
+            n.pins += delta
             n = n.parent
 
     def _create(self, e: ev.NodeCreated) -> None:
@@ -298,7 +298,7 @@ class Mirror:
             n.start,
             n.tokens[:k],
             list(e.prefix_blocks),
-            n.lock,
+            n.pins,
             n.clock,
             born=self.version,
         )

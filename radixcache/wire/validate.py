@@ -159,7 +159,7 @@ def _node_state(st: ev.NodeState, num_blocks: int, seen: Mapping[int, int]) -> N
     if st.parent not in seen:
         raise Malformed(f"{what}: parent {st.parent} not listed before it")
     _int(st.start, f"{what} start")
-    _int(st.lock, f"{what} lock", 0, MAX_DELTA)
+    _int(st.pins, f"{what} pins", 0, MAX_DELTA)
     _int(st.clock, f"{what} clock")
     _tokens(st.tokens, what)
     _blocks(st.blocks, num_blocks, what)
