@@ -85,6 +85,8 @@ class LoadConfig(NamedTuple):
     model: str = "radixcache-tiny"
     seed: int = 0
     timeout_s: float = 300.0
+    # a refused connection reached no server (a router restarting): sent again for this long
+    connect_retry_s: float = 30.0
 
 
 @dataclass(slots=True)
@@ -146,6 +148,20 @@ async def _post(client: httpx.AsyncClient, run: _Run, prompt: str,
                    (first - t0) * 1e3)
 
 
+async def _post_retrying(client: httpx.AsyncClient, run: _Run, prompt: str,
+                         max_tokens: int) -> _Answer:
+    """``_post``, sent again every 0.1 s while the connection is refused (nothing was sent:
+    a router being restarted), for at most ``connect_retry_s``."""
+    give_up = time.perf_counter() + run.config.connect_retry_s
+    while True:
+        try:
+            return await _post(client, run, prompt, max_tokens)
+        except httpx.ConnectError:
+            if time.perf_counter() > give_up:
+                raise
+            await asyncio.sleep(0.1)
+
+
 async def _one(client: httpx.AsyncClient, run: _Run, i: int, due: float) -> None:
     r = run.workload.requests[i]
     if r.after is not None:
@@ -155,7 +171,7 @@ async def _one(client: httpx.AsyncClient, run: _Run, i: int, due: float) -> None
     cap = min(r.max_new_tokens or run.config.max_tokens, run.config.max_tokens)
     t0 = time.perf_counter()
     try:
-        a = await _post(client, run, prompt, cap)
+        a = await _post_retrying(client, run, prompt, cap)
         reply = Reply(i, None, a.prompt_tokens, a.cached_tokens, a.output_tokens, a.text,
                       a.ttft_ms, (time.perf_counter() - t0) * 1e3)
         run.sent[i] = prompt + a.text
