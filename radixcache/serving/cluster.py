@@ -174,7 +174,7 @@ class Cluster:
         self._router = router = self._spawn("router", self._router_argv(exe, workers))
         self._wait(router, f"{self.router_url}/health")
         deadline = time.monotonic() + self.config.startup_s
-        while set(router_workers(self.router_url) or ()) < set(workers):
+        while not set(workers) <= set(router_workers(self.router_url) or ()):
             if router.popen.poll() is not None or time.monotonic() > deadline:
                 raise ClusterError(f"router did not register its {len(workers)} workers")
             time.sleep(0.05)
