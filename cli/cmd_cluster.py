@@ -43,7 +43,7 @@ def _need_cluster_extra() -> None:
 
     for module in ("httpx", "starlette", "uvicorn"):
         if importlib.util.find_spec(module) is None:
-            err_console.print(f"error: this command needs {module}: {CLUSTER_HINT}",
+            err_console.print(f"error: this command needs {module}: {CLUSTER_HINT}", markup=False,
                               highlight=False)
             raise typer.Exit(2)
 
@@ -64,7 +64,8 @@ def start_http(server: Server, host: str, port: int | None) -> HttpFront | None:
         from radixcache.serving.http import EngineBackend, HttpFront
     except ImportError as exc:
         server.close()
-        err_console.print(f"error: --http needs {exc.name}: {HTTP_HINT}", highlight=False)
+        err_console.print(f"error: --http needs {exc.name}: {HTTP_HINT}", highlight=False,
+                          markup=False)
         raise typer.Exit(2) from None
     try:
         front = HttpFront(EngineBackend(server.service, server.loop), host, port)

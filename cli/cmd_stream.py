@@ -75,7 +75,7 @@ def serve(
                                            "CURVE server accepting only client keys in DIR."),
     http: int | None = typer.Option(None, min=0, max=65535,
                                     help="Also serve OpenAI/SGLang HTTP on this port "
-                                    "(on --endpoint-host; needs radixcache[http])."),
+                                    "(on --endpoint-host; needs radixcache\\[http])."),
 ) -> None:
     """Run the engine (model, radix cache, scheduler) in this process; serve its event stream,
     snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C."""

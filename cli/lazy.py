@@ -63,6 +63,9 @@ COMMANDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
         "Show torch/CUDA, NVML, the ShareGPT dataset, ZeroMQ and where recordings go."),
     "soak": ("cli.cmd_soak", "Diagnostics",
         "Mixed workloads from several threads on a small pool; exit 1 on any violation."),
+    "bench cli": ("cli.cmd_bench_cli", "",
+        "The CLI's own speed: --help, tree FILE (time and peak memory), the demo's first output, "
+        "first frame and quit, and whether record shows progress; each in a fresh process."),
     "bench events": ("cli.cmd_bench_events", "",
         "Events/s from a tree driver to a mirror in another process, and what publishing costs."),
     "bench tree": ("cli.cmd_bench_tree", "",
@@ -79,7 +82,12 @@ COMMANDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
         "rate."),
     "bench tui": ("cli.cmd_inspect", "",
         "The inspector headless on a big tree fed 50,000 events/s: frame cost while scrolling "
-        "and while nodes change, key latency, events ingested/s, memory pane redraws/s."),
+        "and while nodes change, key latency, events ingested/s, memory pane redraws/s, command "
+        "reply time."),
+    "bench http": ("cli.cmd_cluster", "",
+        "A hostile client against `serve --http`: /health latency while huge prompts are "
+        "refused, clients that leave, a burst of concurrent requests, server RSS under huge "
+        "words."),
 })
 
 

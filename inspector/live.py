@@ -24,15 +24,16 @@ class LiveSource:
     """A ``Source`` over the engine at ``endpoint`` (its event endpoint, tcp:// or ipc://)."""
 
     def __init__(self, endpoint: str, *, request_timeout_s: float = 2.0,
-                 curve: ClientCurve | None = None) -> None:
+                 curve: ClientCurve | None = None, connecting: str = "") -> None:
         self.endpoint = endpoint
         self.curve = curve  # CURVE client keys (None: $RADIXCACHE_CURVE_KEYS, else plain)
+        self.connecting = connecting  # what the header says until the first snapshot
         self.endpoints = Endpoints.from_events(endpoint)
         self._timeout = request_timeout_s
         self._sub: Subscriber | None = None
         self._feed: Feed | None = None
         self._since = time.time()
-        self._state = ConnState.DISCONNECTED
+        self._state = ConnState.CONNECTING
         self._snapshots = 0
         self._vocab = DatasetWords()
 
@@ -64,7 +65,7 @@ class LiveSource:
         replay it asks of a dead engine never comes: "resyncing" would last forever)."""
         sub = self._sub
         if sub is None or not sub.synced.is_set():
-            return ConnState.DISCONNECTED
+            return ConnState.CONNECTING
         if time.monotonic() - sub.last_frame > STALE_S:
             return ConnState.DISCONNECTED
         if sub.state is not State.LIVE:
@@ -72,7 +73,8 @@ class LiveSource:
         return ConnState.LIVE
 
     def status(self) -> SourceStatus:
-        """LIVE, RESYNCING (waiting for snapshot/replay) or DISCONNECTED since when."""
+        """CONNECTING (no snapshot yet), LIVE, RESYNCING (waiting for a snapshot or replay) or
+        DISCONNECTED, since when."""
         state = self._current()
         if state is not self._state:
             self._state, self._since = state, time.time()
@@ -82,6 +84,8 @@ class LiveSource:
             self._feed.resynced(time.time())
         gaps = self._sub.stats.gaps if self._sub is not None else 0
         detail = f"{gaps} gaps recovered" if gaps else ""
+        if state is ConnState.CONNECTING:
+            detail = self.connecting
         return SourceStatus(state, self.endpoint, self._since, detail)
 
     def send(self, command: cmd.AnyCommand) -> cmd.AnyReply:

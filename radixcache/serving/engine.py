@@ -44,6 +44,7 @@ import numpy.typing as npt
 
 from radixcache.core import events as ev
 from radixcache.core import tokens as tk
+from radixcache.core.invariants import InvariantError
 from radixcache.core.pool import KVPool
 from radixcache.core.tree import RadixTree
 from radixcache.serving.memory import MemorySource
@@ -162,6 +163,26 @@ class Engine(TreeService, Scheduler):
         """Cancel every unfinished request and close the memory source."""
         self._cancel_all()
         super().close()
+
+    def check(self) -> None:
+        """``tree.check()``, and that the tree's pins and private blocks are exactly those of
+        the running requests: one pin per running request (each pins its matched node), and
+        the leases' private blocks are theirs. A pin or lease that outlived its request (a
+        block drawn "locked" with nothing running) raises ``InvariantError``. Call between
+        steps, under the loop's lock."""
+        self.tree.check()
+        leases = [r.lease for r in self._running if r.lease is not None]
+        pins = sum(n.pins for n in self.tree.live_nodes())
+        held = self.tree.request_blocks()
+        private = {b for lease in leases for b in lease.table[lease.private_from:]}
+        problems = [f"{pins} pins in the tree for {len(leases)} running requests"
+                    ] if pins != len(leases) else []
+        if held != private:
+            problems.append(f"private blocks {sorted(held ^ private)[:8]} belong to no "
+                            "running request" if held - private else
+                            f"running requests' blocks {sorted(private - held)[:8]} not held")
+        if problems:
+            raise InvariantError("; ".join(problems))
 
     def busy(self) -> bool:
         """True when ``step`` has work: running requests, or waiting ones while not paused."""

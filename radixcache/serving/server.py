@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -123,13 +123,17 @@ class RecordResult(NamedTuple):
 
 
 def record_service(service: CacheService, workload: Workload, writer: RecordingWriter, *,
-                   digest_every: int = 64, epoch: int = 1) -> RecordResult:
+                   digest_every: int = 64, epoch: int = 1,
+                   progress: Callable[[ev.Batch], None] | None = None) -> RecordResult:
     """Run ``workload`` on a fresh ``service`` in this thread until every request is done,
     writing each step as one batch (seq 1, 2, ... with no empty batches), a keyframe first
     and whenever the writer needs one (taken right after the batch it follows, at that seq),
-    a ``Digest`` every ``digest_every`` batches and one in the last batch."""
+    a ``Digest`` every ``digest_every`` batches and one in the last batch. ``progress`` sees
+    each batch once written (``record`` counts the finished requests in it)."""
     def on_batch(batch: ev.Batch) -> None:
         writer.write_batch(batch)
+        if progress is not None:
+            progress(batch)
         if writer.needs_keyframe:
             writer.write_keyframe(batch.seq, batch.epoch, service.snapshot())
 
