@@ -7,6 +7,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import NamedTuple, NewType
 
+from radixcache.core.recency import Steps
+
 NodeId = NewType("NodeId", int)
 
 ROOT_ID = NodeId(0)
@@ -41,7 +43,8 @@ class RadixNode:
     blocks: array[int]  # int32: 4 bytes a block, not a 36-byte int object
     children: dict[int, RadixNode] = field(default_factory=dict)
     pins: int = 0  # pins taken on this very node (a pin holds the whole path: see ``pin``)
-    clock: int = 0
+    clock: int = 0  # last access of its first token
+    older: Steps = ()  # where deeper tokens were last used earlier (``core.recency``)
     alive: bool = True
     queued: bool = False  # has an entry in the LRU heap (one at most)
 
@@ -49,6 +52,11 @@ class RadixNode:
     def num_tokens(self) -> int:
         """Tokens in this node's span."""
         return self.end - self.start
+
+    @property
+    def tail_clock(self) -> int:
+        """Last access of its deepest tokens: what the LRU orders leaves by."""
+        return self.older[-1][1] if self.older else self.clock
 
     @property
     def evictable(self) -> bool:

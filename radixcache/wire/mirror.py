@@ -14,6 +14,8 @@ from types import MappingProxyType
 from typing import Any
 
 from radixcache.core import events as ev
+from radixcache.core import recency
+from radixcache.core.recency import Steps
 from radixcache.core.snapshot import structure_digest
 from radixcache.wire.validate import Malformed, MirrorError, check_event, check_snapshot
 
@@ -35,6 +37,7 @@ class MirrorNode:
     clock: int = 0
     children: dict[int, MirrorNode] = field(default_factory=dict)
     born: int = 0
+    older: Steps = ()  # where deeper tokens were last used earlier (``core.recency``)
 
     @property
     def end(self) -> int:
@@ -45,6 +48,11 @@ class MirrorNode:
     def num_tokens(self) -> int:
         """Tokens in the node's span."""
         return len(self.tokens) // 4
+
+    @property
+    def tail_clock(self) -> int:
+        """Last access of its deepest tokens: what the LRU orders leaves by."""
+        return recency.tail_clock(self.clock, self.older)
 
 
 @dataclass(slots=True)
@@ -86,7 +94,9 @@ class Mirror:
         # sets it) or the snapshot's seq (set by the loader)
         # called after every applied event, and after a snapshot load with the snapshot: the
         # stream analysis of the inspector (``radixcache.analysis.follow``) sees each event
-        # at the state right after it. An ``Evict`` leaves its node in ``last_evicted``.
+        # at the state right after it. An ``Evict`` leaves the evicted span in
+        # ``last_evicted``: the node, or for a tail eviction its tail as a detached node whose
+        # parent is the node that stays.
         self.after_event: Callable[[ev.AnyEvent], None] | None = None
         self._reset(block_size, num_blocks)
 
@@ -116,11 +126,11 @@ class Mirror:
         return sum(1 for r in self.ref if r)
 
     def lru(self, limit: int) -> list[MirrorNode]:
-        """The next eviction victims in order: unlocked leaves by (last access, id)."""
+        """The next eviction victims in order: unpinned leaves by (tail access, id)."""
         leaves = [
             n for n in self.nodes.values() if n is not self.root and not n.children and n.lock == 0
         ]
-        leaves.sort(key=lambda n: (n.clock, n.id))
+        leaves.sort(key=lambda n: (n.tail_clock, n.id))
         return leaves[:limit]
 
     def digest(self) -> str:
@@ -156,7 +166,14 @@ class Mirror:
             self.after_event(e)
 
     def _access(self, e: ev.Access) -> None:
-        self._path(self.node(e.node), "clock", e.clock)
+        n: MirrorNode | None = self.node(e.node)
+        assert n is not None
+        if e.end is not None and e.end < n.end:  # the rest keeps its older time
+            n.older = recency.stamp(n.clock, n.older, n.end, e.end, e.clock, self.block_size)
+            n.clock, n = e.clock, n.parent
+        while n is not None:
+            n.clock, n.older = e.clock, ()
+            n = n.parent
         self.clock = e.clock
 
     def _lock_event(self, e: ev.Lock) -> None:
@@ -224,7 +241,8 @@ class Mirror:
                 self.root.lock, self.root.clock = st.lock, st.clock
                 continue
             parent = self.node(st.parent)
-            n = MirrorNode(st.node, parent, st.start, st.tokens, list(st.blocks), st.lock, st.clock)
+            n = MirrorNode(st.node, parent, st.start, st.tokens, list(st.blocks), st.lock, st.clock,
+                           older=tuple(st.older))
             parent.children[_first(st.tokens, 0)[0]] = n
             self.nodes[n.id] = n
             for b in n.blocks:
@@ -232,12 +250,6 @@ class Mirror:
         for b in s.request_blocks:
             self.ref[b] += 1
         self.request_blocks = set(s.request_blocks)
-
-    @staticmethod
-    def _path(n: MirrorNode | None, attr: str, value: int) -> None:
-        while n is not None:
-            setattr(n, attr, value)
-            n = n.parent
 
     @staticmethod
     def _lock(n: MirrorNode | None, delta: int) -> None:
@@ -269,6 +281,8 @@ class Mirror:
         if parent is None or not 0 < e.offset < n.num_tokens:
             raise MirrorError(f"bad split of node {e.node} at {e.offset}")
         k = e.offset * 4
+        prefix_older, suffix_clock, suffix_older = recency.split(n.clock, n.older,
+                                                                 n.start + e.offset)
         p = MirrorNode(
             e.prefix,
             parent,
@@ -278,7 +292,9 @@ class Mirror:
             n.lock,
             n.clock,
             born=self.version,
+            older=prefix_older,
         )
+        n.clock, n.older = suffix_clock, suffix_older
         if (n.start + e.offset) % self.block_size:
             self.ref[e.suffix_blocks[0]] += 1
         parent.children[_first(n.tokens, 0)[0]] = p
@@ -302,25 +318,43 @@ class Mirror:
             c.blocks = p.blocks[:-1] + c.blocks
         else:
             c.blocks = p.blocks + c.blocks
+        if e.keeps_times:
+            c.older = recency.join(p.clock, p.older, c.start, c.clock, c.older,
+                                   self.block_size, c.end)
+        c.clock = max(c.clock, p.clock)  # the parent's (older streams: for all its tokens)
         grand.children[_first(p.tokens, 0)[0]] = c
         c.parent, c.start, c.tokens = grand, p.start, p.tokens + c.tokens
-        c.clock = max(c.clock, p.clock)
         del self.nodes[p.id]
         self.stats.merges += 1
 
     def _evict(self, e: ev.Evict) -> None:
         n = self.node(e.node)
-        if n.children or n.parent is None:
-            raise MirrorError(f"evict of non-leaf {e.node}")
-        for b in n.blocks:
-            self.ref[b] -= 1
+        if n.children or n.parent is None or not 0 < e.tokens <= n.num_tokens:
+            raise MirrorError(f"evict of non-leaf {e.node} or of {e.tokens} tokens")
         self.evicted_blocks.update(e.freed)
         self.cow_blocks.difference_update(e.freed)
+        self.stats.evicted_tokens += e.tokens
+        if e.tokens < n.num_tokens:  # schema 4: the leaf gives up its tail and stays
+            self._trim(n, n.end - e.tokens)
+            return
+        for b in n.blocks:
+            self.ref[b] -= 1
         del n.parent.children[_first(n.tokens, 0)[0]]
         del self.nodes[n.id]
         self.last_evicted = n  # its parent link kept: observers read the evicted span's path
         self.stats.evictions += 1
-        self.stats.evicted_tokens += e.tokens
+
+    def _trim(self, n: MirrorNode, end: int) -> None:
+        keep = (end - 1) // self.block_size - n.start // self.block_size + 1
+        if end % self.block_size or keep < 1:
+            raise MirrorError(f"tail eviction of node {n.id} to {end}, not a block boundary")
+        for b in n.blocks[keep:]:
+            self.ref[b] -= 1
+        cut = (end - n.start) * 4
+        # observers read the evicted span's path: the tail, hanging from the node that stays
+        self.last_evicted = MirrorNode(n.id, n, end, n.tokens[cut:], n.blocks[keep:])
+        n.tokens, n.blocks = n.tokens[:cut], n.blocks[:keep]
+        n.older = recency.trim(n.older, end)
 
 
 # One handler per event kind: a dict lookup instead of a chain of isinstance tests.
