@@ -4,11 +4,19 @@ that `radixcache doctor --gpu` runs."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from cli.app import bench_app
@@ -66,8 +74,7 @@ def bench_engine(
                    MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task("requests", total=limit)
-            figures.append(serve_pass(w, limit, cfg,
-                                      lambda done, _, t=task: bar.update(t, completed=done)))
+            figures.append(serve_pass(w, limit, cfg, partial(_completed, bar, task)))
     report = make_report(workload, *figures)
     if as_json:
         typer.echo(json.dumps(report))
@@ -97,3 +104,7 @@ def gpu_doctor(as_json: bool) -> None:
         Console().print(table)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _completed(bar: Progress, task: TaskID, done: int, _total: int) -> None:
+    bar.update(task, completed=done)

@@ -8,6 +8,8 @@ and warning goes to stderr; results to stdout.
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from rich.tree import Tree
 from cli.app import CliError, app
 from cli.options import CURVE_HELP, AnswerMode, ModelSize, engine_config, sized_workload
 from inspector.sources import DatasetWords
-from radixcache.traffic.workloads import Vocabulary, WorkloadError
+from radixcache.traffic.workloads import Vocabulary, Workload, WorkloadError
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.export import jsonl_lines, perfetto_json
 from radixcache.wire.kvevents.pubsub import KVEventsClient
@@ -72,8 +74,7 @@ def record(
                                        "forced answer into its prompt (same tree, ~50x faster "
                                        "on a CPU; RequestStart then counts answers as prompt); "
                                        "decode generates them token by token."),
-    device: str | None = typer.Option(None, help="Headless torch device (default: cuda when "
-                                                 "present)."),
+    device: str | None = typer.Option(None, help="Headless torch device (default: cuda)."),
     threads: int = typer.Option(1, help="torch CPU threads."),
     keyframe_every: int = typer.Option(50_000, help="Events between snapshot keyframes."),
     curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),
@@ -86,25 +87,32 @@ def record(
     from radixcache.serving.engine import Answers, Engine
     from radixcache.serving.server import record_service
 
-    try:
-        w = sized_workload(workload, workload_args, requests)
-    except WorkloadError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--workload") from None
-    n = min(requests, len(w.requests))
-    w = dataclasses.replace(w, requests=w.requests[:n])
+    w = _first_requests(workload, workload_args, requests)
+    n = len(w.requests)
     engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value)))
     header: dict[str, str | int | float] = {
         "num_blocks": blocks, "block_size": 16, "model": model.value, "answers": answers.value,
         "workload": f"{workload} {workload_args}".strip(), "requests": n,
         "device": str(engine.model.device)}
     t0 = time.perf_counter()
-    with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer:
-        r = record_service(engine, w, writer)
-    engine.close()
+    try:  # a full disk ends in RecordingWriteError: one line, the file cut to whole frames
+        with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer:
+            r = record_service(engine, w, writer)
+    finally:
+        engine.close()
     c = r.counters
     console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
                   f"{n:,} requests finished ({c.rejected} rejected) in {r.steps:,} steps, "
                   f"{time.perf_counter() - t0:.1f} s")
+
+
+def _first_requests(workload: str, args: str, requests: int) -> Workload:
+    """The workload's first ``requests`` requests; a bad one is a usage error (exit 2)."""
+    try:
+        w = sized_workload(workload, args, requests)
+    except WorkloadError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--workload") from None
+    return dataclasses.replace(w, requests=w.requests[:requests])
 
 
 def _record_live(endpoint: str, out: Path, seconds: float, every: int,
@@ -135,12 +143,32 @@ def export(
         damage = reader.damage
     if format == "jsonl":
         target = out or file.with_suffix(".jsonl")
-        target.write_text("".join(line + "\n" for line in jsonl_lines(items)))
+        _write_whole(target, "".join(line + "\n" for line in jsonl_lines(items)).encode())
     else:
         target = out or file.with_suffix(".json")
-        target.write_bytes(perfetto_json(items))
+        _write_whole(target, perfetto_json(items))
     _stopped(damage)
     console.print(f"wrote {target}")
+
+
+def _write_whole(target: Path, data: bytes) -> None:
+    """``data`` as ``target``, all or nothing: written next to it and renamed over it, so a
+    full disk leaves the file that was there (and no half export) and says so in one line."""
+    tmp: Path | None = None
+    try:
+        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.",
+                                         delete=False) as f:
+            tmp = Path(f.name)
+            f.write(data)
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would have made it, not the temp file's 0600
+        os.replace(tmp, target)
+    except OSError as exc:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        kept = "; the file there is unchanged" if target.exists() else ""
+        raise CliError(f"{target}: {exc.strerror or exc} (nothing written{kept})") from None
 
 
 def _words(lines: list[Line]) -> TokenText:

@@ -84,7 +84,8 @@ def _pause_and_drain(endpoints: Endpoints) -> tuple[int, str]:
     """Pause the engine and wait until its running requests have finished (``pause`` stops
     admission only), then return ``_engine_snapshot``: nothing changes the tree after it, so
     a subscriber at or past its seq must hold the same digest."""
-    assert send_command(endpoints.commands, cmd.Pause()) == cmd.Ok("paused")
+    reply = send_command(endpoints.commands, cmd.Pause())
+    assert isinstance(reply, cmd.Ok) and "paused" in reply.message, reply
 
     def drained() -> bool:
         reply = send_command(endpoints.commands, cmd.Stats())
@@ -203,7 +204,7 @@ def test_engine_waits_while_the_pool_is_locked_then_serves():
             report = engine.step()
             assert (report.admitted, report.sequences) == (0, 0)
         assert not h.done()
-        assert (engine.metrics().waiting, engine.metrics().running) == (1, 0)
+        assert (engine.stats().waiting, engine.stats().running) == (1, 0)
         tree.check()
         tree.release(held)
         tree.unpin(m.node)

@@ -25,7 +25,7 @@ from radixcache.core.tree import (
     TreeError,
     UnknownNode,
 )
-from radixcache.wire.mirror import Mirror
+from radixcache.wire.mirror import Mirror, next_victims
 
 B = 16
 
@@ -282,7 +282,7 @@ def test_eviction_order_is_last_access() -> None:
     sync(tree, mirror)
     want = [ids[1], ids[4], ids[2], ids[0], ids[3]]
     assert [n.id for n in tree.lru_order(10)] == want
-    assert [n.id for n in mirror.lru(10)] == want
+    assert [n.id for n, _ in next_victims(mirror, 10)] == want
     res = tree.evict(5 * B)
     events = sync(tree, mirror)
     assert res == EvictResult(5, 5 * B, 5)
@@ -307,8 +307,8 @@ def test_evict_on_demand_frees_the_lru_leafs_tail_blocks_first() -> None:
     assert x.alive and span(x) == (0, 32, [0, 1]) and tree.alloc.claim(1) == 16
     assert [n.id for n in tree.lru_order(3)] == [x.id, y.id, z.id]  # x keeps its access time
     assert tree.evict(17) == EvictResult(1, 32, 2)  # two blocks: the rest of x, whole
-    assert tree.evict(10_000) == EvictResult(2, 36, 3)
-    assert tree.evict(10_000) == EvictResult(0, 0, 0)
+    assert tree.evict(10_000) == EvictResult(2, 36, 3, exhausted=True)
+    assert tree.evict(10_000) == EvictResult(0, 0, 0, exhausted=True)
     with pytest.raises(ValueError):
         tree.evict(-1)
     events = sync(tree, mirror)
@@ -336,7 +336,7 @@ def test_tail_eviction_never_frees_the_boundary_block_shared_with_the_parent() -
     assert kinds(events, ev.Evict) == [ev.Evict(leaf.id, 12, [3]), ev.Evict(leaf.id, 28, [2])]
     assert not leaf.alive and not n0.children
     assert tree.alloc.refcount(1) == 1 and tree.alloc.claim(1) == 4
-    assert tree.evict(1) == EvictResult(0, 0, 0)  # n0 is pinned
+    assert tree.evict(1) == EvictResult(0, 0, 0, exhausted=True)  # n0 is pinned
     tree.unpin(other.node)
     sync(tree, mirror)
 
@@ -384,7 +384,7 @@ def test_pinned_paths_never_evicted_and_pool_exhausted() -> None:
     digest = tree.digest()
     with pytest.raises(PoolExhausted):
         tree.allocate(m, 3)
-    assert tree.evict(10_000) == EvictResult(0, 0, 0)
+    assert tree.evict(10_000) == EvictResult(0, 0, 0, exhausted=True)
     unchanged(tree, mirror, digest)
     tree.unpin(m.node)
     tree.unpin(held[1].node)  # now exactly one leaf (seqs[1], blocks 2 and 3) is evictable

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from inspector.app import InspectorApp
-from inspector.why_screen import WhyScreen
+from inspector.why_screen import STYLES, WhyScreen
 from inspector.widgets.event_log import EventLog
 from radixcache.analysis.misses import Cause, describe
 from radixcache.core import events as ev
@@ -26,7 +26,7 @@ def _body(app: InspectorApp) -> str:
 async def _served(app: InspectorApp, pilot, line: str) -> None:  # type: ignore[no-untyped-def]
     """Type a workload command and wait until it is served and on screen."""
     await type_line(pilot, line)
-    await wait_until(pilot, lambda: len(app.replies) == 1 and app.source.idle()  # type: ignore[attr-defined]
+    await wait_until(pilot, lambda: app.replies == 1 and app.source.idle()  # type: ignore[attr-defined]
                      and app.caught_up())
 
 
@@ -49,9 +49,10 @@ async def test_enter_on_a_request_in_the_event_log_explains_it() -> None:
         await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
         with app.feed.lock:
             want = describe(app.feed.follow.misses, picked.req)
-        assert _body(app) == "\n".join(want) + "\n\nescape: close"
-        assert want[0].startswith(f"request {picked.req}, admitted in batch ")
-        assert f"{picked.prompt_tokens:,} tokens, {picked.hit_tokens:,} read" in want[0]
+        assert _body(app) == "\n".join(line.text for line in want) + "\n\nescape: close"
+        assert want[0].text.startswith(f"request {picked.req}, admitted in batch ")
+        assert f"{picked.prompt_tokens:,} tokens, {picked.hit_tokens:,} read" in want[0].text
+        assert {line.cause for line in want[2:]} <= set(Cause)  # every span line names its cause
         await pilot.press("escape")
         assert not isinstance(app.screen, WhyScreen)
         # every finished request was explained, and the spans cover exactly what it missed
@@ -88,5 +89,26 @@ async def test_why_on_the_command_line_and_its_mistakes() -> None:
         await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
         assert _body(app).startswith("request 999: not seen since seq 0 ")
         await pilot.press("escape")
+        await type_line(pilot, "filter create")
         await pilot.press("escape", "e", "up", "enter")  # the newest entry is not a request
         assert app.messages[-1].startswith("✗ select a request event (rstart or rfinish")
+
+
+def test_each_cause_has_its_colour() -> None:
+    assert set(STYLES) == set(Cause)
+
+
+@sync
+async def test_the_default_filter_shows_what_enter_explains() -> None:
+    """``e``, ``up``, Enter on the default filter: the newest entry is a request's finish
+    (its insert comes first), and the why screen opens on it."""
+    app = InspectorApp(LocalSource(1024, clock=lambda: T0, memory=MemorySource(nvml=NoNvml())),  # type: ignore[arg-type]
+                       flash_s=0, frame_interval=0.02)
+    async with app.run_test(size=SIZE) as pilot:
+        await _served(app, pilot, "fork 3")
+        await pilot.press("escape", "e", "up")
+        picked = app.query_one(EventLog).selected
+        assert picked is not None and isinstance(picked.event, ev.RequestFinish)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
+        assert _body(app).startswith(f"request {picked.event.req}, admitted in batch ")

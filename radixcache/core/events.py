@@ -72,7 +72,7 @@ class Split(Event, tag="split", frozen=True):
 class Merge(Event, tag="merge", frozen=True):
     """``child`` absorbed its only-child ``parent`` (path compression); ``dropped`` is the
     boundary block reference the parent held that the joined node no longer holds, or None
-    (schema 3; streams of schema 2 said -1, which readers still take as none).
+    (schema 3; streams of schema 2 said -1, which is read as None right here).
     ``keeps_times`` (schema 4, always true from this engine): the joined node keeps each
     token's access time (``radixcache.core.recency.join``); false (older streams): it takes
     the parent's clock for all of them."""
@@ -81,6 +81,10 @@ class Merge(Event, tag="merge", frozen=True):
     child: int
     dropped: int | None
     keeps_times: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dropped == -1:  # schema 2's "none": no reader sees the sentinel
+            msgspec.structs.force_setattr(self, "dropped", None)
 
 
 class Evict(Event, tag="evict", frozen=True):
@@ -94,8 +98,10 @@ class Evict(Event, tag="evict", frozen=True):
     freed: Sequence[int]
 
 
-class Lock(Event, tag="lock", frozen=True):
-    """Every node on the path from ``node`` to the root changed its lock refcount by ``delta``."""
+class Pin(Event, tag="lock", frozen=True):
+    """Every node on the path from ``node`` to the root changed its pin count by ``delta``
+    (a request pinned its path: +1, or unpinned it: -1). The wire tag is still ``lock``, the
+    word of schema 1, so every recording reads as it did."""
 
     node: int
     delta: int
@@ -225,25 +231,26 @@ class Digest(Event, tag="digest", frozen=True):
     value: str
 
 
+# In the order the inspector's event log lists the kinds (``core/kinds.py``: ``KINDS``).
 AnyEvent = (
     NodeCreated
     | Extend
     | Split
     | Merge
     | Evict
-    | Lock
+    | Cow
+    | Pin
     | Access
     | BlockAlloc
     | BlockFree
-    | Cow
     | Watermark
     | RequestStart
     | RequestFinish
     | Snapshot
     | Reset
+    | Digest
     | Counters
     | Fault
-    | Digest
 )
 
 

@@ -153,7 +153,7 @@ class Evictor:
             nodes += cut.removed
         if len(self._heap) > 2 * len(tree) + 32:  # entries of merged-away nodes linger
             self._rebuild(tree)
-        return EvictResult(nodes, tokens, freed)
+        return EvictResult(nodes, tokens, freed, freed < want)
 
     def evict_sparing(self, want: int, keep: RadixNode) -> None:
         """``evict`` while holding ``keep``'s path (a pin that nets to zero: no event)."""

@@ -114,11 +114,14 @@ class InsertResult(NamedTuple):
 
 
 class EvictResult(NamedTuple):
-    """What one eviction pass removed."""
+    """What one eviction pass freed: ``nodes`` removed whole (others may have given up only
+    their tail), ``tokens`` no longer cached, ``blocks`` back on the free list;
+    ``exhausted``: it stopped short of what was asked, nothing unpinned being left."""
 
     nodes: int
     tokens: int
     blocks: int
+    exhausted: bool = False
 
 
 @dataclass(slots=True)

@@ -218,7 +218,7 @@ class RadixTree:
     def _pin(self, node: RadixNode) -> None:
         node.pins += 1
         if self.log.on:
-            self.log.emit(ev.Lock(node.id, 1))
+            self.log.emit(ev.Pin(node.id, 1))
 
     def pin(self, node: RadixNode) -> None:
         """Hold every node of ``node``'s path: none is evicted until ``unpin``.
@@ -238,7 +238,7 @@ class RadixTree:
                 raise NotPinned(f"node {node.id} is not pinned")
             node.pins -= 1
             if self.log.on:
-                self.log.emit(ev.Lock(node.id, -1))
+                self.log.emit(ev.Pin(node.id, -1))
             self.evictor.offer(node)
             self.structure.merge(node)
 

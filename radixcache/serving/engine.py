@@ -22,9 +22,12 @@ stays at the head and retries next step; running requests finish and unlock mean
 nothing running, the head retries without its match, so every request that fits the pool
 is admitted eventually (no deadlock).
 
-Threads: ``submit`` and the commands may be called from any thread. ``step`` runs under the
-engine's step lock (the scheduler thread calls it, or a test does); tree and pool mutations
-happen under the tree's lock (inside the tree), model compute outside it.
+Threads: ``submit`` may be called from any thread (the HTTP front's, a workload's
+follow-up from the stepping thread): it takes ``_queue``, the one lock of the engine's own,
+which guards the waiting queue and the request ids. Everything else (``step``, the commands,
+``take_events``, ``stats``) is called by ``ServiceLoop`` under its state lock, one thread at a
+time, as ``CacheService`` says; a test may call them from one thread. Tree and pool
+mutations happen under the tree's lock (inside the tree), model compute outside it.
 """
 
 from __future__ import annotations
@@ -42,14 +45,13 @@ import numpy.typing as npt
 from radixcache.core import events as ev
 from radixcache.core import tokens as tk
 from radixcache.core.pool import KVPool
-from radixcache.core.tree import EvictResult, RadixTree
+from radixcache.core.tree import RadixTree
 from radixcache.serving.memory import MemorySource
 from radixcache.serving.model import TinyTransformer
 from radixcache.serving.requests import Answers as Answers
 from radixcache.serving.requests import EngineConfig as EngineConfig
 from radixcache.serving.requests import EngineError as EngineError
-from radixcache.serving.requests import EngineMetrics as EngineMetrics
-from radixcache.serving.requests import Request, TokenHook, Totals
+from radixcache.serving.requests import Request, TokenHook
 from radixcache.serving.requests import RequestCancelled as RequestCancelled
 from radixcache.serving.requests import RequestHandle as RequestHandle
 from radixcache.serving.requests import RequestMetrics as RequestMetrics
@@ -61,10 +63,12 @@ from radixcache.serving.requests import fold_answers as fold_answers
 from radixcache.serving.requests import percentiles as percentiles
 from radixcache.serving.scheduler import Scheduler
 from radixcache.serving.service import Submitted, check_room
+from radixcache.serving.stats import Stats as Stats
+from radixcache.serving.tree_service import TreeService
 from radixcache.traffic.workloads import Workload, WorkloadRequest
 
 
-class Engine(Scheduler):
+class Engine(TreeService, Scheduler):
     """Serves requests on a ``TinyTransformer`` whose K/V live in a ``KVPool`` indexed by a
     ``RadixTree`` (``engine.tree``). ``start()`` runs the scheduler thread; ``step()`` runs
     one scheduling step synchronously (tests). ``close()`` when done."""
@@ -78,21 +82,16 @@ class Engine(Scheduler):
         self.config = cfg = config or EngineConfig()
         self.model = TinyTransformer(cfg.model, cfg.device)
         self.pool = KVPool(cfg.num_blocks, cfg.block_size, cfg.model.kv_shape(), self.model.device)
-        self.tree = RadixTree(
-            self.pool, high=cfg.high, low=cfg.low, record_events=cfg.record_events
-        )
-        self._memory = memory if memory is not None else MemorySource(device=self.model.device)
-        self._step_lock = threading.Lock()
-        self._queue = threading.Condition()
+        tree = RadixTree(self.pool, high=cfg.high, low=cfg.low, record_events=cfg.record_events)
+        TreeService.__init__(
+            self, tree, memory if memory is not None else MemorySource(device=self.model.device),
+            model=f"tiny transformer (layers={cfg.model.n_layers})",
+            device=str(self.model.device), cache=cfg.cache)
+        self._queue = threading.Lock()  # the waiting queue, against submitting threads
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._events: list[ev.AnyEvent] = []
-        self._events_lock = threading.Lock()
-        self._totals = Totals()
         self._next_id = 0
-        self._paused = False
-        self._generation = 0
-        self._evicted_base = (0, 0, 0)  # tree counters (nodes, tokens, COW) at the last reset
 
     # -- submitting --------------------------------------------------------------------------
     def submit(
@@ -127,13 +126,12 @@ class Engine(Scheduler):
             self._next_id += 1
             req = Request(rid, prompt, max_new_tokens, forced, keep_logits,
                            RequestHandle(rid), time.perf_counter(), on_token=on_token)
-            self._totals.submitted += 1
+            self.totals.submitted += 1
             need = -(-req.total // self.config.block_size)
             if need > self.config.num_blocks:
-                self._totals.rejected += 1
+                self.totals.rejected += 1
             else:
                 self._waiting.append(req)
-                self._queue.notify()
         if need > self.config.num_blocks:
             req.handle.settle(None, RequestRejected(
                 f"request {rid}: {req.total} positions need {need} blocks;"
@@ -156,102 +154,74 @@ class Engine(Scheduler):
 
     def close(self) -> None:
         """Cancel every unfinished request and close the memory source."""
-        with self._step_lock:
-            self._cancel_all()
-        self._memory.close()
+        self._cancel_all()
+        super().close()
 
     def busy(self) -> bool:
         """True when ``step`` has work: running requests, or waiting ones while not paused."""
-        return bool(self._running) or (bool(self._waiting) and not self._paused)
+        return bool(self._running) or (bool(self._waiting) and not self.paused)
 
     # -- one step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
         """Admit what fits, run one batched forward (or two, see the module doc), advance
-        every request in it, finish the done ones. Thread-safe (serialized with other steps
-        and ``reset``); ``ServiceLoop`` calls it and publishes the events it recorded."""
-        with self._step_lock:
-            t0 = time.perf_counter()
-            admitted = self._admit()
-            decodes, prefills = self._plan()
-            forwards = self._forward(decodes, prefills)
-            finished = self._finish_done()
-            self._totals.steps += 1
-            if forwards:
-                self._totals.busy_s += time.perf_counter() - t0
-            report = StepReport(
-                admitted,
-                len(decodes) + len(prefills),
-                sum(len(s.tokens) for _, s in prefills),
-                len(decodes),
-                forwards,
-                finished,
-            )
+        every request in it, finish the done ones. ``ServiceLoop`` calls it under its state
+        lock and publishes the events it recorded (a test may call it from one thread)."""
+        t0 = time.perf_counter()
+        admitted = self._admit()
+        decodes, prefills = self._plan()
+        forwards = self._forward(decodes, prefills)
+        finished = self._finish_done()
+        self.totals.steps += 1
+        if forwards:
+            self.totals.busy_s += time.perf_counter() - t0
+        report = StepReport(
+            admitted,
+            len(decodes) + len(prefills),
+            sum(len(s.tokens) for _, s in prefills),
+            len(decodes),
+            forwards,
+            finished,
+        )
         return report
     # -- events --------------------------------------------------------------------------------
     def _emit(self, event: ev.AnyEvent) -> None:
         """Append an engine event after the tree events recorded so far (keeps their order)."""
         if not self.config.record_events:
             return
-        with self._events_lock:
-            self._events.extend(self.tree.take_events())
-            self._events.append(event)
+        self._events.extend(self.tree.take_events())
+        self._events.append(event)
 
     def take_events(self) -> list[ev.AnyEvent]:
         """Drain every event since the last call, in order: the tree's, ``RequestStart`` /
-        ``RequestFinish``. Thread-safe."""
-        with self._events_lock:
-            out = self._events
-            out.extend(self.tree.take_events())
-            self._events = []
-            return out
-
-    def watermark(self) -> ev.Watermark:
-        """A memory sample now: pool blocks used/total, the marks, NVML device memory if any."""
-        a = self.pool.allocator
-        nbytes = self.pool.kv.numel() * self.pool.kv.element_size()
-        s = self._memory.sample(a.used_count, a.num_blocks, nbytes)
-        return ev.Watermark(a.used_count, a.num_blocks, self.tree.high, self.tree.low,
-                            s.device_used_bytes, s.device_total_bytes, s.nvml_error)
+        ``RequestFinish``."""
+        out = self._events
+        out.extend(self.tree.take_events())
+        self._events = []
+        return out
 
     # -- commands ------------------------------------------------------------------------------
     def pause(self) -> None:
         """Stop admitting requests; running ones go on to finish."""
         with self._queue:
-            self._paused = True
+            super().pause()
 
     def resume(self) -> None:
         """Admit requests again."""
         with self._queue:
-            self._paused = False
-            self._queue.notify_all()
+            super().resume()
 
-    @property
-    def paused(self) -> bool:
-        """True between ``pause()`` and ``resume()``."""
-        return self._paused
-
-    def set_watermarks(self, high: float, low: float) -> None:
-        """Set the eviction band (fractions of used blocks); ``ValueError`` unless
-        0 < low <= high <= 1."""
-        self.tree.set_watermarks(high, low)
-
-    def evict(self, tokens: int) -> EvictResult:
-        """Evict at least ``tokens`` tokens of unlocked LRU leaves (or as many as can go)."""
-        return self.tree.evict(tokens)
+    def depths(self) -> tuple[int, int]:
+        """(waiting, running) requests now."""
+        return len(self._waiting), len(self._running)
 
     def reset(self) -> int:
         """Cancel every waiting and running request (their handles fail with
         ``RequestCancelled``), then empty the tree, zero the metrics and start a new counter
-        generation; returns how many requests were cancelled. Waits for the step in
-        progress; the pool is entirely free afterwards."""
-        with self._step_lock:
-            cancelled = len(self._running) + len(self._waiting)
-            self._cancel_all()
-            self.tree.reset()
-            self._totals = Totals()
-            self._generation += 1
-            s = self.tree.stats
-            self._evicted_base = (s.evicted_nodes, s.evicted_tokens, s.cow_copies)
+        generation; returns how many requests were cancelled. The pool is entirely free
+        afterwards."""
+        cancelled = len(self._running) + len(self._waiting)
+        self._cancel_all()
+        self.new_generation()
         return cancelled
 
     # -- the rest of the cache service (``serving.service.CacheService``) -----------------------
@@ -264,50 +234,7 @@ class Engine(Scheduler):
         n = len(workload.requests)
         check_room(len(self._waiting), n)
         self.run_workload(workload)
-        return Submitted(n, self._paused)
-
-    def snapshot(self) -> ev.Snapshot:
-        """The tree's snapshot (running requests' blocks included)."""
-        return self.tree.snapshot()
-
-    def digest(self) -> str:
-        """The tree's digest."""
-        return self.tree.digest()
-
-    def counters(self) -> ev.Counters:
-        """Counters since start or the last reset (``generation`` counts resets)."""
-        t, s, (nodes0, tokens0, cows0) = self._totals, self.tree.stats, self._evicted_base
-        return ev.Counters(self._generation, t.submitted, t.finished, t.rejected,
-                           t.prompt_tokens, t.hit_tokens, s.evicted_nodes - nodes0,
-                           s.evicted_tokens - tokens0, s.cow_copies - cows0,
-                           len(self._waiting), len(self._running), self._paused)
-
-    def metrics(self) -> EngineMetrics:
-        """Running totals and the queue depth now."""
-        t = self._totals
-        return EngineMetrics(
-            t.submitted, t.finished, t.rejected, t.cancelled, len(self._waiting),
-            len(self._running), t.steps, t.prompt_tokens, t.hit_tokens, t.prefill_tokens,
-            t.output_tokens, t.busy_s,
-            t.hit_tokens / t.prompt_tokens if t.prompt_tokens else 0.0,
-            t.output_tokens / t.busy_s if t.busy_s else 0.0,
-        )
-
-    def stats(self) -> dict[str, float | int | str]:
-        """Flat counters for a ``stats`` command reply: metrics, tree and pool figures."""
-        out: dict[str, float | int | str] = {}
-        m = self.metrics()
-        for name in m.__dataclass_fields__:
-            out[name] = getattr(m, name)
-        s = self.tree.stats
-        out.update(
-            nodes=len(self.tree), used_blocks=self.pool.allocator.used_count,
-            num_blocks=self.pool.num_blocks, splits=s.splits, merges=s.merges,
-            cow_copies=s.cow_copies, evicted_nodes=s.evicted_nodes,
-            evicted_tokens=s.evicted_tokens, paused=int(self._paused),
-            cache="on" if self.config.cache else "off", device=str(self.model.device),
-        )
-        return out
+        return Submitted(n, self.paused)
 
 
 class _Feed(NamedTuple):

@@ -28,8 +28,8 @@ from radixcache.serving.requests import (
     RequestMetrics,
     RequestRejected,
     RequestResult,
-    Totals,
 )
+from radixcache.serving.stats import Totals
 
 
 class _Admit(Enum):
@@ -46,13 +46,15 @@ class Scheduler:
     model: TinyTransformer
     pool: KVPool
     tree: RadixTree
-    _queue: threading.Condition
+    _queue: threading.Lock
     _waiting: deque[Request]
     _running: list[Request]
-    _totals: Totals
-    _paused: bool
+    totals: Totals
 
     if TYPE_CHECKING:
+
+        @property
+        def paused(self) -> bool: ...
 
         def _emit(self, event: ev.AnyEvent) -> None: ...
 
@@ -60,7 +62,7 @@ class Scheduler:
     # -- admission -----------------------------------------------------------------------------
     def _admit(self) -> int:
         admitted = 0
-        while not self._paused and len(self._running) < self.config.max_running:
+        while not self.paused and len(self._running) < self.config.max_running:
             with self._queue:
                 if not self._waiting:
                     break
@@ -96,7 +98,7 @@ class Scheduler:
         req.match, req.lease = lease[0], lease[1]
         req.computed = req.match.length
         req.admitted = time.perf_counter()
-        t = self._totals
+        t = self.totals
         t.prompt_tokens += len(req.prompt)
         t.hit_tokens += req.computed
         self._emit(ev.RequestStart(req.id, len(req.prompt), req.computed))
@@ -169,7 +171,7 @@ class Scheduler:
             n = len(s.tokens)
             r.computed = s.start + n
             if not r.output:
-                self._totals.prefill_tokens += n
+                self.totals.prefill_tokens += n
                 if r.computed < len(r.prompt):
                     continue  # an inner prefill chunk: no token yet
                 r.first_token_at = now
@@ -189,8 +191,8 @@ class Scheduler:
         now = time.perf_counter()
         for r in done:
             self._settle_blocks(r)
-            self._totals.finished += 1
-            self._totals.output_tokens += len(r.output)
+            self.totals.finished += 1
+            self.totals.output_tokens += len(r.output)
             metrics = self._metrics_of(r, now)
             self._emit(ev.RequestFinish(r.id, len(r.output), metrics.ttft_ms))
             logits = torch.stack(r.logits) if r.keep_logits else None
@@ -227,9 +229,9 @@ class Scheduler:
 
     def _fail(self, req: Request, error: EngineError) -> None:
         if isinstance(error, RequestRejected):
-            self._totals.rejected += 1
+            self.totals.rejected += 1
         else:
-            self._totals.cancelled += 1
+            self.totals.cancelled += 1
         req.handle.settle(None, error)
 
     def _cancel_all(self) -> None:

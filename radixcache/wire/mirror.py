@@ -7,19 +7,21 @@ refcounts and the few extra marks the inspector draws (COW copies, just evicted)
 
 from __future__ import annotations
 
+import heapq
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from radixcache.core import events as ev
 from radixcache.core import recency
+from radixcache.core.kinds import exhaustive
 from radixcache.core.recency import Steps
 from radixcache.core.snapshot import structure_digest
 from radixcache.wire.validate import Malformed, MirrorError, check_event, check_snapshot
 
-__all__ = ["Malformed", "Mirror", "MirrorError", "MirrorNode", "MirrorStats"]
+__all__ = ["Malformed", "Mirror", "MirrorError", "MirrorNode", "MirrorStats", "is_victim",
+           "next_victims"]
 
 _first = struct.Struct("<I").unpack_from
 
@@ -80,6 +82,21 @@ class MirrorStats:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+def is_victim(n: MirrorNode) -> bool:
+    """What the engine may evict: an unpinned leaf other than the root."""
+    return not n.children and n.lock == 0 and n.parent is not None
+
+
+def next_victims(mirror: Mirror, limit: int) -> list[tuple[MirrorNode, int]]:
+    """The next ``limit`` eviction victims in the engine's order (unpinned leaves by the last
+    access of their deepest tokens, then id: ``RadixTree.lru_order``), each with that
+    ``tail_clock`` as read, in O(n log k). It reads one atomic copy of the node table, so the
+    ingest thread may keep applying; a caller that did not hold the feed's lock re-checks
+    each (``is_victim``, same tail clock)."""
+    leaves = [(n, n.tail_clock) for n in list(mirror.nodes.values()) if is_victim(n)]
+    return heapq.nsmallest(limit, leaves, key=lambda p: (p[1], p[0].id))
+
+
 class Mirror:
     """A tree rebuilt from events. Not thread-safe: one thread applies, then readers read."""
 
@@ -92,12 +109,7 @@ class Mirror:
         self.version = 0  # bumped on every applied event, never rewound (the UI redraws on change)
         self.seq = 0  # the batch being applied (``apply_batch``; a feed applying event by event
         # sets it) or the snapshot's seq (set by the loader)
-        # called after every applied event, and after a snapshot load with the snapshot: the
-        # stream analysis of the inspector (``radixcache.analysis.follow``) sees each event
-        # at the state right after it. An ``Evict`` leaves the evicted span in
-        # ``last_evicted``: the node, or for a tail eviction its tail as a detached node whose
-        # parent is the node that stays.
-        self.after_event: Callable[[ev.AnyEvent], None] | None = None
+        self._watchers: list[Callable[[ev.AnyEvent], None]] = []  # see ``watch``
         self._reset(block_size, num_blocks)
 
     def _reset(self, block_size: int, num_blocks: int) -> None:
@@ -125,18 +137,29 @@ class Mirror:
         """Blocks with a reference."""
         return sum(1 for r in self.ref if r)
 
-    def lru(self, limit: int) -> list[MirrorNode]:
-        """The next eviction victims in order: unpinned leaves by (tail access, id)."""
-        leaves = [
-            n for n in self.nodes.values() if n is not self.root and not n.children and n.lock == 0
-        ]
-        leaves.sort(key=lambda n: (n.tail_clock, n.id))
-        return leaves[:limit]
-
     def digest(self) -> str:
         """The same hash as ``RadixTree.digest`` over the mirrored state."""
         nodes = self.nodes.values()
         return structure_digest(nodes, self.request_blocks, {n.id: n.lock for n in nodes})
+
+    # -- watchers --------------------------------------------------------------------------
+    def watch(self, watcher: Callable[[ev.AnyEvent], None]) -> None:
+        """Call ``watcher`` after every applied event, and after a snapshot load with the
+        snapshot, in the applying thread: it sees each event at the state right after it
+        (an ``Evict`` leaves the evicted span in ``last_evicted``: the node, or for a tail
+        eviction its tail as a detached node whose parent is the node that stays). Watchers
+        run in the order they were added; the stream analysis (``radixcache.analysis.follow``)
+        is one."""
+        self._watchers.append(watcher)
+
+    def unwatch(self, watcher: Callable[[ev.AnyEvent], None]) -> None:
+        """Stop calling ``watcher`` (nothing happens when it is not watching)."""
+        if watcher in self._watchers:
+            self._watchers.remove(watcher)
+
+    def watching(self, watcher: Callable[[ev.AnyEvent], None]) -> bool:
+        """True while ``watcher`` is called."""
+        return watcher in self._watchers
 
     # -- applying --------------------------------------------------------------------------
     def apply_batch(self, batch: ev.Batch) -> None:
@@ -158,12 +181,13 @@ class Mirror:
     def _apply(self, e: ev.AnyEvent) -> None:
         self.stats.events += 1
         self.version += 1
+        handler = _HANDLERS[type(e)]  # every kind has one (``exhaustive``): a KeyError is a bug
         try:
-            _HANDLERS[type(e)](self, e)
+            handler(self, e)
         except (IndexError, KeyError) as exc:
             raise MirrorError(f"{type(e).__name__} does not fit the mirror: {exc!r}") from exc
-        if self.after_event is not None:
-            self.after_event(e)
+        for watcher in self._watchers:
+            watcher(e)
 
     def _access(self, e: ev.Access) -> None:
         n: MirrorNode | None = self.node(e.node)
@@ -176,7 +200,7 @@ class Mirror:
             n = n.parent
         self.clock = e.clock
 
-    def _lock_event(self, e: ev.Lock) -> None:
+    def _pin_event(self, e: ev.Pin) -> None:
         self._lock(self.node(e.node), e.delta)
 
     def _alloc(self, e: ev.BlockAlloc) -> None:
@@ -229,8 +253,8 @@ class Mirror:
         self._load(s)
         if seq is not None:
             self.seq = seq
-        if self.after_event is not None:
-            self.after_event(s)
+        for watcher in self._watchers:
+            watcher(s)
 
     def _load(self, s: ev.Snapshot) -> None:
         check_snapshot(s)
@@ -283,28 +307,15 @@ class Mirror:
         k = e.offset * 4
         prefix_older, suffix_clock, suffix_older = recency.split(n.clock, n.older,
                                                                  n.start + e.offset)
-        p = MirrorNode(
-            e.prefix,
-            parent,
-            n.start,
-            n.tokens[:k],
-            list(e.prefix_blocks),
-            n.lock,
-            n.clock,
-            born=self.version,
-            older=prefix_older,
-        )
+        p = MirrorNode(e.prefix, parent, n.start, n.tokens[:k], list(e.prefix_blocks), n.lock,
+                       n.clock, born=self.version, older=prefix_older)
         n.clock, n.older = suffix_clock, suffix_older
         if (n.start + e.offset) % self.block_size:
             self.ref[e.suffix_blocks[0]] += 1
         parent.children[_first(n.tokens, 0)[0]] = p
         p.children[_first(n.tokens, k)[0]] = n
-        n.parent, n.start, n.tokens, n.blocks = (
-            p,
-            n.start + e.offset,
-            n.tokens[k:],
-            list(e.suffix_blocks),
-        )
+        n.parent, n.start, n.tokens, n.blocks = p, n.start + e.offset, n.tokens[k:], list(
+            e.suffix_blocks)
         self.nodes[p.id] = p
         self.stats.splits += 1
 
@@ -313,7 +324,7 @@ class Mirror:
         grand = p.parent
         if grand is None or c.parent is not p:
             raise MirrorError(f"bad merge of {e.parent} into {e.child}")
-        if e.dropped is not None and e.dropped >= 0:  # schema 2 wrote -1 for none
+        if e.dropped is not None:
             self.ref[e.dropped] -= 1
             c.blocks = p.blocks[:-1] + c.blocks
         else:
@@ -358,10 +369,11 @@ class Mirror:
 
 
 # One handler per event kind: a dict lookup instead of a chain of isinstance tests.
-_HANDLERS: Mapping[type, Callable[[Mirror, Any], None]] = MappingProxyType(
+_HANDLERS: Mapping[type, Callable[[Mirror, Any], None]] = exhaustive(
+    "wire.mirror",
     {
         ev.Access: Mirror._access,
-        ev.Lock: Mirror._lock_event,
+        ev.Pin: Mirror._pin_event,
         ev.NodeCreated: Mirror._create,
         ev.Extend: Mirror._extend,
         ev.Split: Mirror._split,

@@ -1,14 +1,14 @@
 """The subscriber's state and recovery parts: its counters and status, request pacing
 (``Backoff``), the live batches held while a snapshot or replay is pending (``HeldBatches``,
-capped in bytes), and the deterministic drop hooks its tests and benches use."""
+capped in bytes). Losses for tests and benches happen on the wire (``tools.lossy``)."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from radixcache.core import events as ev
 from radixcache.wire.endpoints import from_u64
 from radixcache.wire.validate import MAX_INT, Malformed
 
@@ -26,13 +26,25 @@ class SubscriberStats:
     malformed: int = 0
     too_old: int = 0
     resyncs: int = 0
-    dropped_by_hook: int = 0
     digest_checks: int = 0
     digest_ok: int = 0
     requests: int = 0  # snapshot and replay requests sent
     buffer_dropped: int = 0  # live batches not buffered (byte cap), recovered by replay later
     reconnects: int = 0  # event socket re-made after a silence (an oversized frame kills it)
+    seq_backwards: int = 0  # live frames whose seq did not grow within an epoch: resynced
+    replay_fallbacks: int = 0  # snapshots asked after MAX_REPLAY_ASKS fruitless replays
     internal_errors: int = 0  # exceptions that are bugs of ours, not of the input (must stay 0)
+
+    def count_batch(self, batch: ev.Batch, digests: int) -> str:
+        """Count an applied batch that checked ``digests`` Digest events; returns the last
+        digest value it carried when it checked any, else ""."""
+        self.batches += 1
+        self.events += len(batch.events)
+        if not digests:
+            return ""
+        self.digest_checks += digests
+        self.digest_ok = self.digest_checks
+        return next(e.value for e in reversed(batch.events) if type(e) is ev.Digest)
 
 
 class State(enum.Enum):
@@ -55,28 +67,6 @@ class SubscriberStatus(NamedTuple):
     unsyncable: bool
 
 
-DropHook = Callable[[int], bool]
-
-
-def drop_one_percent(seq: int) -> bool:
-    """A deterministic pseudo-random 1% of seqs (a test hook): multiplicative hashing."""
-    return (seq * 2654435761) % 2**32 % 100 == 0
-
-
-class HashDrop:
-    """A deterministic pseudo-random ``fraction`` of seqs (a test hook): multiplicative hashing
-    of the seq into [0, 2**32), dropped below ``fraction * 2**32``. Records what it dropped."""
-
-    def __init__(self, fraction: float) -> None:
-        self.threshold = int(fraction * 2**32)
-        self.dropped: set[int] = set()
-
-    def __call__(self, seq: int) -> bool:
-        """True when ``seq`` is to be dropped (and remembered in ``dropped``)."""
-        if (seq * 2654435761) % 2**32 < self.threshold:
-            self.dropped.add(seq)
-            return True
-        return False
 
 
 class Backoff:
@@ -99,6 +89,27 @@ class Backoff:
     def reset(self) -> None:
         """The stream recovered."""
         self._failures = 0
+
+
+class LiveOrder:
+    """The (epoch, seq) of the last frame read from the event socket. A PUB delivers one
+    connection's frames in order and every batch (heartbeats too) takes the next seq, so a
+    seq that does not grow within an epoch is an engine that numbers over: never a duplicate
+    to drop in silence (those come from replies to a replay, not from the PUB)."""
+
+    def __init__(self) -> None:
+        self.last: tuple[int, int] | None = None
+
+    def went_back(self, epoch: int, seq: int) -> int | None:
+        """The seq this frame came after when it went backwards, else None; remembers it."""
+        last, self.last = self.last, (epoch, seq)
+        if last is not None and last[0] == epoch and seq <= last[1]:
+            return last[1]
+        return None
+
+    def forget(self) -> None:
+        """A new event socket: its first frame may come before the old one's last."""
+        self.last = None
 
 
 class Held(NamedTuple):
