@@ -202,12 +202,14 @@ class Structure:
     def _trim(self, leaf: RadixNode, end: int) -> Cut:
         """Cut ``leaf`` back to ``end`` (a block boundary inside it), freeing its blocks past
         ``end`` (all private: only a node's first block can be shared with its parent)."""
-        keep = (end - 1) // self.B - leaf.start // self.B + 1
-        freed = self.alloc.release_run(leaf.blocks[keep:])
+        blocks, start = leaf.blocks, leaf.start
+        keep = (end - 1) // self.B - start // self.B + 1
+        freed = self.alloc.release_run(blocks[keep:])
         tokens = leaf.end - end
-        leaf.tokens = tk.span(leaf.tokens, 0, end - leaf.start)
-        leaf.end, leaf.blocks = end, leaf.blocks[:keep]  # a new array: events hold the old one
-        leaf.older = recency.trim(leaf.older, end)
+        leaf.tokens = leaf.tokens[: (end - start) * TOKEN_BYTES]
+        leaf.end, leaf.blocks = end, blocks[:keep]  # a new array: events hold the old one
+        if leaf.older:
+            leaf.older = recency.trim(leaf.older, end)
         self.stats.evicted_tokens += tokens
         if self.log.on:
             self.log.emit(ev.Evict(leaf.id, tokens, freed))
