@@ -63,6 +63,9 @@ COMMANDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
         "Show torch/CUDA, NVML, the ShareGPT dataset, ZeroMQ and where recordings go."),
     "soak": ("cli.cmd_soak", "Diagnostics",
         "Mixed workloads from several threads on a small pool; exit 1 on any violation."),
+    "bench cli": ("cli.cmd_bench_cli", "",
+        "The CLI's own speed: --help, tree FILE (time and peak memory), the demo's first output, "
+        "first frame and quit, and whether record shows progress; each in a fresh process."),
     "bench events": ("cli.cmd_bench_events", "",
         "Events/s from a tree driver to a mirror in another process, and what publishing costs."),
     "bench tree": ("cli.cmd_bench_tree", "",

@@ -8,6 +8,7 @@ Layout (integers little-endian)::
               kind 2 batch     the Batch msgpack, exactly as on the wire
               kind 3 keyframe  Keyframe(seq, epoch, events_before, Snapshot)
               kind 4 index     [KeyframeRef(offset, seq, events_before), ...]
+              kind 5 note      CaptureNote: what a live capture got and could not (format 2)
     tail      u64 offset of the index frame | b"RCXTAIL\\0"               16 bytes (on close)
 
 The first frame after the header is a keyframe; another follows every ``keyframe_every``
@@ -43,6 +44,7 @@ from radixcache.wire.recformat import (
     PRELUDE,
     TAIL,
     TAIL_MAGIC,
+    CaptureNote,
     Keyframe,
     KeyframeRef,
     Kind,
@@ -75,6 +77,7 @@ _ENC = msgspec.msgpack.Encoder(enc_hook=ev.enc_hook)
 _HEADER = msgspec.msgpack.Decoder(RecordHeader)
 _KEYFRAME = msgspec.msgpack.Decoder(Keyframe)
 _INDEX = msgspec.msgpack.Decoder(list[KeyframeRef])
+_NOTE = msgspec.msgpack.Decoder(CaptureNote)
 
 
 def mirror_snapshot(mirror: Mirror) -> ev.Snapshot:
@@ -134,6 +137,9 @@ class RecordingReader:
         if len(prelude) < PRELUDE.size or prelude[:8] != MAGIC:
             raise RecordingError(f"{self.path}: not a radixcache recording (bad magic)")
         _, version, _ = PRELUDE.unpack(prelude)
+        if version < 1:
+            raise RecordingError(f"{self.path}: format version {version} is not one this reader "
+                                 f"knows (1 to {FORMAT_VERSION})")
         if version > FORMAT_VERSION:
             raise RecordingError(
                 f"{self.path}: format version {version} is newer than this reader "
@@ -179,6 +185,9 @@ class RecordingReader:
             kind, payload, nxt = frame
             if kind == Kind.INDEX:
                 return
+            if kind == Kind.NOTE:
+                offset = nxt
+                continue
             try:
                 item = decode_batch(payload) if kind == Kind.BATCH else _KEYFRAME.decode(payload)
             except (msgspec.DecodeError, Malformed) as exc:
@@ -186,6 +195,38 @@ class RecordingReader:
                 return
             yield Record(offset, item)
             offset = nxt
+
+    def capture_note(self) -> CaptureNote | None:
+        """The note a live capture wrote before its index (None: none, or not readable)."""
+        offset = self._first
+        while offset < self.size:
+            frame = self._read_frame(offset)
+            if isinstance(frame, Damage) or frame[0] == Kind.INDEX:
+                return None
+            if frame[0] == Kind.NOTE:
+                with contextlib.suppress(msgspec.DecodeError):
+                    return _NOTE.decode(frame[1])
+                return None
+            offset = frame[2]
+        return None
+
+    def fitting_records(self) -> Iterator[Record]:
+        """``records()`` that also fit the state before them, as ``tree`` and replay read
+        them: each keyframe loads and each batch applies to a mirror; stops with ``damage`` at
+        the first that does not (what an export may write)."""
+        mirror = Mirror()
+        for rec in self.records():
+            try:
+                if isinstance(rec.item, Keyframe):
+                    mirror.load_snapshot(rec.item.snapshot)
+                else:
+                    mirror.apply_batch(rec.item)
+            except MirrorError as exc:
+                what = ("bad keyframe" if isinstance(rec.item, Keyframe)
+                        else f"batch seq {rec.item.seq} does not fit")
+                self.damage = Damage(rec.offset, f"{what}: {exc}")
+                return
+            yield rec
 
     def keyframes(self) -> list[KeyframeRef]:
         """The keyframe index: from the tail when the file was closed, else by scanning."""
@@ -283,6 +324,22 @@ def _open_regular(path: Path, max_bytes: int) -> tuple[int, int]:
     return fd, os.fstat(fd).st_size
 
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "MAX_FILE_BYTES", "MAX_FRAME_BYTES", "TAIL_MAGIC", "Damage",
-           "Keyframe", "KeyframeRef", "Kind", "Record", "RecordHeader", "RecordingError",
-           "RecordingReader", "RecordingWriteError", "RecordingWriter", "mirror_snapshot"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "MAX_FILE_BYTES",
+    "MAX_FRAME_BYTES",
+    "TAIL_MAGIC",
+    "CaptureNote",
+    "Damage",
+    "Keyframe",
+    "KeyframeRef",
+    "Kind",
+    "Record",
+    "RecordHeader",
+    "RecordingError",
+    "RecordingReader",
+    "RecordingWriteError",
+    "RecordingWriter",
+    "mirror_snapshot",
+]
