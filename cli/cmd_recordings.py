@@ -7,11 +7,15 @@ and warning goes to stderr; results to stdout.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -27,12 +31,20 @@ from radixcache.wire.kvevents.pubsub import KVEventsClient
 from radixcache.wire.kvevents.report import follow_lines
 from radixcache.wire.mirror import Mirror
 from radixcache.wire.recorder import LiveRecorder
-from radixcache.wire.recording import Damage, RecordingReader, RecordingWriter
+from radixcache.wire.recording import CaptureNote, Damage, RecordingReader, RecordingWriter
 from radixcache.wire.security import ClientCurve, CurveError
 from radixcache.wire.subscriber import Subscriber
 from radixcache.wire.treeview import Line, TokenText, node_label, preview, walk
 
-console = Console(highlight=False)
+if TYPE_CHECKING:
+    from radixcache.core import events as ev
+    from radixcache.serving.engine import Engine
+    from radixcache.serving.server import RecordResult
+    from radixcache.traffic.workload_types import Workload
+
+# piped (not a terminal), lines are never wrapped at Rich's default 80 columns: a node's line
+# stays one line for grep and for whatever reads it
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
 # 2,048 blocks of 16 tokens (32k tokens): 2,000 chat requests evict, so a recording shows
 # eviction, merges and the LRU at work (65,536 never filled up: no eviction to see)
 RECORD_BLOCKS = 2048
@@ -74,8 +86,7 @@ def record(
                                        "forced answer into its prompt (same tree, ~50x faster "
                                        "on a CPU; RequestStart then counts answers as prompt); "
                                        "decode generates them token by token."),
-    device: str | None = typer.Option(None, help="Headless torch device (default: cuda when "
-                                                 "present)."),
+    device: str | None = typer.Option(None, help="Headless torch device (default: cuda)."),
     threads: int = typer.Option(1, help="torch CPU threads."),
     keyframe_every: int = typer.Option(50_000, help="Events between snapshot keyframes."),
     curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),
@@ -86,7 +97,6 @@ def record(
         _record_live(from_, out, seconds, keyframe_every, _client_curve(curve_keys))
         return
     from radixcache.serving.engine import Answers, Engine
-    from radixcache.serving.server import record_service
 
     w = _first_requests(workload, workload_args, requests)
     n = len(w.requests)
@@ -96,11 +106,7 @@ def record(
         "workload": f"{workload} {workload_args}".strip(), "requests": n,
         "device": str(engine.model.device)}
     t0 = time.perf_counter()
-    try:  # a full disk ends in RecordingWriteError: one line, the file cut to whole frames
-        with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer:
-            r = record_service(engine, w, writer)
-    finally:
-        engine.close()
+    r = _record_to(out, header, keyframe_every, engine, w)
     c = r.counters
     console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
                   f"{n:,} requests finished ({c.rejected} rejected) in {r.steps:,} steps, "
@@ -116,18 +122,73 @@ def _first_requests(workload: str, args: str, requests: int) -> Workload:
     return dataclasses.replace(w, requests=w.requests[:requests])
 
 
+def _record_to(out: Path, header: dict[str, str | int | float], keyframe_every: int,
+               engine: Engine, w: Workload) -> RecordResult:
+    """Run ``w`` on ``engine`` into ``out`` with a progress bar; the engine is closed after.
+    A full disk ends in ``RecordingWriteError``: one line, the file cut to whole frames."""
+    from radixcache.serving.server import record_service
+
+    try:
+        with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer, \
+                _requests_bar(len(w.requests)) as bar:
+            return record_service(engine, w, writer, progress=bar)
+    finally:
+        engine.close()
+
+
+@contextlib.contextmanager
+def _requests_bar(total: int) -> Iterator[Callable[[ev.Batch], None]]:
+    """A progress bar of finished requests on stderr (drawn on a terminal only, and erased
+    at the end); yields what counts each batch's finished requests into it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from radixcache.core import events as evs
+
+    bar = Progress("recording", BarColumn(), MofNCompleteColumn(), "requests",
+                   TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    task = bar.add_task("record", total=total)
+
+    def finished(batch: ev.Batch) -> None:
+        done = sum(1 for e in batch.events if type(e) is evs.RequestFinish)
+        if done:
+            bar.advance(task, done)
+
+    with bar:
+        yield finished
+
+
 def _record_live(endpoint: str, out: Path, seconds: float, every: int,
                  curve: ClientCurve | None) -> None:
     rec = LiveRecorder(Endpoints.from_events(endpoint), out, keyframe_every=every, curve=curve)
     r = rec.run_for(seconds)
+    if r.failed:
+        raise CliError(r.failed)
     if not r.synced:
         why = f": {r.last_error}" if r.last_error else " (down, or it needs these --curve-keys)"
         raise CliError(f"no snapshot from {endpoint} in {seconds:g} s{why}")
-    if r.malformed or r.resyncs:
-        _warn(f"warning: {r.malformed} malformed frames, {r.resyncs} resyncs; "
-                  f"last: {r.last_error}")
+    note = r.note
+    assert note is not None  # synced and written: the recorder wrote its note
     console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches, "
-                  f"{r.keyframes} keyframes")
+                  f"{r.keyframes} keyframes (seq {note.first_seq:,} to {note.last_seq:,})")
+    if not note.complete:
+        _warn(f"warning: incomplete capture (noted in the file): {capture_losses(note)}")
+
+
+def capture_losses(note: CaptureNote) -> str:
+    """What a live capture could not get, in one line."""
+    state = {"live": "in sync", "snapshot": "waiting for a snapshot",
+             "replay": "waiting for a replay"}.get(note.state, note.state)
+    parts = [f"ended {state}" + (f", out of sync for {note.out_of_sync_s:.1f} s of "
+                                 f"{note.seconds:g} s" if note.state != "live" else "")]
+    for count, what in ((note.gaps, "gaps"), (note.too_old, "gaps older than the ring"),
+                        (note.malformed, "malformed frames"), (note.resyncs, "resyncs"),
+                        (note.seq_backwards, "seqs going backwards"),
+                        (note.buffer_dropped, "batches dropped while waiting")):
+        if count:
+            parts.append(f"{count} {what}")
+    if note.last_error:
+        parts.append(f"last: {note.last_error}")
+    return "; ".join(parts)
 
 
 @app.command()
@@ -140,7 +201,7 @@ def export(
     if format not in ("jsonl", "perfetto"):
         raise typer.BadParameter("jsonl or perfetto", param_hint="--format")
     with RecordingReader(file) as reader:
-        items = [r.item for r in reader.records()]
+        items = [r.item for r in reader.fitting_records()]  # nothing that `tree` refuses
         damage = reader.damage
     if format == "jsonl":
         target = out or file.with_suffix(".jsonl")

@@ -81,6 +81,7 @@ class InspectorApp(App[None]):
         Binding("right_square_bracket", "replay('faster')", "Faster", show=False),
         Binding("left_square_bracket", "replay('slower')", "Slower", show=False),
         Binding("w", "whatif", "What if", show=False),
+        Binding("z", "zoom_blocks", "Zoom", show=False),  # whichever pane has the focus
         Binding("e", "focus_events", "Event log", show=False),
         Binding("q", "quit", "Quit"),
     ]
@@ -194,8 +195,8 @@ class InspectorApp(App[None]):
             return
         t0 = time.perf_counter()
         wall = time.time()
-        # Lock order: a source's own locks before the feed's (an embedded loop applies its
-        # batches holding its lock). So ask the source now, never while holding the feed's.
+        # A source's status takes no engine lock (published state only); still ask it before
+        # taking the feed's lock, so the lock is held for the frame view alone.
         status = self.source.status()
         position = self.source.position() if isinstance(self.source, ReplayControls) else None
         tree = self.tree_pane
@@ -281,6 +282,11 @@ class InspectorApp(App[None]):
     def action_help(self) -> None:
         """Show the key map; focus returns to the panes when it closes."""
         self.push_screen(HelpScreen(), callback=lambda _: self._focus_pane())
+
+    def action_zoom_blocks(self) -> None:
+        """The block map: whole pool / one cell per block, from any pane (the tree has the
+        focus by default: a binding on the map alone did nothing there)."""
+        self.blocks.action_zoom()
 
     def action_whatif(self) -> None:
         """The hit-rate curve of what the engine did (``inspector.whatif_screen``)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from rich.text import Text
 from textual.widgets import Static
 
 from inspector.commands import CommandReplies
@@ -61,7 +60,6 @@ class Painter:
         self.view: Frame = EMPTY
         self.rate = Rate()
         self.req_per_s = 0.0
-        self._legend: list[tuple[str, str]] = []
         self._header = ""
         self._words_in = False
 
@@ -87,11 +85,6 @@ class Painter:
         p.tree.border_subtitle = frame.selection.footer() if frame.selection else ""
         p.blocks.show(frame)
         p.blocks.border_title = f"block map {frame.used_blocks:,}/{frame.num_blocks:,}"
-        legend = p.blocks.legend()
-        if legend != self._legend:
-            self._legend = legend
-            p.blocks.border_subtitle = Text.assemble(
-                *[(f"{t}  ", p.blocks.styled(c)) for t, c in legend])
         if d.log:
             p.events.refresh()
         for err in d.errors:

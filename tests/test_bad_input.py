@@ -201,9 +201,14 @@ def test_random_bytes_and_oversized_messages_on_command_and_control(server):
         b"error", b"r1", b"expected 8 bytes, got 3"]
     assert _raw_command(ep.control, [b"snapshot"]) == [
         b"error", b"", b"unknown control request of 1 frames"]
-    # over ZMQ_MAXMSGSIZE (64 KiB): ZeroMQ drops the peer's connection, nothing is answered
+    # over the 64 KiB command limit: read (the socket reads up to 1 MiB) and refused
     big = rng.randbytes(200_000)
-    assert _raw_command(ep.commands, [big], timeout_ms=500) is None
+    reply = _raw_command(ep.commands, [big])
+    assert reply is not None
+    assert cmd.decode_reply(reply[-1]) == cmd.Error("command of 200000 bytes exceeds 65536")
+    # over the 1 MiB transport limit (64 KiB on the control socket): ZeroMQ drops the peer's
+    # connection, nothing is answered (tests/test_hostile_commands.py counts it)
+    assert _raw_command(ep.commands, [big * 6], timeout_ms=500) is None
     assert _raw_command(ep.control, [b"snapshot", big], timeout_ms=500) is None
     # not even ZMTP: the handshake fails and ZeroMQ closes the TCP connection
     for endpoint in (ep.commands, ep.control, ep.events):
@@ -296,10 +301,10 @@ def test_recording_future_version_empty_and_foreign_files(tmp_path):
     _record(path, 2)
     original = path.read_bytes()
     data = bytearray(original)
-    struct.pack_into("<H", data, 8, 2)
+    struct.pack_into("<H", data, 8, 3)
     path.write_bytes(data)
-    with pytest.raises(RecordingError, match="format version 2 is newer than this reader "
-                                             r"\(reads up to 1\); upgrade radixcache"):
+    with pytest.raises(RecordingError, match="format version 3 is newer than this reader "
+                                             r"\(reads up to 2\); upgrade radixcache"):
         RecordingReader(path)
     path.write_bytes(b"")
     with pytest.raises(RecordingError, match="empty file"):

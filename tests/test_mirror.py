@@ -217,3 +217,30 @@ def test_a_schema_2_stream_with_merge_dropped_minus_one_still_reads() -> None:
         mirror.apply_batch(batch)
     assert merges > 0
     assert mirror.digest() == tree.digest()
+
+
+def test_every_watcher_sees_every_event_in_order_until_it_unwatches() -> None:
+    tree = RadixTree(KVPool(32, B, KVShape(), device="cpu"))
+    mirror = Mirror(B, 32)
+    first: list[str] = []
+    second: list[str] = []
+
+    def one(e: ev.AnyEvent) -> None:
+        first.append(type(e).__name__)
+
+    def two(e: ev.AnyEvent) -> None:
+        second.append(type(e).__name__)
+
+    mirror.watch(one)
+    mirror.watch(two)  # a second watcher joins the first (a single slot replaced it)
+    mirror.load_snapshot(tree.snapshot())
+    serve(tree, list(range(1000, 1016)))
+    events = tree.take_events()
+    for e in events:
+        mirror.apply(e)
+    names = ["Snapshot", *(type(e).__name__ for e in events)]
+    assert first == second == names
+    mirror.unwatch(one)
+    assert (mirror.watching(one), mirror.watching(two)) == (False, True)
+    mirror.apply(ev.Reset())
+    assert (first[-1], second[-1]) == (names[-1], "Reset")

@@ -14,7 +14,8 @@ from typing import ClassVar
 import numpy as np
 from rich.segment import Segment
 from rich.style import Style
-from textual.binding import Binding, BindingType
+from rich.text import Text
+from textual.binding import BindingType
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -40,7 +41,7 @@ class BlockMap(ScrollView, can_focus=True):
     """The pool as a grid of cells, from ``show(frame)``."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {cell_class(s) for s in Cell}
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("z", "zoom", "Zoom", show=False)]
+    BINDINGS: ClassVar[list[BindingType]] = []  # z is the app's: it works from every pane
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -57,6 +58,7 @@ class BlockMap(ScrollView, can_focus=True):
         super().notify_style_update()
         self.styled.clear()
         self._rows.clear()
+        self._show_legend()  # in the new colours
 
     @property
     def per_cell(self) -> int:
@@ -72,6 +74,10 @@ class BlockMap(ScrollView, can_focus=True):
         if k > 1:
             out.insert(0, (f"1 cell = {k:,} blocks (z: 1 per block)", cell_class(Cell.FREE)))
         return out
+
+    def _show_legend(self) -> None:
+        self.border_subtitle = Text.assemble(
+            *[(f"{t}  ", self.styled(c)) for t, c in self.legend()])
 
     def show(self, frame: Frame) -> None:
         """Draw ``frame``: recompute the cells and redraw the rows whose cells changed."""
@@ -91,6 +97,8 @@ class BlockMap(ScrollView, can_focus=True):
     def _recode(self) -> None:
         w, k = self._width(), self.per_cell
         codes = cell_codes(self.frame.cells, k)
+        if self._grid[1] != k or not self.border_subtitle:
+            self._show_legend()  # the cell size it names is the one drawn from now on
         same_grid = self._grid == (w, k) and len(codes) == len(self.codes)
         changed = np.nonzero(codes != self.codes)[0] if same_grid else None
         self.codes, self._grid = codes, (w, k)
@@ -98,6 +106,7 @@ class BlockMap(ScrollView, can_focus=True):
         if changed is None:
             self._rows.clear()
             self.virtual_size = Size(w, rows)
+            self._scroll_update(self.virtual_size)  # zoomed in after the first layout too
             self.refresh()
             return
         top, h = self.scroll_offset.y, self.size.height

@@ -17,7 +17,8 @@ from inspector.frame import EMPTY, Frame
 from inspector.layout import human_count
 from inspector.sources import ConnState, SourceStatus
 
-_DOT = {ConnState.LIVE: ("●", "#98c379"), ConnState.LOCAL: ("●", "#61afef"),
+_DOT = {ConnState.CONNECTING: ("◌", "#e5c07b"), ConnState.LIVE: ("●", "#98c379"),
+        ConnState.LOCAL: ("●", "#61afef"),
         ConnState.REPLAY: ("▶", "#c792ea"), ConnState.RESYNCING: ("◐", "#e5c07b"),
         ConnState.DISCONNECTED: ("○", "#e06c75")}
 _PAUSED = ("⏸", "#e5c07b")
@@ -86,8 +87,10 @@ class StatsPane(Widget):
         """Copy the figures to draw; the border title says what they count since."""
         old = (self.frame.stats, self.frame.counters, round(self.req_per_s))
         self.frame, self.req_per_s = frame, req_per_s
+        title = f"stats · {figures(frame).label}"  # from the first frame, changed or not
+        if self.border_title != title:
+            self.border_title = title
         if old != (frame.stats, frame.counters, round(req_per_s)):
-            self.border_title = f"stats · {figures(frame).label}"
             self.refresh()
 
     def rows(self) -> list[tuple[str, str]]:
@@ -127,7 +130,7 @@ def header_line(status: SourceStatus, frame: Frame, req_per_s: float, now: float
     state = "paused" if paused else status.state.value
     if paused and c is not None and c.running:  # pause stops admission; these still step
         state = f"admission paused, {c.running:,} running"
-    if gone:
+    if gone or status.state is ConnState.CONNECTING:
         state += f" {max(0.0, now - status.since):.0f}s"
     parts: list[tuple[str, str]] = [
         (f"{dot} {state}", f"bold {color}"),

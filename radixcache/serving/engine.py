@@ -22,9 +22,12 @@ stays at the head and retries next step; running requests finish and unlock mean
 nothing running, the head retries without its match, so every request that fits the pool
 is admitted eventually (no deadlock).
 
-Threads: ``submit`` and the commands may be called from any thread. ``step`` runs under the
-engine's step lock (the scheduler thread calls it, or a test does); tree and pool mutations
-happen under the tree's lock (inside the tree), model compute outside it.
+Threads: ``submit`` may be called from any thread (the HTTP front's, a workload's
+follow-up from the stepping thread): it takes ``_queue``, the one lock of the engine's own,
+which guards the waiting queue and the request ids. Everything else (``step``, the commands,
+``take_events``, ``stats``) is called by ``ServiceLoop`` under its state lock, one thread at a
+time, as ``CacheService`` says; a test may call them from one thread. Tree and pool
+mutations happen under the tree's lock (inside the tree), model compute outside it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import numpy.typing as npt
 
 from radixcache.core import events as ev
 from radixcache.core import tokens as tk
+from radixcache.core.invariants import InvariantError
 from radixcache.core.pool import KVPool
 from radixcache.core.tree import RadixTree
 from radixcache.serving.memory import MemorySource
@@ -55,6 +59,7 @@ from radixcache.serving.requests import RequestMetrics as RequestMetrics
 from radixcache.serving.requests import RequestRejected as RequestRejected
 from radixcache.serving.requests import RequestResult as RequestResult
 from radixcache.serving.requests import StepReport as StepReport
+from radixcache.serving.requests import TokenPolicy as TokenPolicy
 from radixcache.serving.requests import WorkloadRun as WorkloadRun
 from radixcache.serving.requests import fold_answers as fold_answers
 from radixcache.serving.requests import percentiles as percentiles
@@ -84,13 +89,12 @@ class Engine(TreeService, Scheduler):
             self, tree, memory if memory is not None else MemorySource(device=self.model.device),
             model=f"tiny transformer (layers={cfg.model.n_layers})",
             device=str(self.model.device), cache=cfg.cache)
-        self._step_lock = threading.Lock()
-        self._queue = threading.Condition()
+        self._queue = threading.Lock()  # the waiting queue, against submitting threads
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._events: list[ev.AnyEvent] = []
-        self._events_lock = threading.Lock()
         self._next_id = 0
+        self._aborted: set[int] = set()  # running requests to drop at the next step
 
     # -- submitting --------------------------------------------------------------------------
     def submit(
@@ -101,6 +105,7 @@ class Engine(TreeService, Scheduler):
         *,
         keep_logits: bool = False,
         on_token: TokenHook | None = None,
+        policy: TokenPolicy | None = None,
     ) -> RequestHandle:
         """Queue a request (thread-safe) and return its handle at once.
 
@@ -110,6 +115,8 @@ class Engine(TreeService, Scheduler):
         the pool holds is not queued: its handle is already failed with ``RequestRejected``.
         ``on_token(token)`` is called with each output token as it is chosen, in order, from
         the stepping thread with the step lock held (streaming fronts): keep it short.
+        ``policy`` chooses the tokens instead of the greedy argmax and may end the request
+        early (then it finishes as if it had run out of ``max_new_tokens``).
         """
         vocab = self.config.model.vocab_size
         prompt = tk.validated_array(prompt_tokens, vocab, "prompt")
@@ -124,14 +131,14 @@ class Engine(TreeService, Scheduler):
             rid = self._next_id
             self._next_id += 1
             req = Request(rid, prompt, max_new_tokens, forced, keep_logits,
-                           RequestHandle(rid), time.perf_counter(), on_token=on_token)
+                           RequestHandle(rid), time.perf_counter(), on_token=on_token,
+                           policy=policy)
             self.totals.submitted += 1
             need = -(-req.total // self.config.block_size)
             if need > self.config.num_blocks:
                 self.totals.rejected += 1
             else:
                 self._waiting.append(req)
-                self._queue.notify()
         if need > self.config.num_blocks:
             req.handle.settle(None, RequestRejected(
                 f"request {rid}: {req.total} positions need {need} blocks;"
@@ -154,9 +161,28 @@ class Engine(TreeService, Scheduler):
 
     def close(self) -> None:
         """Cancel every unfinished request and close the memory source."""
-        with self._step_lock:
-            self._cancel_all()
+        self._cancel_all()
         super().close()
+
+    def check(self) -> None:
+        """``tree.check()``, and that the tree's pins and private blocks are exactly those of
+        the running requests: one pin per running request (each pins its matched node), and
+        the leases' private blocks are theirs. A pin or lease that outlived its request (a
+        block drawn "locked" with nothing running) raises ``InvariantError``. Call between
+        steps, under the loop's lock."""
+        self.tree.check()
+        leases = [r.lease for r in self._running if r.lease is not None]
+        pins = sum(n.pins for n in self.tree.live_nodes())
+        held = self.tree.request_blocks()
+        private = {b for lease in leases for b in lease.table[lease.private_from:]}
+        problems = [f"{pins} pins in the tree for {len(leases)} running requests"
+                    ] if pins != len(leases) else []
+        if held != private:
+            problems.append(f"private blocks {sorted(held ^ private)[:8]} belong to no "
+                            "running request" if held - private else
+                            f"running requests' blocks {sorted(private - held)[:8]} not held")
+        if problems:
+            raise InvariantError("; ".join(problems))
 
     def busy(self) -> bool:
         """True when ``step`` has work: running requests, or waiting ones while not paused."""
@@ -165,43 +191,41 @@ class Engine(TreeService, Scheduler):
     # -- one step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
         """Admit what fits, run one batched forward (or two, see the module doc), advance
-        every request in it, finish the done ones. Thread-safe (serialized with other steps
-        and ``reset``); ``ServiceLoop`` calls it and publishes the events it recorded."""
-        with self._step_lock:
-            t0 = time.perf_counter()
-            admitted = self._admit()
-            decodes, prefills = self._plan()
-            forwards = self._forward(decodes, prefills)
-            finished = self._finish_done()
-            self.totals.steps += 1
-            if forwards:
-                self.totals.busy_s += time.perf_counter() - t0
-            report = StepReport(
-                admitted,
-                len(decodes) + len(prefills),
-                sum(len(s.tokens) for _, s in prefills),
-                len(decodes),
-                forwards,
-                finished,
-            )
+        every request in it, finish the done ones. ``ServiceLoop`` calls it under its state
+        lock and publishes the events it recorded (a test may call it from one thread)."""
+        t0 = time.perf_counter()
+        self._drop_aborted()
+        admitted = self._admit()
+        decodes, prefills = self._plan()
+        forwards = self._forward(decodes, prefills)
+        finished = self._finish_done()
+        self.totals.steps += 1
+        if forwards:
+            self.totals.busy_s += time.perf_counter() - t0
+        report = StepReport(
+            admitted,
+            len(decodes) + len(prefills),
+            sum(len(s.tokens) for _, s in prefills),
+            len(decodes),
+            forwards,
+            finished,
+        )
         return report
     # -- events --------------------------------------------------------------------------------
     def _emit(self, event: ev.AnyEvent) -> None:
         """Append an engine event after the tree events recorded so far (keeps their order)."""
         if not self.config.record_events:
             return
-        with self._events_lock:
-            self._events.extend(self.tree.take_events())
-            self._events.append(event)
+        self._events.extend(self.tree.take_events())
+        self._events.append(event)
 
     def take_events(self) -> list[ev.AnyEvent]:
         """Drain every event since the last call, in order: the tree's, ``RequestStart`` /
-        ``RequestFinish``. Thread-safe."""
-        with self._events_lock:
-            out = self._events
-            out.extend(self.tree.take_events())
-            self._events = []
-            return out
+        ``RequestFinish``."""
+        out = self._events
+        out.extend(self.tree.take_events())
+        self._events = []
+        return out
 
     # -- commands ------------------------------------------------------------------------------
     def pause(self) -> None:
@@ -213,7 +237,6 @@ class Engine(TreeService, Scheduler):
         """Admit requests again."""
         with self._queue:
             super().resume()
-            self._queue.notify_all()
 
     def depths(self) -> tuple[int, int]:
         """(waiting, running) requests now."""
@@ -222,13 +245,51 @@ class Engine(TreeService, Scheduler):
     def reset(self) -> int:
         """Cancel every waiting and running request (their handles fail with
         ``RequestCancelled``), then empty the tree, zero the metrics and start a new counter
-        generation; returns how many requests were cancelled. Waits for the step in
-        progress; the pool is entirely free afterwards."""
-        with self._step_lock:
-            cancelled = len(self._running) + len(self._waiting)
-            self._cancel_all()
-            self.new_generation()
+        generation; returns how many requests were cancelled. The pool is entirely free
+        afterwards."""
+        cancelled = len(self._running) + len(self._waiting)
+        self._cancel_all()
+        self.new_generation()
         return cancelled
+
+    def abort(self, request_id: int) -> bool:
+        """Drop one request (a client that left): a waiting one at once, a running one at the
+        start of the next step, its pins and blocks released. Its handle fails with
+        ``RequestCancelled``. False when no such request is waiting or running."""
+        with self._queue:
+            waiting = [r for r in self._waiting if r.id == request_id]
+            running = any(r.id == request_id for r in self._running)
+            if waiting:
+                self._waiting.remove(waiting[0])
+            else:  # running, or being admitted by the step in progress
+                self._aborted.add(request_id)
+        for r in waiting:
+            self._fail(r, RequestCancelled(f"request {r.id} aborted before admission"))
+        return bool(waiting) or running
+
+    def pinned_blocks(self) -> int:
+        """Blocks the running requests hold (their block tables); the rest of the used blocks
+        are cached and evictable. A racy read for metrics, from any thread."""
+        held: set[int] = set()
+        for r in list(self._running):
+            lease = r.lease
+            if lease is not None:
+                held.update(lease.table)
+        return len(held)
+
+    def _drop_aborted(self) -> None:
+        """Release the running requests ``abort`` named (from ``step``)."""
+        with self._queue:
+            ids, self._aborted = self._aborted, set()
+        if not ids:
+            return
+        gone = [r for r in self._running if r.id in ids]
+        self._running = [r for r in self._running if r.id not in ids]
+        for r in gone:
+            assert r.lease is not None and r.match is not None
+            self.tree.release(r.lease)
+            self.tree.unpin(r.match.node)
+            self._fail(r, RequestCancelled(f"request {r.id} aborted"))
 
     # -- the rest of the cache service (``serving.service.CacheService``) -----------------------
     def submit_workload(self, workload: Workload) -> Submitted:

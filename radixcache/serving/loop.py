@@ -97,8 +97,13 @@ class ServiceLoop:
     publishing every change to ``sink``. ``close()`` stops the thread and the service."""
 
     def __init__(self, service: CacheService, sink: Sink, config: LoopConfig | None = None,
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+                 *, clock: Callable[[], float] = time.monotonic,
+                 pace: Callable[[], None] | None = None) -> None:
         self.service, self.sink = service, sink
+        # called by the stepping thread after each step, with no lock held: a sink whose
+        # consumer runs on another thread (the embedded inspector's feed) waits here until
+        # that consumer has caught up, so a command never waits on the consumer
+        self._pace = pace
         self.config = config if config is not None else LoopConfig()
         self.lock = StateLock()  # the state lock (see the module doc): fair to commands
         self.guard = Guard(self._on_fault)
@@ -107,6 +112,9 @@ class ServiceLoop:
         self._last_sample = clock()  # the first periodic sample comes one period in
         self._rounds = 0
         self.program_error: str | None = None  # why the idle program stopped
+        # published state, read without the lock: whether the service had work after the
+        # last step or command (set once that step's or command's batch is published)
+        self.working = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -151,6 +159,7 @@ class ServiceLoop:
                     reply = cmd.Ok(reply.message, {**reply.values, **self._stream_figures()})
                 return reply
             self._flush(sample=True)
+            self.working = self.service.busy()
         self._wake.set()
         return reply
 
@@ -212,6 +221,7 @@ class ServiceLoop:
             due = self._sample_due(stepped=worked)
             if worked or due:
                 self._flush(sample=due)
+            self.working = self.service.busy()
         if not worked and self.config.program and self.program_error is None \
                 and not self.service.paused:
             self._inject_next()
@@ -250,6 +260,8 @@ class ServiceLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             if self.step_once():
+                if self._pace is not None:
+                    self._pace()
                 continue
             self._wake.wait(0.01)  # a submit from outside ``command`` (HTTP) waits 10 ms at most
             self._wake.clear()

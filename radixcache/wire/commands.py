@@ -21,6 +21,9 @@ from typing import NamedTuple
 import msgspec
 
 MAX_COMMAND_BYTES = 64 * 1024
+# The command socket reads frames up to this size, so a command over ``MAX_COMMAND_BYTES`` is
+# read and answered with an error; ZeroMQ drops a larger frame with its connection unanswered.
+MAX_COMMAND_READ_BYTES = 1024 * 1024
 
 
 class Command(msgspec.Struct, tag_field="cmd", array_like=True, forbid_unknown_fields=True):

@@ -100,10 +100,7 @@ class Mirror:
         self.version = 0  # bumped on every applied event, never rewound (the UI redraws on change)
         self.seq = 0  # the batch being applied (``apply_batch``; a feed applying event by event
         # sets it) or the snapshot's seq (set by the loader)
-        # called after every applied event, and after a snapshot load with the snapshot: the
-        # stream analysis of the inspector (``radixcache.analysis.follow``) sees each event
-        # at the state right after it. An ``Evict`` leaves its node in ``last_evicted``.
-        self.after_event: Callable[[ev.AnyEvent], None] | None = None
+        self._watchers: list[Callable[[ev.AnyEvent], None]] = []  # see ``watch``
         self._reset(block_size, num_blocks)
 
     def _reset(self, block_size: int, num_blocks: int) -> None:
@@ -136,6 +133,23 @@ class Mirror:
         nodes = self.nodes.values()
         return structure_digest(nodes, self.request_blocks, {n.id: n.pins for n in nodes})
 
+    # -- watchers --------------------------------------------------------------------------
+    def watch(self, watcher: Callable[[ev.AnyEvent], None]) -> None:
+        """Call ``watcher`` after every applied event, and after a snapshot load with the
+        snapshot, in the applying thread: it sees each event at the state right after it
+        (an ``Evict`` leaves its node in ``last_evicted``). Watchers run in the order they
+        were added; the stream analysis (``radixcache.analysis.follow``) is one."""
+        self._watchers.append(watcher)
+
+    def unwatch(self, watcher: Callable[[ev.AnyEvent], None]) -> None:
+        """Stop calling ``watcher`` (nothing happens when it is not watching)."""
+        if watcher in self._watchers:
+            self._watchers.remove(watcher)
+
+    def watching(self, watcher: Callable[[ev.AnyEvent], None]) -> bool:
+        """True while ``watcher`` is called."""
+        return watcher in self._watchers
+
     # -- applying --------------------------------------------------------------------------
     def apply_batch(self, batch: ev.Batch) -> None:
         """Apply every event of a batch in order. Raises ``Malformed`` (nothing applied) when
@@ -161,8 +175,8 @@ class Mirror:
             handler(self, e)
         except (IndexError, KeyError) as exc:
             raise MirrorError(f"{type(e).__name__} does not fit the mirror: {exc!r}") from exc
-        if self.after_event is not None:
-            self.after_event(e)
+        for watcher in self._watchers:
+            watcher(e)
 
     def _access(self, e: ev.Access) -> None:
         self._path(self.node(e.node), "clock", e.clock)
@@ -221,8 +235,8 @@ class Mirror:
         self._load(s)
         if seq is not None:
             self.seq = seq
-        if self.after_event is not None:
-            self.after_event(s)
+        for watcher in self._watchers:
+            watcher(s)
 
     def _load(self, s: ev.Snapshot) -> None:
         check_snapshot(s)

@@ -8,6 +8,7 @@ Layout (integers little-endian)::
               kind 2 batch     the Batch msgpack, exactly as on the wire
               kind 3 keyframe  Keyframe(seq, epoch, events_before, Snapshot)
               kind 4 index     [KeyframeRef(offset, seq, events_before), ...]
+              kind 5 note      CaptureNote: what a live capture got and could not (format 2)
     tail      u64 offset of the index frame | b"RCXTAIL\\0"               16 bytes (on close)
 
 The first frame after the header is a keyframe; another follows every ``keyframe_every``
@@ -25,59 +26,58 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import NamedTuple
 
 import msgspec
 
 from radixcache.core import events as ev
 from radixcache.wire.mirror import Mirror, MirrorError
-from radixcache.wire.recording_format import (
+from radixcache.wire.recformat import (
+    ENC,
     FORMAT_VERSION,
     FRAME,
     MAGIC,
-    MAX_FILE_BYTES,
     MAX_FRAME_BYTES,
     PRELUDE,
     TAIL,
     TAIL_MAGIC,
-    Damage,
+    CaptureNote,
     Keyframe,
     KeyframeRef,
     Kind,
-    Record,
     RecordHeader,
     RecordingError,
     RecordingWriteError,
 )
+from radixcache.wire.recwriter import RecordingWriter
 from radixcache.wire.validate import Malformed, decode_batch
 
-__all__ = [  # the format is recording_format's; its names are importable from here too
-    "FORMAT_VERSION",
-    "MAGIC",
-    "MAX_FILE_BYTES",
-    "MAX_FRAME_BYTES",
-    "TAIL_MAGIC",
-    "Damage",
-    "Keyframe",
-    "KeyframeRef",
-    "Kind",
-    "Record",
-    "RecordHeader",
-    "RecordingError",
-    "RecordingReader",
-    "RecordingWriteError",
-    "RecordingWriter",
-    "mirror_snapshot",
-]
+MAX_FILE_BYTES = 64 * 1024**3  # the reader refuses larger files (it streams; this bounds a scan)
+_PRELUDE, _FRAME, _TAIL, _ENC = PRELUDE, FRAME, TAIL, ENC
+
+
+class Damage(NamedTuple):
+    """Where reading stopped and why."""
+
+    offset: int
+    reason: str
+
+
+class Record(NamedTuple):
+    """One batch or keyframe and the byte offset of its frame."""
+
+    offset: int
+    item: ev.Batch | Keyframe
+
 
 _ENC = msgspec.msgpack.Encoder(enc_hook=ev.enc_hook)
 _HEADER = msgspec.msgpack.Decoder(RecordHeader)
 _KEYFRAME = msgspec.msgpack.Decoder(Keyframe)
 _INDEX = msgspec.msgpack.Decoder(list[KeyframeRef])
+_NOTE = msgspec.msgpack.Decoder(CaptureNote)
 
 
 def mirror_snapshot(mirror: Mirror) -> ev.Snapshot:
@@ -92,112 +92,6 @@ def mirror_snapshot(mirror: Mirror) -> ev.Snapshot:
     return ev.Snapshot(mirror.block_size, mirror.num_blocks, nodes, mirror.clock,
                        max(mirror.nodes) + 1, sorted(mirror.request_blocks),
                        mirror.high, mirror.low)
-
-
-class RecordingWriter:
-    """Appends frames to a new file. Call ``write_keyframe`` first and whenever
-    ``needs_keyframe``; ``close()`` writes the index and tail.
-
-    Each frame goes to the file in one unbuffered write, so a write that fails (``ENOSPC``,
-    ``EFBIG``) is known at the frame it hit: the file is cut back to the frame before, closed,
-    and ``RecordingWriteError`` says how many events it holds (a reader scans a file without
-    an index). Every write after that raises the same error."""
-
-    def __init__(
-        self, path: str | os.PathLike[str], config: dict[str, str | int | float], *,
-        engine: str = "radixcache", keyframe_every: int = 50_000,
-    ) -> None:
-        self.path = Path(path)
-        self.keyframe_every = keyframe_every
-        self.events = 0
-        self.batches = 0
-        self._since_keyframe = 0
-        self._index: list[KeyframeRef] = []
-        self.failed: RecordingWriteError | None = None
-        self._size = 0  # bytes of whole frames written
-        try:
-            self._f: BinaryIO = open(self.path, "wb", buffering=0)  # noqa: SIM115 - close()
-        except OSError as exc:
-            raise RecordingWriteError(f"{self.path}: {exc.strerror or exc}") from None
-        self._write(PRELUDE.pack(MAGIC, FORMAT_VERSION, 0), "")
-        header = RecordHeader(FORMAT_VERSION, ev.SCHEMA_VERSION, engine, config, time.time())
-        self._frame(Kind.HEADER, _ENC.encode(header))
-
-    def _frame(self, kind: Kind, payload: bytes, lost: str = "") -> int:
-        if len(payload) > MAX_FRAME_BYTES:
-            raise ValueError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME_BYTES}")
-        offset = self._size
-        crc = zlib.crc32(payload, zlib.crc32(bytes([kind])))
-        self._write(FRAME.pack(len(payload), kind, crc) + payload, lost)
-        return offset
-
-    def _write(self, data: bytes, lost: str) -> None:
-        """All of ``data`` at the end of the file, or cut back and ``RecordingWriteError``."""
-        if self.failed is not None:
-            raise self.failed
-        view = memoryview(data)
-        try:
-            while view:
-                written = self._f.write(view)
-                view = view[written or 0:]
-        except OSError as exc:
-            self._cut(exc, lost)
-            assert self.failed is not None
-            raise self.failed from None
-        self._size += len(data)
-
-    def _cut(self, exc: OSError, lost: str) -> None:
-        """Cut the file back to its last whole frame and close it (best effort: on a full disk
-        a truncate frees space, it needs none)."""
-        with contextlib.suppress(OSError):
-            self._f.truncate(self._size)
-        with contextlib.suppress(OSError):
-            self._f.close()
-        holds = (f"the file holds the first {self.events:,} events{lost}"
-                 if self._index else "nothing readable was written")
-        self.failed = RecordingWriteError(f"{self.path}: {exc.strerror or exc}: {holds}")
-
-    @property
-    def needs_keyframe(self) -> bool:
-        """True when ``keyframe_every`` events were written since the last keyframe."""
-        return not self._index or self._since_keyframe >= self.keyframe_every
-
-    def write_batch(self, batch: ev.Batch, encoded: bytes | None = None) -> None:
-        """Append one batch (``encoded``: its wire bytes when the caller has them)."""
-        self._frame(Kind.BATCH, encoded if encoded is not None else ev.encode_batch(batch))
-        self.events += len(batch.events)
-        self.batches += 1
-        self._since_keyframe += len(batch.events)
-
-    def write_keyframe(self, seq: int, epoch: int, snapshot: ev.Snapshot) -> None:
-        """Append the full state valid after the batches written so far."""
-        frame = Keyframe(seq, epoch, self.events, snapshot)
-        offset = self._frame(Kind.KEYFRAME, _ENC.encode(frame))
-        self._index.append(KeyframeRef(offset, seq, self.events))
-        self._since_keyframe = 0
-
-    def close(self) -> None:
-        """Write the keyframe index and the tail, and close the file. Raises
-        ``RecordingWriteError`` when they cannot be written (the batches stay readable)."""
-        if self._f.closed:
-            return
-        index = self._size
-        try:
-            self._frame(Kind.INDEX, _ENC.encode(self._index), " (no index)")
-            self._write(TAIL.pack(index, TAIL_MAGIC), " (no index)")
-        except RecordingWriteError:
-            if self._size > index:  # the index went in, its tail did not: drop both
-                with contextlib.suppress(OSError):
-                    os.truncate(self.path, index)
-            raise
-        self._f.close()
-
-    def __enter__(self) -> RecordingWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.failed is None:
-            self.close()
 
 
 class RecordingReader:
@@ -243,6 +137,9 @@ class RecordingReader:
         if len(prelude) < PRELUDE.size or prelude[:8] != MAGIC:
             raise RecordingError(f"{self.path}: not a radixcache recording (bad magic)")
         _, version, _ = PRELUDE.unpack(prelude)
+        if version < 1:
+            raise RecordingError(f"{self.path}: format version {version} is not one this reader "
+                                 f"knows (1 to {FORMAT_VERSION})")
         if version > FORMAT_VERSION:
             raise RecordingError(
                 f"{self.path}: format version {version} is newer than this reader "
@@ -288,6 +185,9 @@ class RecordingReader:
             kind, payload, nxt = frame
             if kind == Kind.INDEX:
                 return
+            if kind == Kind.NOTE:
+                offset = nxt
+                continue
             try:
                 item = decode_batch(payload) if kind == Kind.BATCH else _KEYFRAME.decode(payload)
             except (msgspec.DecodeError, Malformed) as exc:
@@ -295,6 +195,38 @@ class RecordingReader:
                 return
             yield Record(offset, item)
             offset = nxt
+
+    def capture_note(self) -> CaptureNote | None:
+        """The note a live capture wrote before its index (None: none, or not readable)."""
+        offset = self._first
+        while offset < self.size:
+            frame = self._read_frame(offset)
+            if isinstance(frame, Damage) or frame[0] == Kind.INDEX:
+                return None
+            if frame[0] == Kind.NOTE:
+                with contextlib.suppress(msgspec.DecodeError):
+                    return _NOTE.decode(frame[1])
+                return None
+            offset = frame[2]
+        return None
+
+    def fitting_records(self) -> Iterator[Record]:
+        """``records()`` that also fit the state before them, as ``tree`` and replay read
+        them: each keyframe loads and each batch applies to a mirror; stops with ``damage`` at
+        the first that does not (what an export may write)."""
+        mirror = Mirror()
+        for rec in self.records():
+            try:
+                if isinstance(rec.item, Keyframe):
+                    mirror.load_snapshot(rec.item.snapshot)
+                else:
+                    mirror.apply_batch(rec.item)
+            except MirrorError as exc:
+                what = ("bad keyframe" if isinstance(rec.item, Keyframe)
+                        else f"batch seq {rec.item.seq} does not fit")
+                self.damage = Damage(rec.offset, f"{what}: {exc}")
+                return
+            yield rec
 
     def keyframes(self) -> list[KeyframeRef]:
         """The keyframe index: from the tail when the file was closed, else by scanning."""
@@ -390,3 +322,24 @@ def _open_regular(path: Path, max_bytes: int) -> tuple[int, int]:
     except OSError as exc:
         raise RecordingError(f"{path}: {exc.strerror or exc}") from None
     return fd, os.fstat(fd).st_size
+
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "MAX_FILE_BYTES",
+    "MAX_FRAME_BYTES",
+    "TAIL_MAGIC",
+    "CaptureNote",
+    "Damage",
+    "Keyframe",
+    "KeyframeRef",
+    "Kind",
+    "Record",
+    "RecordHeader",
+    "RecordingError",
+    "RecordingReader",
+    "RecordingWriteError",
+    "RecordingWriter",
+    "mirror_snapshot",
+]

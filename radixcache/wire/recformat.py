@@ -1,21 +1,20 @@
-"""The record file's format: its constants, frame kinds and the structs of its frames
-(``radixcache.wire.recording`` writes and reads them; its docstring has the layout)."""
+"""The recording format's pieces shared by the reader (``recording``) and the writer
+(``recwriter``): magic, versions, frame structs and kinds, the header and keyframe structs,
+and the errors. The layout is drawn in ``recording``'s docstring."""
 
 from __future__ import annotations
 
 import enum
 import struct
-from typing import NamedTuple
 
 import msgspec
 
 from radixcache.core import events as ev
 
 MAGIC = b"RADIXREC"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 added the capture note (kind 5); version 1 files are read as ever
 TAIL_MAGIC = b"RCXTAIL\0"
 MAX_FRAME_BYTES = 256 * 1024 * 1024
-MAX_FILE_BYTES = 64 * 1024**3  # the reader refuses larger files (it streams; this bounds a scan)
 PRELUDE = struct.Struct("<8sHH")
 FRAME = struct.Struct("<IBI")
 TAIL = struct.Struct("<Q8s")
@@ -28,6 +27,30 @@ class Kind(enum.IntEnum):
     BATCH = 2
     KEYFRAME = 3
     INDEX = 4
+    NOTE = 5  # format 2: what a live capture got and what it could not (before the index)
+
+
+class CaptureNote(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """What a live capture (``record --from``) got of the stream and what it could not: the
+    events and batches written, the seqs they span, and the losses its subscriber counted.
+    ``complete`` is True when it ended in sync with nothing lost."""
+
+    seconds: float
+    events: int
+    batches: int
+    keyframes: int
+    first_seq: int
+    last_seq: int
+    state: str  # live | snapshot | replay: where the subscriber was at the end
+    out_of_sync_s: float
+    gaps: int
+    too_old: int
+    malformed: int
+    resyncs: int
+    seq_backwards: int
+    buffer_dropped: int
+    last_error: str
+    complete: bool
 
 
 class RecordHeader(msgspec.Struct, array_like=True, frozen=True):
@@ -66,15 +89,4 @@ class RecordingWriteError(RecordingError):
     whole frame, so what it holds stays readable; the message says how much that is."""
 
 
-class Damage(NamedTuple):
-    """Where reading stopped and why."""
-
-    offset: int
-    reason: str
-
-
-class Record(NamedTuple):
-    """One batch or keyframe and the byte offset of its frame."""
-
-    offset: int
-    item: ev.Batch | Keyframe
+ENC = msgspec.msgpack.Encoder(enc_hook=ev.enc_hook)
