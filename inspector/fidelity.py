@@ -127,7 +127,7 @@ class Fidelity:
             if n is None or not is_victim(n):
                 out.append(f"LRU entry n{nid} is not a live unpinned leaf")
                 continue
-            if prev is not None and (n.clock, n.id) < prev:
+            if prev is not None and (n.tail_clock, n.id) < prev:
                 out.append(f"LRU entry n{nid} out of order")
-            prev = (n.clock, n.id)
+            prev = (n.tail_clock, n.id)
         return out

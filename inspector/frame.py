@@ -240,9 +240,8 @@ class Builder:
         out: list[NodeView] = []
         for cand, clock in want.lru_candidates:
             n = m.nodes.get(cand.id)
-            if n is cand and is_victim(n) and n.clock == clock:
+            if n is cand and is_victim(n) and n.tail_clock == clock:  # in their order
                 out.append(self._view(feed, m, n.id))
                 if len(out) == want.lru_rows:
                     break
-        out.sort(key=lambda v: (v.clock, v.id))
         return out

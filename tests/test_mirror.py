@@ -219,6 +219,42 @@ def test_a_schema_2_stream_with_merge_dropped_minus_one_still_reads() -> None:
     assert mirror.digest() == tree.digest()
 
 
+def test_a_schema_3_stream_without_the_schema_4_trailing_fields_still_reads() -> None:
+    """Schema 4 appended ``Access.end``, ``Merge.keeps_times`` and ``NodeState.older``; a
+    schema 3 stream or recording has none of them: they read as nil, false and empty, and a
+    merge takes the parent's clock for the whole joined node, as schema 3 engines did."""
+    import msgspec
+
+    def t(lo: int, hi: int) -> bytes:
+        return toks(list(range(lo, hi))).tobytes()
+
+    snapshot = ["snapshot", B, 8, [[0, -1, 0, b"", [], 0, 1]], 1, 1, [], 0.92, 0.85]
+    events = [
+        ["create", 1, 0, 0, t(1, 33), [0, 1], False],
+        ["create", 2, 1, 32, t(33, 49), [2], False],
+        ["access", 2, 5],  # the path root..2 used at 5
+        ["access", 1, 7],  # then root..1 at 7: node 2 stays at 5
+        ["merge", 1, 2, None],  # schema 3: no keeps_times
+    ]
+    raw = msgspec.msgpack.encode({"seq": 1, "epoch": 1, "ts": 0.0, "engine": "v3",
+                                  "events": [snapshot, *events]})
+    batch = ev.decode_batch(raw)
+    assert batch.events[3] == ev.Access(2, 5, None)
+    assert batch.events[5] == ev.Merge(1, 2, None, keeps_times=False)
+    assert isinstance(batch.events[0], ev.Snapshot) and batch.events[0].nodes[0].older == ()
+    m = Mirror(B, 8)
+    m.apply_batch(batch)
+    (node,) = m.root.children.values()
+    assert (node.id, node.start, node.end, node.blocks) == (2, 0, 48, [0, 1, 2])
+    assert (node.clock, node.older) == (7, ())
+    # the same merge from a schema 4 engine keeps node 2's older time for its own tokens
+    m4 = Mirror(B, 8)
+    m4.apply_batch(ev.Batch(1, 1, 0.0, "v4", [*batch.events[:5],
+                                             ev.Merge(1, 2, None, keeps_times=True)]))
+    (node,) = m4.root.children.values()
+    assert (node.clock, node.older) == (7, ((32, 5),))
+
+
 def test_every_watcher_sees_every_event_in_order_until_it_unwatches() -> None:
     tree = RadixTree(KVPool(32, B, KVShape(), device="cpu"))
     mirror = Mirror(B, 32)
