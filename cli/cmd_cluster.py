@@ -23,6 +23,7 @@ from rich.table import Table
 from cli.app import RUN, app, bench_app
 from cli.cluster_screens import streams_screen
 from radixcache.serving.cluster import Policy  # stdlib only: cheap at start-up
+from radixcache.wire.endpoints import LOOPBACK_HOSTS
 
 if TYPE_CHECKING:
 
@@ -67,13 +68,17 @@ def start_http(server: Server, host: str, port: int | None) -> HttpFront | None:
         raise typer.Exit(2) from None
     try:
         front = HttpFront(EngineBackend(server.service, server.loop), host, port)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         server.close()
-        err_console.print(f"error: cannot bind HTTP {host}:{port}: {exc.strerror}",
-                          highlight=False)
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        err_console.print(f"error: cannot bind HTTP {host}:{port}: {why}", highlight=False)
         raise typer.Exit(2) from None
     front.start()
     console.print(f"HTTP (OpenAI, SGLang) {front.url}", highlight=False)
+    if host not in LOOPBACK_HOSTS:
+        console.print(f"[yellow]warning:[/] the HTTP API (OpenAI, SGLang, admin endpoints "
+                      f"such as /flush_cache) on {front.url} is reachable from other machines "
+                      "and is not authenticated")
     return front
 
 
@@ -191,6 +196,9 @@ def cluster(
     http_base: int = typer.Option(0, help="Rank r serves HTTP on BASE+r (0: a free run)."),
     zmq_base: int = typer.Option(0, help="Rank r streams on BASE+3r..+2 (0: a free run)."),
     router_port: int = typer.Option(0, help="The router's port (0: a free one)."),
+    router_arg: list[str] = typer.Option([], "--router-arg", help="More sglang-router flags, "
+                                         "split as a shell would (repeatable), e.g. "
+                                         "--router-arg='--cache-threshold 0.5'."),
 ) -> None:
     """Start N engine replicas behind sglang-router (127.0.0.1) and open the cluster screen;
     q stops every process it started. Send load with `radixcache load --url ROUTER`.
@@ -202,7 +210,12 @@ def cluster(
     from radixcache.wire.endpoints import Endpoints
     from radixcache.wire.fleet import Fleet
 
-    config = ClusterConfig(replicas, policy, blocks, http_base, zmq_base, router_port)
+    try:
+        extra = tuple(a for arg in router_arg for a in shlex.split(arg))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--router-arg") from None
+    config = ClusterConfig(replicas, policy, blocks, http_base, zmq_base, router_port,
+                           router_args=extra)
     try:
         with console.status(f"starting {replicas} replicas and sglang-router ..."):
             c = Cluster(config).start()
@@ -220,3 +233,37 @@ def cluster(
 
 def _advance(bar: Progress, task: TaskID, _reply: object) -> None:
     bar.advance(task)
+
+
+@bench_app.command("http")
+def bench_http(
+    blocks: int = typer.Option(2048, min=16, help="KV blocks of the server."),
+    leavers: int = typer.Option(300, min=1, help="Clients that leave mid-answer."),
+    concurrent: int = typer.Option(500, min=1, help="Requests sent at once."),
+    big_prompts: int = typer.Option(200, min=1, help="Prompts of one 900 KB word."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """A hostile client against `serve --http`: /health latency while huge prompts are
+    refused, clients that leave, a burst of concurrent requests, server RSS under huge words.
+
+    Example: [bold]radixcache bench http --json[/bold]
+    """
+    _need_cluster_extra()
+    from radixcache.tools import bench_http as bh
+
+    cfg = bh.BenchHttpConfig(blocks, leavers, concurrent, big_prompts)
+    try:
+        with err_console.status("starting serve --http ...") as status:
+            out = bh.run(cfg, lambda name: status.update(name))
+    except RuntimeError as exc:
+        err_console.print(f"error: {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    if json_out:
+        print(json.dumps(out))
+        return
+    t = Table(title="serve --http under a hostile client")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for k, v in out.items():
+        t.add_row(k, f"{v:.1f}" if isinstance(v, float) else str(v))
+    console.print(t)

@@ -14,6 +14,7 @@ from inspector.sources import ConnState, DatasetWords, SourceStatus
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
 from radixcache.wire.endpoints import Endpoints
+from radixcache.wire.security import ClientCurve
 from radixcache.wire.subscriber import State, Subscriber
 
 STALE_S = 3.0  # no frame (heartbeats included) for this long: shown as disconnected
@@ -23,8 +24,9 @@ class LiveSource:
     """A ``Source`` over the engine at ``endpoint`` (its event endpoint, tcp:// or ipc://)."""
 
     def __init__(self, endpoint: str, *, request_timeout_s: float = 2.0,
-                 connecting: str = "") -> None:
+                 curve: ClientCurve | None = None, connecting: str = "") -> None:
         self.endpoint = endpoint
+        self.curve = curve  # CURVE client keys (None: $RADIXCACHE_CURVE_KEYS, else plain)
         self.connecting = connecting  # what the header says until the first snapshot
         self.endpoints = Endpoints.from_events(endpoint)
         self._timeout = request_timeout_s
@@ -39,8 +41,7 @@ class LiveSource:
         """Start the subscriber thread on the feed's mirror and lock."""
         self._feed = feed
         sub = Subscriber(self.endpoints, feed.mirror, on_batch=self._on_batch,
-                         request_timeout_s=self._timeout)
-        sub.lock = feed.lock  # one lock: the UI never reads a half-applied batch
+                         request_timeout_s=self._timeout, lock=feed.lock, curve=self.curve)
         self._sub = sub.start()
 
     def _on_batch(self, batch: object) -> None:
@@ -89,7 +90,7 @@ class LiveSource:
 
     def send(self, command: cmd.AnyCommand) -> cmd.AnyReply:
         """One round trip on the command socket (``Error`` on timeout, never raises)."""
-        return send_command(self.endpoints.commands, command, timeout_s=5.0)
+        return send_command(self.endpoints.commands, command, timeout_s=5.0, curve=self.curve)
 
     def vocabulary(self) -> DatasetWords:
         """The synthetic workloads' words, then ShareGPT's once loaded in the background

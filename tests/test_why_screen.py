@@ -26,7 +26,7 @@ def _body(app: InspectorApp) -> str:
 async def _served(app: InspectorApp, pilot, line: str) -> None:  # type: ignore[no-untyped-def]
     """Type a workload command and wait until it is served and on screen."""
     await type_line(pilot, line)
-    await wait_until(pilot, lambda: len(app.replies) == 1 and app.source.idle()  # type: ignore[attr-defined]
+    await wait_until(pilot, lambda: app.replies == 1 and app.source.idle()  # type: ignore[attr-defined]
                      and app.caught_up())
 
 
@@ -94,6 +94,10 @@ async def test_why_on_the_command_line_and_its_mistakes() -> None:
         assert app.messages[-1].startswith("✗ select a request event (rstart or rfinish")
 
 
+def test_each_cause_has_its_colour() -> None:
+    assert set(STYLES) == set(Cause)
+
+
 @sync
 async def test_the_default_filter_shows_what_enter_explains() -> None:
     """``e``, ``up``, Enter on the default filter: the newest entry is a request's finish
@@ -108,7 +112,3 @@ async def test_the_default_filter_shows_what_enter_explains() -> None:
         await pilot.press("enter")
         await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
         assert _body(app).startswith(f"request {picked.event.req}, admitted in batch ")
-
-
-def test_each_cause_has_its_colour() -> None:
-    assert set(STYLES) == set(Cause)

@@ -59,6 +59,7 @@ from radixcache.serving.requests import RequestMetrics as RequestMetrics
 from radixcache.serving.requests import RequestRejected as RequestRejected
 from radixcache.serving.requests import RequestResult as RequestResult
 from radixcache.serving.requests import StepReport as StepReport
+from radixcache.serving.requests import TokenPolicy as TokenPolicy
 from radixcache.serving.requests import WorkloadRun as WorkloadRun
 from radixcache.serving.requests import fold_answers as fold_answers
 from radixcache.serving.requests import percentiles as percentiles
@@ -93,6 +94,7 @@ class Engine(TreeService, Scheduler):
         self._running: list[Request] = []
         self._events: list[ev.AnyEvent] = []
         self._next_id = 0
+        self._aborted: set[int] = set()  # running requests to drop at the next step
 
     # -- submitting --------------------------------------------------------------------------
     def submit(
@@ -103,6 +105,7 @@ class Engine(TreeService, Scheduler):
         *,
         keep_logits: bool = False,
         on_token: TokenHook | None = None,
+        policy: TokenPolicy | None = None,
     ) -> RequestHandle:
         """Queue a request (thread-safe) and return its handle at once.
 
@@ -112,6 +115,8 @@ class Engine(TreeService, Scheduler):
         the pool holds is not queued: its handle is already failed with ``RequestRejected``.
         ``on_token(token)`` is called with each output token as it is chosen, in order, from
         the stepping thread with the step lock held (streaming fronts): keep it short.
+        ``policy`` chooses the tokens instead of the greedy argmax and may end the request
+        early (then it finishes as if it had run out of ``max_new_tokens``).
         """
         vocab = self.config.model.vocab_size
         prompt = tk.validated_array(prompt_tokens, vocab, "prompt")
@@ -126,7 +131,8 @@ class Engine(TreeService, Scheduler):
             rid = self._next_id
             self._next_id += 1
             req = Request(rid, prompt, max_new_tokens, forced, keep_logits,
-                           RequestHandle(rid), time.perf_counter(), on_token=on_token)
+                           RequestHandle(rid), time.perf_counter(), on_token=on_token,
+                           policy=policy)
             self.totals.submitted += 1
             need = -(-req.total // self.config.block_size)
             if need > self.config.num_blocks:
@@ -188,6 +194,7 @@ class Engine(TreeService, Scheduler):
         every request in it, finish the done ones. ``ServiceLoop`` calls it under its state
         lock and publishes the events it recorded (a test may call it from one thread)."""
         t0 = time.perf_counter()
+        self._drop_aborted()
         admitted = self._admit()
         decodes, prefills = self._plan()
         forwards = self._forward(decodes, prefills)
@@ -244,6 +251,45 @@ class Engine(TreeService, Scheduler):
         self._cancel_all()
         self.new_generation()
         return cancelled
+
+    def abort(self, request_id: int) -> bool:
+        """Drop one request (a client that left): a waiting one at once, a running one at the
+        start of the next step, its pins and blocks released. Its handle fails with
+        ``RequestCancelled``. False when no such request is waiting or running."""
+        with self._queue:
+            waiting = [r for r in self._waiting if r.id == request_id]
+            running = any(r.id == request_id for r in self._running)
+            if waiting:
+                self._waiting.remove(waiting[0])
+            else:  # running, or being admitted by the step in progress
+                self._aborted.add(request_id)
+        for r in waiting:
+            self._fail(r, RequestCancelled(f"request {r.id} aborted before admission"))
+        return bool(waiting) or running
+
+    def pinned_blocks(self) -> int:
+        """Blocks the running requests hold (their block tables); the rest of the used blocks
+        are cached and evictable. A racy read for metrics, from any thread."""
+        held: set[int] = set()
+        for r in list(self._running):
+            lease = r.lease
+            if lease is not None:
+                held.update(lease.table)
+        return len(held)
+
+    def _drop_aborted(self) -> None:
+        """Release the running requests ``abort`` named (from ``step``)."""
+        with self._queue:
+            ids, self._aborted = self._aborted, set()
+        if not ids:
+            return
+        gone = [r for r in self._running if r.id in ids]
+        self._running = [r for r in self._running if r.id not in ids]
+        for r in gone:
+            assert r.lease is not None and r.match is not None
+            self.tree.release(r.lease)
+            self.tree.unpin(r.match.node)
+            self._fail(r, RequestCancelled(f"request {r.id} aborted"))
 
     # -- the rest of the cache service (``serving.service.CacheService``) -----------------------
     def submit_workload(self, workload: Workload) -> Submitted:

@@ -39,6 +39,13 @@ class _Admit(Enum):
 
 
 
+def _choose(r: Request, logits: torch.Tensor, greedy: int) -> int:
+    """The request's next token: forced (a trace's answer), its policy's, else greedy."""
+    if r.forced is not None:
+        return int(r.forced[len(r.output)])
+    return r.policy.choose(logits) if r.policy is not None else int(greedy)
+
+
 class Scheduler:
     """Admission, planning, the forward and finishing of ``Engine``'s requests."""
 
@@ -175,10 +182,11 @@ class Scheduler:
                 if r.computed < len(r.prompt):
                     continue  # an inner prefill chunk: no token yet
                 r.first_token_at = now
-            k = len(r.output)
-            r.output.append(int(r.forced[k]) if r.forced is not None else int(greedy[i]))
+            r.output.append(_choose(r, logits[i], greedy[i] if free else 0))
             if r.on_token is not None:
                 r.on_token(r.output[-1])
+            if r.policy is not None and r.policy.stops_at(r.output[-1]):
+                r.max_new = len(r.output)  # finishes this step, cached as if it had run out
             if r.keep_logits:
                 r.logits.append(logits[i].detach().to("cpu", copy=True))
 
