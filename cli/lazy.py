@@ -84,10 +84,6 @@ COMMANDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
     "bench engine": ("cli.cmd_engine", "",
         "Serve one workload with the cache on, then off; compare prefill work, TTFT, decode "
         "rate."),
-    "bench http": ("cli.cmd_cluster", "",
-        "A hostile client against `serve --http`: /health latency while huge prompts are "
-        "refused, clients that leave, a burst of concurrent requests, server RSS under huge "
-        "words."),
     "bench tui": ("cli.cmd_inspect", "",
         "The inspector headless on a big tree fed 50,000 events/s: frame cost while scrolling "
         "and while nodes change, key latency, events ingested/s, memory pane redraws/s, command "
