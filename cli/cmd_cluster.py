@@ -14,7 +14,9 @@ from rich.table import Table
 
 from cli.app import RUN, app, bench_app
 from cli.cluster_screens import streams_screen
+from cli.options import SCHEDULE_HELP
 from radixcache.serving.cluster import Policy  # stdlib only: cheap at start-up
+from radixcache.serving.policy import Policy as Schedule
 
 if TYPE_CHECKING:
 
@@ -182,6 +184,7 @@ def cluster(
     http_base: int = typer.Option(0, help="Rank r serves HTTP on BASE+r (0: a free run)."),
     zmq_base: int = typer.Option(0, help="Rank r streams on BASE+3r..+2 (0: a free run)."),
     router_port: int = typer.Option(0, help="The router's port (0: a free one)."),
+    schedule: Schedule = typer.Option(Schedule.FCFS, help="Each replica's " + SCHEDULE_HELP),
 ) -> None:
     """Start N engine replicas behind sglang-router (127.0.0.1) and open the cluster screen;
     q stops every process it started. Send load with `radixcache load --url ROUTER`.
@@ -193,7 +196,8 @@ def cluster(
     from radixcache.wire.endpoints import Endpoints
     from radixcache.wire.fleet import Fleet
 
-    config = ClusterConfig(replicas, policy, blocks, http_base, zmq_base, router_port)
+    config = ClusterConfig(replicas, policy, blocks, http_base, zmq_base, router_port,
+                           schedule=schedule.value)
     try:
         with console.status(f"starting {replicas} replicas and sglang-router ..."):
             c = Cluster(config).start()

@@ -14,21 +14,22 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.app import app
-from radixcache.tools.demo import DemoStats, EngineProcess, MixLoop, headless
+from cli.options import SCHEDULE_HELP
+from radixcache.serving.policy import Policy
+from radixcache.tools.demo import DEFAULT_MIX, DemoStats, EngineProcess, MixLoop, headless
 from radixcache.traffic.workloads import WorkloadError, build_workload
 
-DEFAULT_MIX = ("chat 8", "system 30 256", "tot 3 3", "fork 8")
-"""One round of the demo's workload; each round uses the next seed, so the tree keeps changing."""
 console = Console(stderr=True)
+DEMO_SCHEDULE = Policy.FCFS
 
 
 @contextlib.contextmanager
 def running_demo(blocks: int, mix: tuple[str, ...], interval_s: float,
-                 meanwhile: Callable[[], object] | None = None) -> Iterator[
-        tuple[EngineProcess, MixLoop]]:
+                 meanwhile: Callable[[], object] | None = None,
+                 schedule: Policy = Policy.FCFS) -> Iterator[tuple[EngineProcess, MixLoop]]:
     """An engine that answers, fed by a running mix loop; both stopped on the way out.
     ``meanwhile`` runs while the engine process starts (e.g. importing the inspector)."""
-    with EngineProcess(blocks) as engine:
+    with EngineProcess(blocks, schedule=schedule.value) as engine:
         engine.start()
         if meanwhile is not None:
             meanwhile()
@@ -120,13 +121,14 @@ def demo(
                             "as typed in the inspector's command line."),
     interval: float = typer.Option(0.7, min=0.05, help="Seconds between two workloads."),
     as_json: bool = typer.Option(False, "--json", help="With --no-inspect: one JSON object."),
+    schedule: Policy = typer.Option(DEMO_SCHEDULE, help=SCHEDULE_HELP),
 ) -> None:
     """Start an engine with a looping mixed workload and open the inspector on it (see
     ``DEMO_HELP``); the engine process is stopped however the demo ends."""
     lines = _parse_mix(mix)
     _interrupt_on_sigterm()
     meanwhile = None if no_inspect else _import_inspector
-    with running_demo(blocks, lines, interval, meanwhile) as (engine, loop):
+    with running_demo(blocks, lines, interval, meanwhile, schedule) as (engine, loop):
         if not no_inspect:
             _run_inspector(engine)
             return

@@ -16,8 +16,16 @@ from rich.console import Console
 from rich.tree import Tree
 
 from cli.app import CliError, app
-from cli.options import CURVE_HELP, AnswerMode, ModelSize, engine_config, sized_workload
+from cli.options import (
+    CURVE_HELP,
+    SCHEDULE_HELP,
+    AnswerMode,
+    ModelSize,
+    engine_config,
+    sized_workload,
+)
 from inspector.sources import DatasetWords
+from radixcache.serving.policy import Policy
 from radixcache.traffic.workloads import Vocabulary, WorkloadError
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.export import jsonl_lines, perfetto_json
@@ -75,6 +83,7 @@ def record(
     device: str | None = typer.Option(None, help="Headless torch device (default: cuda when "
                                                  "present)."),
     threads: int = typer.Option(1, help="torch CPU threads."),
+    schedule: Policy = typer.Option(Policy.FCFS, help="Headless: " + SCHEDULE_HELP),
     keyframe_every: int = typer.Option(50_000, help="Events between snapshot keyframes."),
     curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),
 ) -> None:
@@ -92,10 +101,12 @@ def record(
         raise typer.BadParameter(str(exc), param_hint="--workload") from None
     n = min(requests, len(w.requests))
     w = dataclasses.replace(w, requests=w.requests[:n])
-    engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value)))
+    engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value),
+                                  schedule))
     header: dict[str, str | int | float] = {
         "num_blocks": blocks, "block_size": 16, "model": model.value, "answers": answers.value,
         "workload": f"{workload} {workload_args}".strip(), "requests": n,
+        "schedule": schedule.value,
         "device": str(engine.model.device)}
     t0 = time.perf_counter()
     with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer:

@@ -56,8 +56,16 @@ def test_evict_says_why_nothing_went() -> None:
 def test_bad_command_lines_say_their_usage() -> None:
     loop, _ = _loop(TreeDriver(256))
     assert loop.command_line("evict abc") == (
-        "error: usage: evict TOKENS | watermark HIGH LOW (invalid literal for int() with base "
-        "10: 'abc')")
+        "error: usage: evict TOKENS | watermark HIGH LOW | schedule POLICY (invalid literal "
+        "for int() with base 10: 'abc')")
+    assert loop.command_line("schedule") == (
+        "error: usage: evict TOKENS | watermark HIGH LOW | schedule POLICY (not enough values "
+        "to unpack (expected 1, got 0))")
+    assert loop.command_line("schedule sjf") == (
+        "error: unknown schedule 'sjf': choose one of fcfs, lpm, dfs-weight")
+    assert loop.command_line("schedule lpm") == (
+        "error: schedule lpm: the tree driver has no scheduler (it serves requests one at a "
+        "time, in order)")
     assert loop.command_line("watermark 0.5 0.9").startswith(
         "error: watermarks need 0 < low <= high <= 1")
     assert loop.command_line("blah").startswith("error: unknown workload 'blah' (known: ")

@@ -12,17 +12,20 @@ from typing import ClassVar, NamedTuple
 from textual.binding import Binding, BindingType
 from textual.widgets import Input
 
+from radixcache.serving.policy import Policy
 from radixcache.traffic.workloads import WORKLOADS, WorkloadError, build_workload
 from radixcache.wire import commands as cmd
 
-CONTROL = ("pause", "resume", "reset", "stats", "snapshot", "evict", "watermark")
+CONTROL = ("pause", "resume", "reset", "stats", "snapshot", "evict", "watermark", "schedule")
 LOCAL = ("filter", "help", "quit", "why")
+SCHEDULES = tuple(p.value for p in Policy)
 WORDS = tuple(sorted((*WORKLOADS, *CONTROL, *LOCAL)))
 
 
 USAGE = {
     "evict": "evict TOKENS (e.g. evict 4096)",
     "watermark": "watermark HIGH LOW, fractions of the pool (e.g. watermark 0.9 0.8)",
+    "schedule": "schedule fcfs|lpm|dfs-weight (e.g. schedule lpm)",
     "chat": "chat CONVERSATIONS [--seed N] (e.g. chat 20)",
     "system": "system USERS (e.g. system 50)",
     "tot": "tot DEPTH BRANCHING (e.g. tot 3 4)",
@@ -59,6 +62,8 @@ def _controls(head: str, rest: list[str]) -> Parsed | None:
             return _error(f"usage: {USAGE['watermark']}")
         if not 0 < low <= high <= 1:
             return _error("watermark needs 0 < LOW <= HIGH <= 1, e.g. watermark 0.9 0.8")
+    elif head == "schedule" and (len(rest) != 1 or rest[0] not in SCHEDULES):
+        return _error(f"usage: {USAGE['schedule']}")
     return None
 
 

@@ -16,8 +16,8 @@ from inspector.feed import Feed, LogEntry
 from radixcache.core import events as ev
 
 KINDS = ("create", "extend", "split", "merge", "evict", "cow", "alloc", "free", "wm", "rstart",
-         "rfinish", "snapshot", "reset", "digest", "counters", "fault")
-NOISY = frozenset({"wm", "counters"})  # heartbeats: `filter all` leaves them out
+         "rcached", "rfinish", "snapshot", "reset", "digest", "counters", "fault", "queue")
+NOISY = frozenset({"wm", "counters", "queue"})  # heartbeats: `filter all` leaves them out
 DEFAULT_KINDS = frozenset(
     {"create", "extend", "split", "merge", "evict", "cow", "snapshot", "reset"}
 )
@@ -55,12 +55,27 @@ def _describe_request(e: ev.AnyEvent) -> str:
             return f"req {e.req} {e.prompt_tokens} tok, {e.hit_tokens} hit"
         case ev.RequestFinish():
             return f"req {e.req} +{e.output_tokens} tok"
+        case ev.RequestCached():
+            return f"req {e.req} prompt of {e.prompt_tokens} tok cached, decoding"
         case ev.Snapshot():
             return f"{len(e.nodes)} nodes"
         case ev.Fault():
             return f"thread {e.thread} died: {e.error}"
+        case ev.Queue():
+            return queue_line(e)
         case _:
             return ""
+
+
+def queue_line(q: ev.Queue) -> str:
+    """``lpm: 12 waiting: 8 sharing, 3 order, 1 pool full · r41 waits for r12 at n7``."""
+    counts = ", ".join(f"{n} {r.value}" for r, n in q.counts().items() if n)
+    line = f"{q.policy}: {q.waiting} waiting" + (f": {counts}" if counts else "")
+    share = next((w for w in q.entries if w.reason is ev.WaitReason.SHARING), None)
+    if share is not None:
+        line += f" · r{share.req} waits for r{share.on_req}'s insert after n{share.node}" \
+                f" (+{share.shared} tok)"
+    return line
 
 
 class EventLog(Widget, can_focus=True):

@@ -84,9 +84,9 @@ class StatsPane(Widget):
 
     def show(self, frame: Frame, req_per_s: float) -> None:
         """Copy the figures to draw; the border title says what they count since."""
-        old = (self.frame.stats, self.frame.counters, round(self.req_per_s))
+        old = (self.frame.stats, self.frame.counters, self.frame.queue, round(self.req_per_s))
         self.frame, self.req_per_s = frame, req_per_s
-        if old != (frame.stats, frame.counters, round(req_per_s)):
+        if old != (frame.stats, frame.counters, frame.queue, round(req_per_s)):
             self.border_title = f"stats · {figures(frame).label}"
             self.refresh()
 
@@ -103,6 +103,10 @@ class StatsPane(Widget):
         ]
         if c is not None:
             rows.insert(3, ("waiting/running", f"{c.waiting:,} / {c.running:,}"))
+        q = self.frame.queue
+        if q is not None and q.waiting:
+            why = " · ".join(f"{n} {r.value}" for r, n in q.counts().items() if n)
+            rows.insert(4, ("why waiting", why))
         return rows
 
     def render(self) -> Text:
@@ -130,6 +134,7 @@ def header_line(status: SourceStatus, frame: Frame, req_per_s: float, now: float
         (f"hit {figures(frame).hit_rate:.1%}", "bold #98c379"),
         (f"blocks {frame.used_blocks:,}/{frame.num_blocks:,}", ""),
         (f"{req_per_s:,.0f} req/s", ""),
+        (f"schedule {c.schedule}" if c is not None and c.schedule else "", ""),
         (f"seq {max(frame.seq, 0):,}", "dim"),
         (f"({status.detail})" if status.detail else "", "dim"),
         (f"epoch {frame.epoch & 0xFFFF:04x}" if frame.epoch >= 0 else "", "dim"),

@@ -99,6 +99,7 @@ class Why:
     finished: bool = False
     prompt: bytes = b""  # once finished, until explained
     insert_from: int = 0  # event counter before its own insert (later ones are its own)
+    cached: bool = False  # its prompt was inserted before its finish (``RequestCached``)
 
     @property
     def missed(self) -> int:
@@ -124,6 +125,7 @@ class MissHistory:
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.NodeCreated: self._held, ev.Extend: self._held, ev.Evict: self._evicted,
             ev.Lock: self._lock, ev.RequestStart: self._start, ev.RequestFinish: self._finish,
+            ev.RequestCached: self._cached,
             ev.Reset: self._reset, ev.Snapshot: self._restart}
 
     def why(self, req: int) -> Why | None:
@@ -175,8 +177,17 @@ class MissHistory:
     def _finish(self, e: ev.RequestFinish) -> None:
         why = self.whys.get(e.req)
         if why is not None:  # its insert is every event since the last start or finish
-            why.finished, why.insert_from = True, self._edge
+            why.finished = True
+            if not why.cached:
+                why.insert_from = self._edge
         self._edge = self.mirror.version
+
+    def _cached(self, e: ev.RequestCached) -> None:
+        why = self.whys.get(e.req)
+        if why is not None:  # its prompt's insert: every event since the last edge
+            why.cached, why.insert_from = True, self._edge
+        self._edge = self.mirror.version
+        self._match, self._dropped = None, b""  # its re-pin after the insert is no match
 
     def _reset(self, _: ev.Reset) -> None:
         self.ghosts.evict_all(self.mirror.version, self.mirror.seq)

@@ -196,6 +196,13 @@ class RadixTree(LeaseMixin, SnapshotMixin):
                 self._emit(ev.Access(node.id, self._clock))
             return MatchResult(length, node, table)
 
+    def peek(self, tokens: TokenSeq) -> tuple[RadixNode, int]:
+        """The deepest node ``tokens`` reach (the match may end inside it) and the matched
+        length, changing nothing: no access time, no event (a scheduler ordering its queue)."""
+        seq = tk.validated(tokens, self.vocab_limit)
+        with self.lock_:
+            return self._descend(seq, self.root, 0)
+
     def match_and_lock(self, tokens: TokenSeq) -> MatchResult:
         """``match`` and ``lock`` of the result's node, atomically."""
         seq = tk.validated(tokens, self.vocab_limit)

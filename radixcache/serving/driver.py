@@ -22,7 +22,8 @@ from radixcache.core.pool import KVPool, PoolExhausted
 from radixcache.core.tokens import TokenArray
 from radixcache.core.tree import EvictResult, PromptTooLarge, RadixTree
 from radixcache.serving.memory import MemorySource
-from radixcache.serving.service import Figures, Submitted, check_room
+from radixcache.serving.policy import Policy
+from radixcache.serving.service import Figures, ServiceError, Submitted, check_room
 from radixcache.traffic.workloads import Vocabulary, Workload, WorkloadRequest
 
 
@@ -95,6 +96,12 @@ class TreeDriver:
     def set_watermarks(self, high: float, low: float) -> None:
         """Set the tree's eviction band."""
         self.tree.set_watermarks(high, low)
+
+    def set_schedule(self, policy: Policy) -> None:
+        """Refused: the driver serves its queue in order, one request at a time, so there is
+        nothing to reorder or share (``ServiceError``)."""
+        raise ServiceError(f"schedule {policy.value}: the tree driver has no scheduler (it "
+                           "serves requests one at a time, in order)")
 
     def reset(self) -> int:
         """Drop the waiting requests, empty the tree, start a new counter generation."""

@@ -12,15 +12,13 @@ the first output's logits), so a full hit recomputes the last prompt token only.
 generated token's K/V are never written: the request holds ``len(prompt) + max_new - 1``
 positions and inserts exactly those tokens.
 
-Scheduling (``step``): decodes first, one token per running request, then prefill chunks of
-the requests still prefilling, in admission order, up to ``max_step_tokens`` in all. All of
-them go through one model forward (continuous batching), unless the padded attention layout
-would waste more than half of its work (decodes padded to a long prefill chunk): then the
-step runs two forwards, decodes and prefills. Admission is FIFO: when the head of the queue
-cannot get blocks (``PoolExhausted``, the pool full of locked blocks) it unlocks its match,
-stays at the head and retries next step; running requests finish and unlock meanwhile. With
-nothing running, the head retries without its match, so every request that fits the pool
-is admitted eventually (no deadlock).
+A step (``step``) asks the ``Scheduler`` (``serving.scheduler``) to admit what fits, in its
+policy's order (``fcfs``, ``lpm``, ``dfs-weight``), then ``Running`` (``serving.running``)
+runs one batched forward of decodes and prefill chunks, then the finished requests are
+inserted and unpinned. When the request next in order cannot get blocks (the pool full of
+pinned blocks) it unpins its match and retries next step; running requests finish and unpin
+meanwhile. With nothing running, it retries without its match, so every request that fits
+the pool is admitted eventually (no deadlock).
 
 Threads: ``submit`` and the commands may be called from any thread. ``step`` runs under the
 engine's step lock (the scheduler thread calls it, or a test does); tree and pool mutations
@@ -31,13 +29,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future
-from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from radixcache.core import events as ev
 from radixcache.core import tokens as tk
@@ -45,11 +41,12 @@ from radixcache.core.pool import KVPool
 from radixcache.core.tree import EvictResult, RadixTree
 from radixcache.serving.memory import MemorySource
 from radixcache.serving.model import TinyTransformer
+from radixcache.serving.policy import Policy
 from radixcache.serving.requests import Answers as Answers
 from radixcache.serving.requests import EngineConfig as EngineConfig
 from radixcache.serving.requests import EngineError as EngineError
 from radixcache.serving.requests import EngineMetrics as EngineMetrics
-from radixcache.serving.requests import Request, TokenHook, Totals
+from radixcache.serving.requests import Request, TokenHook, Totals, feed_workload
 from radixcache.serving.requests import RequestCancelled as RequestCancelled
 from radixcache.serving.requests import RequestHandle as RequestHandle
 from radixcache.serving.requests import RequestMetrics as RequestMetrics
@@ -59,12 +56,13 @@ from radixcache.serving.requests import StepReport as StepReport
 from radixcache.serving.requests import WorkloadRun as WorkloadRun
 from radixcache.serving.requests import fold_answers as fold_answers
 from radixcache.serving.requests import percentiles as percentiles
+from radixcache.serving.running import Running
 from radixcache.serving.scheduler import Scheduler
 from radixcache.serving.service import Submitted, check_room
-from radixcache.traffic.workloads import Workload, WorkloadRequest
+from radixcache.traffic.workloads import Workload
 
 
-class Engine(Scheduler):
+class Engine:
     """Serves requests on a ``TinyTransformer`` whose K/V live in a ``KVPool`` indexed by a
     ``RadixTree`` (``engine.tree``). ``start()`` runs the scheduler thread; ``step()`` runs
     one scheduling step synchronously (tests). ``close()`` when done."""
@@ -84,8 +82,8 @@ class Engine(Scheduler):
         self._memory = memory if memory is not None else MemorySource(device=self.model.device)
         self._step_lock = threading.Lock()
         self._queue = threading.Condition()
-        self._waiting: deque[Request] = deque()
-        self._running: list[Request] = []
+        self.scheduler = Scheduler(self.tree, cfg, self._started)
+        self.running = Running(self.model, self.pool.kv, cfg.max_step_tokens)
         self._events: list[ev.AnyEvent] = []
         self._events_lock = threading.Lock()
         self._totals = Totals()
@@ -132,8 +130,7 @@ class Engine(Scheduler):
             if need > self.config.num_blocks:
                 self._totals.rejected += 1
             else:
-                self._waiting.append(req)
-                self._queue.notify()
+                self.scheduler.add(req)
         if need > self.config.num_blocks:
             req.handle.settle(None, RequestRejected(
                 f"request {rid}: {req.total} positions need {need} blocks;"
@@ -144,15 +141,7 @@ class Engine(Scheduler):
         """Submit the first ``limit`` (default all) requests of ``workload``; a request with
         ``after = i`` is submitted when request ``i`` is done (from the thread finishing it).
         Returns at once; ``run.wait()`` waits for all."""
-        reqs = workload.requests[:limit] if limit is not None else workload.requests
-        proxies = [RequestHandle() for _ in reqs]
-        for r, proxy in zip(reqs, proxies, strict=True):
-            feed = _Feed(self, r, proxy)
-            if r.after is None:
-                feed.submit()
-            else:
-                proxies[r.after].add_done_callback(feed.after_done)
-        return WorkloadRun(proxies)
+        return feed_workload(self.submit, workload, limit)
 
     def close(self) -> None:
         """Cancel every unfinished request and close the memory source."""
@@ -162,7 +151,7 @@ class Engine(Scheduler):
 
     def busy(self) -> bool:
         """True when ``step`` has work: running requests, or waiting ones while not paused."""
-        return bool(self._running) or (bool(self._waiting) and not self._paused)
+        return bool(self.running) or (bool(self.scheduler) and not self._paused)
 
     # -- one step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
@@ -172,21 +161,22 @@ class Engine(Scheduler):
         with self._step_lock:
             t0 = time.perf_counter()
             admitted = self._admit()
-            decodes, prefills = self._plan()
-            forwards = self._forward(decodes, prefills)
-            finished = self._finish_done()
+            work = self.running.step()
+            for r in work.prefilled:
+                self._cache_prompt(r)
+            finished = self._finish(self.running.take_done())
             self._totals.steps += 1
-            if forwards:
+            self._totals.prefill_tokens += work.prefill_tokens
+            if work.forwards:
                 self._totals.busy_s += time.perf_counter() - t0
-            report = StepReport(
-                admitted,
-                len(decodes) + len(prefills),
-                sum(len(s.tokens) for _, s in prefills),
-                len(decodes),
-                forwards,
-                finished,
-            )
-        return report
+        return StepReport(admitted, work.sequences, work.prefill_tokens, work.decode_tokens,
+                          work.forwards, finished)
+
+    def set_schedule(self, policy: Policy) -> None:
+        """Order the waiting queue by ``policy`` from the next step on."""
+        with self._step_lock:
+            self.scheduler.set_policy(policy)
+
     # -- events --------------------------------------------------------------------------------
     def _emit(self, event: ev.AnyEvent) -> None:
         """Append an engine event after the tree events recorded so far (keeps their order)."""
@@ -218,6 +208,8 @@ class Engine(Scheduler):
         """Stop admitting requests; running ones go on to finish."""
         with self._queue:
             self._paused = True
+        self.scheduler.note_paused()
+        self._emit_queue()
 
     def resume(self) -> None:
         """Admit requests again."""
@@ -245,8 +237,9 @@ class Engine(Scheduler):
         generation; returns how many requests were cancelled. Waits for the step in
         progress; the pool is entirely free afterwards."""
         with self._step_lock:
-            cancelled = len(self._running) + len(self._waiting)
+            cancelled = len(self.running) + len(self.scheduler)
             self._cancel_all()
+            self._emit_queue()
             self.tree.reset()
             self._totals = Totals()
             self._generation += 1
@@ -262,7 +255,7 @@ class Engine(Scheduler):
         if self.config.answers is Answers.PREFILL:
             workload = fold_answers(workload)
         n = len(workload.requests)
-        check_room(len(self._waiting), n)
+        check_room(len(self.scheduler), n)
         self.run_workload(workload)
         return Submitted(n, self._paused)
 
@@ -280,14 +273,15 @@ class Engine(Scheduler):
         return ev.Counters(self._generation, t.submitted, t.finished, t.rejected,
                            t.prompt_tokens, t.hit_tokens, s.evicted_nodes - nodes0,
                            s.evicted_tokens - tokens0, s.cow_copies - cows0,
-                           len(self._waiting), len(self._running), self._paused)
+                           len(self.scheduler), len(self.running), self._paused,
+                           self.scheduler.policy.value)
 
     def metrics(self) -> EngineMetrics:
         """Running totals and the queue depth now."""
         t = self._totals
         return EngineMetrics(
-            t.submitted, t.finished, t.rejected, t.cancelled, len(self._waiting),
-            len(self._running), t.steps, t.prompt_tokens, t.hit_tokens, t.prefill_tokens,
+            t.submitted, t.finished, t.rejected, t.cancelled, len(self.scheduler),
+            len(self.running), t.steps, t.prompt_tokens, t.hit_tokens, t.prefill_tokens,
             t.output_tokens, t.busy_s,
             t.hit_tokens / t.prompt_tokens if t.prompt_tokens else 0.0,
             t.output_tokens / t.busy_s if t.busy_s else 0.0,
@@ -306,33 +300,91 @@ class Engine(Scheduler):
             cow_copies=s.cow_copies, evicted_nodes=s.evicted_nodes,
             evicted_tokens=s.evicted_tokens, paused=int(self._paused),
             cache="on" if self.config.cache else "off", device=str(self.model.device),
+            schedule=self.scheduler.policy.value, held_for_sharing=self.scheduler.held,
+            aged=self.scheduler.aged,
+            **{f"waiting_{r.name.lower()}": n for r, n in self.scheduler.queue().counts().items()},
         )
         return out
 
+    # -- admitting and finishing (the stepping thread, step lock held) -------------------------
+    def _admit(self) -> int:
+        done = self.scheduler.admit(self.running.requests, paused=self._paused)
+        self.running.requests.extend(done.admitted)
+        for req, error in done.rejected:
+            self._fail(req, error)
+        self._emit_queue()
+        return len(done.admitted)
 
-class _Feed(NamedTuple):
-    """Submits one workload request and reports its outcome on the workload's proxy handle."""
+    def _emit_queue(self) -> None:
+        queue = self.scheduler.queue_event()
+        if queue is not None:
+            self._emit(queue)
 
-    engine: Engine
-    request: WorkloadRequest
-    proxy: RequestHandle
+    def _started(self, req: Request) -> None:
+        """A request was admitted (match pinned, blocks leased): count it, say so."""
+        req.admitted = time.perf_counter()
+        self._totals.prompt_tokens += len(req.prompt)
+        self._totals.hit_tokens += req.computed
+        self._emit(ev.RequestStart(req.id, len(req.prompt), req.computed))
 
-    def submit(self) -> None:
-        r = self.request
-        handle = self.engine.submit(r.prompt, r.max_new_tokens, r.forced_output)
-        self.proxy.id = handle.id
-        handle.add_done_callback(self.copy_outcome)
+    def _cache_prompt(self, r: Request) -> None:
+        """Insert ``r``'s prompt as soon as its prefill is done (SGLang's
+        ``cache_unfinished_req``), so that waiting requests sharing it read it while ``r``
+        decodes: they wait one prefill for it, not a whole answer (``serving.scheduler``).
 
-    def after_done(self, done: Future[RequestResult]) -> None:
-        if isinstance(done.exception(), RequestCancelled):  # a reset or close ends the workload
-            self.proxy.settle(None, RequestCancelled("an earlier request was cancelled"))
+        ``r`` then pins the prompt's node and takes a new lease for its decode positions; the
+        decode blocks the insert freed are free again, so that lease always fits when one
+        block is spare (a boundary copy, when another request cached the same prompt first
+        and continued in its last block, takes one block more). Under ``fcfs`` (today's
+        engine, the baseline), with none spare, with the cache off or nothing left to decode,
+        the prompt is inserted with the answer at the finish."""
+        if not (self.config.cache and self.scheduler.policy.cache_aware) \
+                or len(r.output) >= r.max_new or self.pool.allocator.free_count < 1:
             return
-        self.submit()
+        assert r.lease is not None and r.match is not None
+        self.tree.insert(r.prompt, r.lease)
+        m = self.tree.match_and_lock(r.prompt)
+        self.tree.unlock(r.match.node)
+        r.match = r.match._replace(node=m.node)  # the hit stays the admission's
+        r.lease = self.tree.allocate(m, r.total)
+        self._emit(ev.RequestCached(r.id, len(r.prompt)))
 
-    def copy_outcome(self, done: Future[RequestResult]) -> None:
-        error = done.exception()
-        if error is not None:
-            assert isinstance(error, EngineError)
-            self.proxy.settle(None, error)
+    def _finish(self, done: list[Request]) -> int:
+        now = time.perf_counter()
+        for r in done:
+            self._settle_blocks(r)
+            self._totals.finished += 1
+            self._totals.output_tokens += len(r.output)
+            metrics = r.metrics(now)
+            self._emit(ev.RequestFinish(r.id, len(r.output), metrics.ttft_ms))
+            logits = torch.stack(r.logits) if r.keep_logits else None
+            r.handle.settle(RequestResult(list(r.output), metrics, logits), None)
+        return len(done)
+
+    def _settle_blocks(self, r: Request) -> None:
+        """Insert the request's sequence (cache on) or free its blocks; then unpin."""
+        assert r.lease is not None and r.match is not None
+        if self.config.cache:
+            seq = np.concatenate([r.prompt, np.asarray(r.output[:-1], dtype=np.uint32)])
+            self.tree.insert(seq, r.lease)
         else:
-            self.proxy.settle(done.result(), None)
+            self.tree.release(r.lease)
+        self.tree.unlock(r.match.node)
+        r.lease = None
+
+    def _fail(self, req: Request, error: EngineError) -> None:
+        if isinstance(error, RequestRejected):
+            self._totals.rejected += 1
+        else:
+            self._totals.cancelled += 1
+        req.handle.settle(None, error)
+
+    def _cancel_all(self) -> None:
+        """Fail every waiting and running request with ``RequestCancelled`` (step lock held)."""
+        for r in self.running.take_all():
+            assert r.lease is not None and r.match is not None
+            self.tree.release(r.lease)
+            self.tree.unlock(r.match.node)
+            self._fail(r, RequestCancelled(f"request {r.id} cancelled"))
+        for r in self.scheduler.drain():
+            self._fail(r, RequestCancelled(f"request {r.id} cancelled before admission"))

@@ -17,6 +17,7 @@ from typing import NamedTuple, Protocol
 
 from radixcache.core import events as ev
 from radixcache.core.tree import EvictResult, TreeError
+from radixcache.serving.policy import Policy
 from radixcache.traffic.workloads import Workload, WorkloadError, build_workload
 from radixcache.wire import commands as cmd
 
@@ -88,6 +89,11 @@ class CacheService(Protocol):
     def reset(self) -> int:
         """Cancel every waiting and running request, empty the cache, start a new counter
         generation; returns how many requests were cancelled."""
+        ...
+
+    def set_schedule(self, policy: Policy) -> None:
+        """Order the waiting queue by ``policy`` from the next step on; ``ServiceError`` when
+        the service has no scheduler."""
         ...
 
     def busy(self) -> bool:
@@ -162,6 +168,10 @@ def _handle(s: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
                           {"cancelled": n})
         case cmd.Stats():
             return cmd.Ok("stats", s.stats())
+        case cmd.SetSchedule():
+            s.set_schedule(Policy.parse(c.policy))
+            return cmd.Ok(f"schedule {c.policy}: the waiting queue is ordered by it from the "
+                          "next step")
     return cmd.Error(f"unsupported command {type(c).__name__}")  # TakeSnapshot: the loop's
 
 

@@ -6,6 +6,7 @@ A command is one msgpack array whose first item is its tag::
     ["pause"]  ["resume"]  ["reset"]  ["stats"]  ["snapshot"]
     ["watermark", 0.9, 0.8]                      SetWatermark(high, low)
     ["evict", 4096]                              Evict(tokens)
+    ["schedule", "lpm"]                          SetSchedule(policy)
 
 Anything else (unknown tag, wrong field types, trailing garbage) fails to decode and the
 engine answers ``Error``. Replies are ``["ok", message, {name: number|string}]`` or
@@ -59,12 +60,20 @@ class Stats(Command, tag="stats"):
     """Reply with the engine's counters."""
 
 
+class SetSchedule(Command, tag="schedule"):
+    """Order the waiting queue by ``policy`` (``fcfs``, ``lpm``, ``dfs-weight``) from the next
+    step on."""
+
+    policy: str
+
+
 class TakeSnapshot(Command, tag="snapshot"):
     """Publish a full ``Snapshot`` event in the stream (a keyframe for recorders)."""
 
 
 AnyCommand = (
     StartWorkload | Pause | Resume | SetWatermark | Evict | Reset | Stats | TakeSnapshot
+    | SetSchedule
 )
 
 
@@ -149,8 +158,12 @@ def parse_command_line(line: str) -> AnyCommand:
         if head == "watermark":
             high, low = rest
             return SetWatermark(float(high), float(low))
+        if head == "schedule":
+            (policy,) = rest
+            return SetSchedule(policy)
     except ValueError as exc:
         if isinstance(exc, CommandError):
             raise
-        raise CommandError(f"usage: evict TOKENS | watermark HIGH LOW ({exc})") from None
+        raise CommandError(f"usage: evict TOKENS | watermark HIGH LOW | schedule POLICY "
+                           f"({exc})") from None
     return StartWorkload(head, rest)

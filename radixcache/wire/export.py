@@ -12,6 +12,7 @@ used blocks as a counter. Open it at https://ui.perfetto.dev (or chrome://tracin
 
 from __future__ import annotations
 
+import enum
 from array import array
 from collections.abc import Iterable, Iterator
 
@@ -40,6 +41,8 @@ def _value(v: object) -> JsonValue:
         return [_value(x) for x in v]
     if v is None or isinstance(v, str | int | float | bool):
         return v
+    if isinstance(v, enum.Enum):
+        return _value(v.value)
     return str(v)
 
 
@@ -109,6 +112,12 @@ def _trace_event(e: ev.AnyEvent, ts: float) -> Iterator[JsonObj]:
     elif isinstance(e, ev.Watermark):
         yield {**base, "ph": "C", "name": "pool",
                "args": {"used_blocks": e.used_blocks, "total_blocks": e.total_blocks}}
+    elif isinstance(e, ev.RequestCached):  # inside its request's span
+        yield {**base, "tid": _REQ_TID, "ph": "n", "cat": "request", "id": e.req,
+               "name": "prompt cached", "args": {"prompt_tokens": e.prompt_tokens}}
+    elif isinstance(e, ev.Queue):  # a counter track: how many wait, and why
+        yield {**base, "ph": "C", "name": "queue",
+               "args": {r.value: n for r, n in e.counts().items()}}
     elif (args := _instant(e)) is not None:
         # named by kind so Perfetto groups them ("split", "cow"); the details are in args
         yield {**base, "tid": _TREE_TID, "ph": "i", "s": "t", "cat": kind_of(e),

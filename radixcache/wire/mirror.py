@@ -81,6 +81,7 @@ class Mirror:
         self.watermark: ev.Watermark | None = None
         self.counters: ev.Counters | None = None  # the engine's own, from its heartbeat
         self.fault: ev.Fault | None = None  # a worker thread of the engine died
+        self.queue: ev.Queue | None = None  # the engine's waiting queue, as last sent
         self.version = 0  # bumped on every applied event, never rewound (the UI redraws on change)
         self.seq = 0  # the batch being applied (``apply_batch``; a feed applying event by event
         # sets it) or the snapshot's seq (set by the loader)
@@ -183,6 +184,9 @@ class Mirror:
     def _fault(self, e: ev.Fault) -> None:
         self.fault = e
 
+    def _queue(self, e: ev.Queue) -> None:
+        self.queue = e
+
     def _watermark(self, e: ev.Watermark) -> None:
         self.watermark = e
         self.high, self.low = e.high, e.low
@@ -194,6 +198,9 @@ class Mirror:
 
     def _request_finish(self, e: ev.RequestFinish) -> None:
         self.stats.finished += 1
+
+    def _request_cached(self, e: ev.RequestCached) -> None:
+        pass  # the tree events before it did the insert
 
     def _reset_event(self, e: ev.Reset) -> None:
         self._reset(self.block_size, self.num_blocks)
@@ -338,10 +345,12 @@ _HANDLERS: Mapping[type, Callable[[Mirror, Any], None]] = MappingProxyType(
         ev.Watermark: Mirror._watermark,
         ev.RequestStart: Mirror._request_start,
         ev.RequestFinish: Mirror._request_finish,
+        ev.RequestCached: Mirror._request_cached,
         ev.Snapshot: Mirror._load,
         ev.Reset: Mirror._reset_event,
         ev.Digest: Mirror._digest,
         ev.Counters: Mirror._counters,
         ev.Fault: Mirror._fault,
+        ev.Queue: Mirror._queue,
     }
 )
