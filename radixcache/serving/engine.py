@@ -2,9 +2,10 @@
 
 Life of one request (``requests.Request``)::
 
-    submit ─> waiting (FIFO) ─admit─> running: prefill chunks ─> decodes ─> finish
-                │                     match_and_lock(prompt[:-1])     insert(prompt + out[:-1])
-                │                     allocate(m, len(prompt) + max_new - 1)    unlock(m.node)
+    submit ─> waiting (policy order) ─admit─> running: prefill chunks ─> decodes ─> finish
+                │                 match_and_lock(prompt[:-1])   │     insert(prompt + out[:-1])
+                │                 allocate(m, len(prompt) + max_new - 1)        unlock(m.node)
+                │                       lpm/dfs-weight: insert(prompt) at the prefill's end
                 └── PromptTooLarge: failed at once (RequestRejected on its handle)
 
 The match is capped at ``len(prompt) - 1`` (the model needs at least one new token to produce
