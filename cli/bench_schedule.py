@@ -4,10 +4,18 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from radixcache.serving.policy import Policy
@@ -23,6 +31,10 @@ ROWS = (("hit rate", "hit_rate", "{:.2%}"), ("curve at the pool", "curve_hit_rat
         ("requests/CPU s", "requests_per_cpu_s", "{:.2f}"),
         ("outputs equal", "outputs_equal", "{}"),
         ("held for sharing", "held_for_sharing", "{:,}"), ("aged", "aged", "{:,}"))
+
+
+def _completed(bar: Progress, task: TaskID, done: int, _total: int) -> None:
+    bar.update(task, completed=done)
 
 
 def _policies(words: str) -> list[Policy]:
@@ -65,8 +77,7 @@ def bench_schedule(schedule: str, mix: str, rounds: int, interval: float, blocks
                    TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task("requests", total=total)
-            figures.append(policy_pass(workloads, interval, cfg,
-                                       lambda done, _, t=task: bar.update(t, completed=done)))
+            figures.append(policy_pass(workloads, interval, cfg, partial(_completed, bar, task)))
     if as_json:
         typer.echo(json.dumps(report(figures, lines, rounds, blocks)))
         return

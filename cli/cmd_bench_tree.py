@@ -44,7 +44,10 @@ def _table(fig: dict[str, object]) -> Table:
 
     def pct(k: str) -> str:
         v = fig[k]
-        return "n/a" if v is None else f"{100 * float(v):.2f}%"
+        if v is None:
+            return "n/a"
+        assert isinstance(v, int | float)
+        return f"{100 * v:.2f}%"
 
     def runs(suffix: str) -> str:
         all_runs = fig.get(f"tree_op_seconds{suffix}_runs")

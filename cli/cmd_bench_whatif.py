@@ -7,7 +7,7 @@ import json
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.app import bench_app
@@ -37,7 +37,7 @@ def bench_whatif(
                   transient=True, disable=not err.is_terminal) as bar:
         fig = run_bench(requests, limit or None, checks, seed,
                         lambda label, total: bar.add_task(label, total=total),
-                        lambda task, n: bar.advance(task, n))
+                        lambda task, n: bar.advance(TaskID(task), n))
     if as_json:
         typer.echo(json.dumps(fig))
         return

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import json
 import shlex
+from functools import partial
 from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from cli.app import RUN, app, bench_app
@@ -59,7 +67,7 @@ def start_http(server: Server, host: str, port: int | None) -> HttpFront | None:
         err_console.print(f"error: --http needs {exc.name}: {HTTP_HINT}", highlight=False)
         raise typer.Exit(2) from None
     try:
-        front = HttpFront(EngineBackend(server.service, server.loop.wake), host, port)
+        front = HttpFront(EngineBackend(server.service, server.loop), host, port)
     except OSError as exc:
         server.close()
         err_console.print(f"error: cannot bind HTTP {host}:{port}: {exc.strerror}",
@@ -154,7 +162,7 @@ def bench_cluster(
         for p in cfg.policies:
             task = bar.add_task(str(p), total=len(w.requests))
             try:
-                results[p] = bc.run_policy(cfg, p, w, lambda _r, t=task: bar.advance(t))
+                results[p] = bc.run_policy(cfg, p, w, partial(_advance, bar, task))
             except ClusterError as exc:
                 err_console.print(f"error: {exc}", highlight=False)
                 raise typer.Exit(1) from None
@@ -211,3 +219,7 @@ def cluster(
         fleet.close()
         c.close()
     console.print(f"stopped {replicas} replicas and the router", highlight=False)
+
+
+def _advance(bar: Progress, task: TaskID, _reply: object) -> None:
+    bar.advance(task)

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from cli.app import bench_app
@@ -62,7 +70,13 @@ def bench_engine(
 
         bench_schedule(schedule, mix, rounds, interval,
                        blocks if _given("--blocks") else 2048, as_json)
-        return
+    else:
+        _cache_on_off(workload, requests, blocks, step_tokens, as_json)
+
+
+def _cache_on_off(workload: str, requests: int | None, blocks: int, step_tokens: int,
+                  as_json: bool) -> None:
+    """The workload with the cache on, then off (``bench engine`` without --schedule)."""
     import torch
 
     from radixcache.serving.engine import EngineConfig
@@ -84,8 +98,7 @@ def bench_engine(
                    MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task("requests", total=limit)
-            figures.append(serve_pass(w, limit, cfg,
-                                      lambda done, _, t=task: bar.update(t, completed=done)))
+            figures.append(serve_pass(w, limit, cfg, partial(_completed, bar, task)))
     report = make_report(workload, *figures)
     if as_json:
         typer.echo(json.dumps(report))
@@ -120,3 +133,7 @@ def gpu_doctor(as_json: bool) -> None:
         Console().print(table)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _completed(bar: Progress, task: TaskID, done: int, _total: int) -> None:
+    bar.update(task, completed=done)

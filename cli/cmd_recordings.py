@@ -8,6 +8,8 @@ and warning goes to stderr; results to stdout.
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,6 +65,11 @@ def _stopped(damage: Damage | None) -> None:
         _warn(f"warning: stopped at byte {damage.offset:,}: {damage.reason}")
 
 
+ANSWERS_HELP = ("Headless: prefill folds each forced answer into its prompt (same tree, ~50x "
+                "faster on a CPU; RequestStart then counts answers as prompt); decode generates "
+                "them token by token.")
+
+
 @app.command()
 def record(
     out: Path = typer.Option(..., "--out", help="Recording file to write."),
@@ -76,12 +83,8 @@ def record(
                                                    "(small enough that the workload evicts)."),
     model: ModelSize = typer.Option(ModelSize.TINY, help="Headless model: tiny is 1 layer, "
                                                          "d_model 32, 1 K/V head of 16."),
-    answers: AnswerMode = typer.Option(AnswerMode.PREFILL, help="Headless: prefill folds each "
-                                       "forced answer into its prompt (same tree, ~50x faster "
-                                       "on a CPU; RequestStart then counts answers as prompt); "
-                                       "decode generates them token by token."),
-    device: str | None = typer.Option(None, help="Headless torch device (default: cuda when "
-                                                 "present)."),
+    answers: AnswerMode = typer.Option(AnswerMode.PREFILL, help=ANSWERS_HELP),
+    device: str | None = typer.Option(None, help="Headless torch device (default: cuda)."),
     threads: int = typer.Option(1, help="torch CPU threads."),
     schedule: Policy = typer.Option(Policy.FCFS, help="Headless: " + SCHEDULE_HELP),
     keyframe_every: int = typer.Option(50_000, help="Events between snapshot keyframes."),
@@ -106,12 +109,13 @@ def record(
     header: dict[str, str | int | float] = {
         "num_blocks": blocks, "block_size": 16, "model": model.value, "answers": answers.value,
         "workload": f"{workload} {workload_args}".strip(), "requests": n,
-        "schedule": schedule.value,
-        "device": str(engine.model.device)}
+        "schedule": schedule.value, "device": str(engine.model.device)}
     t0 = time.perf_counter()
-    with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer:
-        r = record_service(engine, w, writer)
-    engine.close()
+    try:  # a full disk ends in RecordingWriteError: one line, the file cut to whole frames
+        with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer:
+            r = record_service(engine, w, writer)
+    finally:
+        engine.close()
     c = r.counters
     console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
                   f"{n:,} requests finished ({c.rejected} rejected) in {r.steps:,} steps, "
@@ -146,12 +150,32 @@ def export(
         damage = reader.damage
     if format == "jsonl":
         target = out or file.with_suffix(".jsonl")
-        target.write_text("".join(line + "\n" for line in jsonl_lines(items)))
+        _write_whole(target, "".join(line + "\n" for line in jsonl_lines(items)).encode())
     else:
         target = out or file.with_suffix(".json")
-        target.write_bytes(perfetto_json(items))
+        _write_whole(target, perfetto_json(items))
     _stopped(damage)
     console.print(f"wrote {target}")
+
+
+def _write_whole(target: Path, data: bytes) -> None:
+    """``data`` as ``target``, all or nothing: written next to it and renamed over it, so a
+    full disk leaves the file that was there (and no half export) and says so in one line."""
+    tmp: Path | None = None
+    try:
+        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.",
+                                         delete=False) as f:
+            tmp = Path(f.name)
+            f.write(data)
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would have made it, not the temp file's 0600
+        os.replace(tmp, target)
+    except OSError as exc:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        kept = "; the file there is unchanged" if target.exists() else ""
+        raise CliError(f"{target}: {exc.strerror or exc} (nothing written{kept})") from None
 
 
 def _words(lines: list[Line]) -> TokenText:

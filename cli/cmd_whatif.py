@@ -4,6 +4,8 @@ miss (shown by ``cli.whatif_view``; `bench whatif` is ``cli.cmd_bench_whatif``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,8 +68,8 @@ def _bytes_per_token(kv_bytes: int | None, model: str | None) -> int | None:
 
 
 def _compute(
-    cfg: WhatIfConfig, at: list[int], pool_blocks: int, bpt: int | None,
-    routers: list[Router], replicas: int, err: Console,
+    cfg: WhatIfConfig, err: Console, *, at: list[int], pool_blocks: int, bpt: int | None,
+    routers: list[Router], replicas: int,
 ) -> tuple[dict[str, object], list[str]]:
     """The ``--json`` object (with ``routing`` when ``replicas``) and the source's notes."""
     from radixcache.analysis.answers import summary
@@ -131,13 +133,21 @@ def whatif(
                        _policies(policies), samples)
     check_plot_name(plot)
     routers = _routers(router) if replicas else []
+    _curve(cfg, plot, as_json, partial(_compute, at=_ints(at, "--at"), pool_blocks=pool_blocks,
+                                       bpt=_bytes_per_token(kv_bytes, model), routers=routers,
+                                       replicas=replicas))
+
+
+def _curve(cfg: WhatIfConfig, plot: Path | None, as_json: bool,
+           compute: Callable[[WhatIfConfig, Console], tuple[dict[str, object], list[str]]]) -> None:
+    """Compute the curve and show it: the answers and the table, or ``--json``; a bad trace
+    is one line naming the line (exit 1)."""
     err = Console(stderr=True)
     try:
-        fig, notes = _compute(cfg, _ints(at, "--at"), pool_blocks,
-                              _bytes_per_token(kv_bytes, model), routers, replicas, err)
+        fig, notes = compute(cfg, err)
         if plot is not None:
             plot_file(plot, fig)
-    except TraceError as exc:  # a bad trace: one line naming the line, exit 1
+    except TraceError as exc:
         raise CliError(str(exc)) from exc
     for note in notes:
         err.print(f"note: {note}", highlight=False)
@@ -167,4 +177,4 @@ def _why(source: str, reqs: list[int], as_json: bool) -> None:
         return
     for r in reqs:
         for line in describe(follower.misses, r, follower.error):
-            typer.echo(line)
+            typer.echo(line.text)

@@ -49,12 +49,11 @@ def engine_config(model: ModelSize, blocks: int, device: str | None, threads: in
                         schedule=schedule)
 
 
-_SIZE_PARAM = {"chat": "conversations", "system": "users", "flood": "requests"}
-
-
 def sized_workload(name: str, args: str, requests: int) -> Workload:
-    """``name`` built from ``args``, or (no args) sized to hold at least ``requests``."""
-    if args or name not in _SIZE_PARAM:
+    """``name`` built from ``args``, or (no args) sized by its ``size`` parameter to hold at
+    least ``requests``."""
+    spec = WORKLOADS.get(name)
+    if args or spec is None or spec.size is None:
         return build_workload(name, shlex.split(args))
-    high = next(p.high for p in WORKLOADS[name].params if p.name == _SIZE_PARAM[name])
-    return build_workload(name, {_SIZE_PARAM[name]: min(requests, high)})
+    high = next(p.high for p in spec.params if p.name == spec.size)
+    return build_workload(name, {spec.size: min(requests, high)})

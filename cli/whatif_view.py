@@ -18,12 +18,12 @@ def pct(x: float) -> str:
 
 
 def answers(fig: dict[str, object]) -> list[str]:
-    cf = fig["capacity_for"]
-    assert isinstance(cf, dict)
+    cf, max_rate = fig["capacity_for"], fig["max_hit_rate"]
+    assert isinstance(cf, dict) and isinstance(max_rate, float)
     lines = [
         f"{fig['requests']:,} requests, {fig['prompt_tokens']:,} prompt tokens, "
         f"block {fig['block_size']} ({fig['format']}) in {fig['seconds']:.2f} s",
-        f"maximum hit rate {pct(float(fig['max_hit_rate']))} (infinite cache)",
+        f"maximum hit rate {pct(max_rate)} (infinite cache)",
         "capacity for 50% / 90% / 99% of it: "
         + " / ".join(f"{cf[f]:,} tokens" for f in ("0.5", "0.9", "0.99")),
         f"knee at {fig['knee_tokens']:,} tokens",

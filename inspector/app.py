@@ -10,7 +10,6 @@ handled between frames, so typing stays responsive however fast events arrive.
 
 from __future__ import annotations
 
-import gc
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -28,29 +27,26 @@ from textual.widgets import Footer, Input, Static
 from inspector.commands import CommandReplies
 from inspector.feed import Delta, Feed
 from inspector.frame import Builder, Frame, Want
-from inspector.layout import Row, collapse, expand, flatten
+from inspector.layout import collapse, expand
 from inspector.paint import Outside, Painter, Panes
+from inspector.panes import PANES, pane_bindings
 from inspector.sources import (
     ReplayControls,
     Source,
 )
+from inspector.tree_layout import LRU_ROWS, TreeLayout
 from inspector.widgets.block_map import BlockMap
 from inspector.widgets.command_line import CommandLine
 from inspector.widgets.event_log import EventLog
 from inspector.widgets.help import HelpScreen
-from inspector.widgets.lru import LruPane, next_victims
+from inspector.widgets.lru import LruPane
 from inspector.widgets.memory import MemoryPane
 from inspector.widgets.stats import StatsPane
 from inspector.widgets.tree_view import Folding, TreeView
-from radixcache.wire.mirror import MirrorNode
 
 FRAME_HZ = 30
-SYNC_LAYOUT_NODES = 5_000  # bigger trees are laid out off the UI thread
-BIG_LAYOUT_EVERY_S = 0.5
-LRU_ROWS = 12
 EVICTED_SHOW_S = 2.0
 WINDOW_MARGIN = 2  # screens of tree rows copied above and below the visible ones
-PANES = ("tree", "blocks", "memory", "lru", "events", "stats")
 SHORT, NARROW = 30, 100  # below these many rows / columns the compact layout is used
 
 
@@ -74,12 +70,7 @@ class InspectorApp(App[None]):
         Binding("question_mark", "help", "Help"),
         Binding("colon,slash", "focus_command", "Command"),
         Binding("escape", "focus_tree", "Tree", show=False),
-        Binding("f2", "toggle_pane('tree')", "Tree"),
-        Binding("f3", "toggle_pane('blocks')", "Blocks"),
-        Binding("f4", "toggle_pane('memory')", "Memory"),
-        Binding("f5", "toggle_pane('lru')", "LRU"),
-        Binding("f6", "toggle_pane('events')", "Events"),
-        Binding("f7", "toggle_pane('stats')", "Stats", show=False),
+        *pane_bindings(),
         Binding("ctrl+left", "resize(-5)", "Narrow", show=False),
         Binding("ctrl+right", "resize(5)", "Widen", show=False),
         Binding("p", "replay('toggle')", "Play", show=False),
@@ -110,12 +101,7 @@ class InspectorApp(App[None]):
         self.frame_ms: deque[float] = deque(maxlen=10_000)
         self.commands = CommandReplies(self, source, self.action_help, self.explain)
         self.tree_width = 50
-        self._layout_due = True
-        self._pending: tuple[list[Row] | None, list[tuple[MirrorNode, int]]] | None = None
-        self._candidates: list[tuple[MirrorNode, int]] | None = None
-        self._laying_out = False
-        self._next_big = 0.0
-        self._big_cost = 0.0
+        self.layout = TreeLayout(self.feed)
         self._selected: int | None = None
 
     @property
@@ -156,12 +142,10 @@ class InspectorApp(App[None]):
                             q("#timeline", Static), q("#message", Static), q(CommandLine))
         self.painter = Painter(self._panes, self.commands, self.flash_s)
         self.tree_pane.vocab = self.source.vocabulary()
-        self.tree_pane.border_title = "tree"
-        self.blocks.border_title = "block map"
-        q("#memory").border_title = "memory"
-        q("#lru").border_title = "LRU queue (next out)"
+        for pane in PANES:
+            if pane.title:
+                q(f"#{pane.id}").border_title = pane.title
         self._panes.events.set_kinds(self._panes.events.kinds)
-        q("#stats").border_title = "stats"
         q("#timeline").display = isinstance(self.source, ReplayControls)
         self._panes.fault.display = False
         self._fit(self.size.width, self.size.height)
@@ -210,19 +194,16 @@ class InspectorApp(App[None]):
             return
         t0 = time.perf_counter()
         wall = time.time()
-        # Lock order: a source's own locks before the feed's (an embedded loop applies its
-        # batches holding its lock). So ask the source now, never while holding the feed's.
+        # A source's status takes no engine lock (published state only); still ask it before
+        # taking the feed's lock, so the lock is held for the frame view alone.
         status = self.source.status()
         position = self.source.position() if isinstance(self.source, ReplayControls) else None
-        self._apply_background()
+        tree = self.tree_pane
+        self.layout.take(tree)
         check = self.check if self.check is not None and self.check.due() else None
         with self.feed.lock:
             d = self.feed.take_locked()
-            self._layout_locked(d)
-            tree = self.tree_pane
-            big = len(self.feed.mirror.nodes) > SYNC_LAYOUT_NODES
-            # a big tree is ranked by the layout worker only (none shown until its first pass)
-            cands = [] if big and self._candidates is None else self._candidates
+            cands = self.layout.locked(d, tree)
             want = Want(tree.window(WINDOW_MARGIN), self._selected, cands, LRU_ROWS, wall,
                         self.evicted_s)
             frame = self.builder.build(self.feed, d, want)
@@ -231,20 +212,11 @@ class InspectorApp(App[None]):
                 check.check(self)
         if check is None:
             self._paint(frame, d, Outside(wall, self.size.width, status, position))
-        self._start_background(wall)
+        job = self.layout.job(wall, tree)
+        if job is not None:
+            self.run_worker(job, thread=True, group="layout", exclusive=True)
         if not d.empty:
             self.frame_ms.append((time.perf_counter() - t0) * 1000)
-
-    def _layout_locked(self, d: Delta) -> None:
-        """Small trees: new rows now, under the lock, at the frame's seq."""
-        self._layout_due |= d.structure or d.rebuild
-        if d.rebuild:
-            self._candidates = None
-        if len(self.feed.mirror.nodes) <= SYNC_LAYOUT_NODES:
-            self._candidates = None
-            if self._layout_due:
-                self.tree_pane.set_rows(flatten(self.feed.mirror, self.tree_pane.collapsed))
-                self._layout_due = False
 
     def _paint(self, frame: Frame, d: Delta, out: Outside) -> None:
         self.painter.show(frame, d, out, self.builder.note)
@@ -260,45 +232,9 @@ class InspectorApp(App[None]):
         """Requests per second, as the header shows."""
         return self.painter.req_per_s
 
-    # -- big trees: layout in a worker -----------------------------------------------------
-    def _start_background(self, wall: float) -> None:
-        big = len(self.feed.mirror.nodes) > SYNC_LAYOUT_NODES
-        if not big or self._laying_out or wall < self._next_big:
-            return
-        # the layout thread competes with this one for the GIL: keep it under ~1/4
-        self._next_big = wall + max(BIG_LAYOUT_EVERY_S, 4 * self._big_cost)
-        layout, self._layout_due = self._layout_due, False
-        self._laying_out = True
-        self.run_worker(partial(self._background, set(self.tree_pane.collapsed), layout),
-                        thread=True, group="layout", exclusive=True)
-
-    def _background(self, collapsed: set[int], layout: bool) -> None:  # noqa: FBT001
-        """Lay out a big tree and rank LRU candidates without the feed lock (atomic copies);
-        the next frame takes the result and re-checks the candidates under the lock."""
-        t0 = time.perf_counter()
-        mirror = self.feed.mirror
-        rows = flatten(mirror, collapsed, yield_every=1_000) if layout else None
-        self._pending = (rows, next_victims(mirror, 4 * LRU_ROWS))
-        self._big_cost = time.perf_counter() - t0
-        self._laying_out = False
-
-    def _apply_background(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        rows, self._candidates = pending
-        if rows is not None:
-            self.tree_pane.set_rows(rows)
-            # A big tree is 100k+ long-lived objects: a full cyclic collection over them
-            # stalls the UI for 150-750 ms. Move what lives now out of the collector's sight;
-            # nodes are freed by reference counting when dropped (Feed breaks the cycles of
-            # a dropped tree, so a resync, seek or reset does not pin the old one).
-            gc.freeze()
-
     def caught_up(self) -> bool:
         """True when every batch the feed received is on screen (tests wait for this)."""
-        return self.feed.idle() and self._pending is None and not self._laying_out and not (
-            self._layout_due and len(self.feed.mirror.nodes) <= SYNC_LAYOUT_NODES)
+        return self.feed.idle() and self.layout.settled()
 
     def slow_tick(self) -> None:
         """Twice a second: redraw the memory pane (sparkline, ages) even without new samples."""
@@ -416,7 +352,7 @@ class InspectorApp(App[None]):
         """The palette: the app's own actions next to Textual's."""
         yield from super().get_system_commands(screen)
         for pane in PANES:
-            yield SystemCommand(f"Toggle {pane} pane", f"Show or hide the {pane} pane",
-                                partial(self.action_toggle_pane, pane))
+            yield SystemCommand(f"Toggle {pane.id} pane", f"Show or hide the {pane.id} pane",
+                                partial(self.action_toggle_pane, pane.id))
         yield SystemCommand("Help", "Show the key map", self.action_help)
         yield SystemCommand("Focus command line", "Type a command", self.action_focus_command)

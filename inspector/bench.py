@@ -95,10 +95,17 @@ class DrivenCache(Protocol):
 
 
 class EvictedLike(Protocol):
-    """What an eviction reports."""
+    """What an eviction reports (read-only: the tree's ``EvictResult`` is a tuple)."""
 
-    nodes: int
-    tokens: int
+    @property
+    def nodes(self) -> int:
+        """Nodes evicted."""
+        ...
+
+    @property
+    def tokens(self) -> int:
+        """Tokens evicted."""
+        ...
 
 
 def build_tree(cache: DrivenCache, nodes: int, progress: Progress | None = None) -> None:

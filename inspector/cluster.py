@@ -26,7 +26,7 @@ from __future__ import annotations
 import shlex
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
 
 from rich.text import Text
@@ -36,6 +36,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Footer, Input, Static
 
 from inspector.sources import DatasetWords
+from inspector.words import CLUSTER, cluster_words
 from radixcache.wire.fleet import Fleet, FleetNode, FleetTree
 
 if TYPE_CHECKING:
@@ -195,7 +196,9 @@ class ClusterApp(App[int | None]):
         with VerticalScroll(id="tree"):
             yield Static(id="tree-body")
         yield Static(id="message")
-        yield Input(placeholder="chat 20 · kill 1 · restart 1 · quit", id="command")
+        examples = [next(iter(cluster_words().values())).example,
+                    *(w.example for w in CLUSTER.values())]
+        yield Input(placeholder=" · ".join(examples), id="command")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -305,12 +308,17 @@ class ClusterApp(App[int | None]):
             return
         if not words:
             return
-        if words[0] == "quit":
-            self.exit(None)
-        elif words[0] in ("kill", "restart"):
-            self._fault(words)
-        else:
+        handler = self.WORDS.get(words[0])
+        if handler is not None:
+            handler(self, words)
+        elif words[0] in cluster_words():
             self._send_workload(words)
+        else:
+            known = " ".join(sorted(cluster_words()))
+            self.say(f"error: unknown command {words[0]!r} (commands: {known})")
+
+    def _quit(self, _: list[str]) -> None:
+        self.exit(None)
 
     def _fault(self, words: list[str]) -> None:
         if self.controls is None:
@@ -330,6 +338,10 @@ class ClusterApp(App[int | None]):
             self.call_from_thread(self.say, f"{verb} replica {rank}: done")
         except RuntimeError as exc:
             self.call_from_thread(self.say, f"error: {exc}")
+
+    # one per ``inspector.words.CLUSTER`` (a test checks)
+    WORDS: ClassVar[Mapping[str, Callable[[ClusterApp, list[str]], None]]] = {
+        "quit": _quit, "kill": _fault, "restart": _fault}
 
     def _send_workload(self, words: list[str]) -> None:
         from radixcache.traffic.workloads import WorkloadError, build_workload

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
+from typing import ClassVar
 
 from rich.text import Text
 from textual.app import App
@@ -74,30 +75,37 @@ class CommandReplies:
         self.say(text)
 
     def _local(self, words: tuple[str, ...]) -> None:
-        head, rest = words[0], words[1:]
-        if head == "help":
-            self.show_help()
-        elif head == "quit":
-            self.app.exit()
-        elif head == "why":
-            if len(rest) != 1 or not (rest[0].isascii() and rest[0].isdigit()):
-                self.say("✗ usage: why REQ (a request id, as the event log shows it)",
-                         error=True)
-                return
-            self.explain(int(rest[0]))
-        else:
-            everything = frozenset(KINDS) - NOISY
-            kinds = everything if rest == ("all",) else frozenset(rest)
-            unknown = kinds - set(KINDS)
-            if unknown or not kinds:
-                self.say(f"✗ usage: filter KIND... or filter all; kinds: {' '.join(KINDS)}",
-                         error=True)
-                return
-            self.app.query_one("#events", EventLog).set_kinds(kinds)
-            noisy = ", ".join(k for k in KINDS if k in NOISY)
-            hidden = f" (heartbeats {noisy} hidden: filter wm shows them)" if (
-                rest == ("all",)) else ""
-            self.say(f"✓ showing {' '.join(k for k in KINDS if k in kinds)}{hidden}")
+        self.LOCAL[words[0]](self, words[1:])
+
+    def _help(self, _: tuple[str, ...]) -> None:
+        self.show_help()
+
+    def _quit(self, _: tuple[str, ...]) -> None:
+        self.app.exit()
+
+    def _why(self, rest: tuple[str, ...]) -> None:
+        if len(rest) != 1 or not (rest[0].isascii() and rest[0].isdigit()):
+            self.say("✗ usage: why REQ (a request id, as the event log shows it)", error=True)
+            return
+        self.explain(int(rest[0]))
+
+    def _filter(self, rest: tuple[str, ...]) -> None:
+        everything = frozenset(KINDS) - NOISY
+        kinds = everything if rest == ("all",) else frozenset(rest)
+        unknown = kinds - set(KINDS)
+        if unknown or not kinds:
+            self.say(f"✗ usage: filter KIND... or filter all; kinds: {' '.join(KINDS)}",
+                     error=True)
+            return
+        self.app.query_one("#events", EventLog).set_kinds(kinds)
+        noisy = ", ".join(k for k in KINDS if k in NOISY)
+        hidden = f" (heartbeats {noisy} hidden: filter wm shows them)" if (
+            rest == ("all",)) else ""
+        self.say(f"✓ showing {' '.join(k for k in KINDS if k in kinds)}{hidden}")
+
+    # one per ``inspector.words.LOCAL`` (a test checks)
+    LOCAL: ClassVar[Mapping[str, Callable[[CommandReplies, tuple[str, ...]], None]]] = {
+        "help": _help, "quit": _quit, "why": _why, "filter": _filter}
 
     def say(self, text: str, *, error: bool = False) -> None:
         """Show a one-line message above the command line (in red for an error)."""

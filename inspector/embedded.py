@@ -1,13 +1,25 @@
 """EmbeddedSource: a cache service running in the inspector's process, in its ``ServiceLoop``.
 
-The same loop and command handler as ``radixcache serve``, with the batches handed straight to
-the ``Feed`` instead of a socket. The caller builds the service (a ``TreeDriver`` or an
-``Engine``: the CLI and the tests do; the inspector never constructs a tree or an engine) and
-this source owns it from ``start`` to ``stop``.
+The same loop and command handler as ``radixcache serve``, with the batches handed to the
+``Feed`` through a queue instead of a socket. The caller builds the service (a ``TreeDriver``
+or an ``Engine``: the CLI and the tests do; the inspector never constructs a tree or an
+engine) and this source owns it from ``start`` to ``stop``.
+
+The inspector sees what a live subscriber sees, and never waits on the engine::
+
+    rc-service-loop  (state lock)  step, publish: batch ──► queue (bounded)
+    rc-embedded-feed (feed lock)   batch ◄── queue: Feed.apply (mirror, watchers)
+    UI thread        (feed lock)   frame: Feed.take + the frame view
+
+The loop never takes the feed's lock (a frame in progress does not hold up a step or a
+command) and the UI never takes the loop's (``status`` and ``idle`` read published state:
+``ServiceLoop.working``, the commands in flight, the batches not yet applied). Only when the
+feed falls ``QUEUE_BATCHES`` batches behind does the loop wait for it, so memory stays bounded.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -16,9 +28,12 @@ from inspector.feed import Feed
 from inspector.replay import Recording
 from inspector.sources import ConnState, DatasetWords, SourceStatus
 from radixcache.core import events as ev
+from radixcache.core.guard import Guard
 from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
 from radixcache.serving.service import CacheService
 from radixcache.wire import commands as cmd
+
+QUEUE_BATCHES = 4096  # batches published but not yet applied, past which the loop waits
 
 
 class EmbeddedSource:
@@ -42,6 +57,9 @@ class EmbeddedSource:
         self._started = clock()
         self._commands = 0  # in flight
         self._count_lock = threading.Lock()
+        self._batches: queue.Queue[ev.Batch | None] = queue.Queue(QUEUE_BATCHES)
+        self.guard = Guard()  # the feed thread's
+        self._applier: threading.Thread | None = None
 
     # -- Source ------------------------------------------------------------------------------
     def start(self, feed: Feed) -> None:
@@ -52,31 +70,51 @@ class EmbeddedSource:
         if self.recording is not None:
             self.recording.keyframe(snapshot)
         feed.load(snapshot, 0, self.clock())
+        self._applier = self.guard.start("rc-embedded-feed", self._apply_batches)
         sink = BatchSink(self._on_batch, engine="embedded", clock=self.clock)
         self.loop = ServiceLoop(self.service, sink, self.config)
         self.loop.sample()  # a first memory and counter sample, before any step
         self.loop.start()
 
     def _on_batch(self, batch: ev.Batch) -> None:
+        """The loop's sink (its thread, its lock held): record, then queue for the feed."""
         rec = self.recording
         if rec is not None:
             rec.add(batch)
             if len(rec.batches) % self.keyframe_every == 0:
                 rec.keyframe(self.service.snapshot())
-        assert self._feed is not None
-        self._feed.apply(batch)
+        if self.guard.fault is None:  # a dead feed thread applies nothing: never wait for it
+            self._batches.put(batch)
+
+    def _apply_batches(self) -> None:
+        """The feed thread: apply each batch in order, as a subscriber's thread does."""
+        feed = self._feed
+        assert feed is not None
+        while True:
+            batch = self._batches.get()
+            try:
+                if batch is None:
+                    return
+                feed.apply(batch)
+            finally:
+                self._batches.task_done()
 
     def stop(self) -> None:
-        """Stop stepping and close the service (idempotent)."""
+        """Stop stepping, close the service, then apply what it published (idempotent)."""
         if self.loop is not None:
             self.loop.close()
             self.loop = None
+        if self._applier is not None:
+            self._batches.put(None)
+            self._applier.join(10)
+            self._applier = None
 
     def status(self) -> SourceStatus:
-        """LOCAL; ``busy`` while the service has work or a command is in flight; the loop's
-        fault, if its thread died, as the detail."""
+        """LOCAL; ``busy`` while the service has work or a command is in flight; the fault of
+        the loop's thread or the feed's, if one died, as the detail. Takes no lock."""
         loop = self.loop
-        fault = loop.fault.line() if loop is not None and loop.fault is not None else ""
+        died = loop.fault if loop is not None and loop.fault is not None else self.guard.fault
+        fault = died.line() if died is not None else ""
         # why device memory is missing: the last Watermark the mirror applied (one attribute
         # read of an immutable event, no feed lock: the app asks for status outside it)
         wm = self._feed.mirror.watermark if self._feed is not None else None
@@ -102,10 +140,11 @@ class EmbeddedSource:
         return self._text
 
     def idle(self) -> bool:
-        """True when nothing waits to be served, no command is in flight and every step's
-        batch is in the feed (a step and its batch happen under the loop's lock)."""
+        """True when nothing waits to be served, no command is in flight and every published
+        batch is in the feed. Reads published state only, in the order that cannot say idle
+        too early: the loop's ``working`` (set after its batch is queued), the commands in
+        flight (counted down after their batch is queued), then the batches not applied."""
         loop = self.loop
         if loop is None:
-            return True
-        with loop.lock:
-            return not self.service.busy() and self._commands == 0
+            return self._batches.unfinished_tasks == 0
+        return not loop.working and self._commands == 0 and self._batches.unfinished_tasks == 0

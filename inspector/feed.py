@@ -6,7 +6,7 @@ A source's thread calls ``Feed.apply`` for every batch it decodes; the UI's fram
 ``Feed.lock``, so the UI reads a mirror that is never half-way through a batch.
 
 Besides the mirror the feed keeps the few indexes the panes need and the mirror does not
-have: the set of locked nodes (so the block map finds locked blocks without a scan) and the
+have: the set of pinned nodes (so the block map finds pinned blocks without a scan) and the
 wall time of each access clock (so the tree and LRU panes can show ages).
 """
 
@@ -19,12 +19,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import assert_never
 
 from radixcache.analysis.follow import Follower
 from radixcache.core import events as ev
+from radixcache.core.kinds import tag
 from radixcache.wire.mirror import Mirror, MirrorError, MirrorNode
 
 LOG_KEEP = 2_000  # events the log pane can scroll back through
+UNLOGGED = (ev.Access, ev.Pin)  # most of a stream, and each only repeats a request's path
 
 
 class Flash(Enum):
@@ -46,7 +49,7 @@ class LogEntry:
         self.ts = ts
         self.seq = seq
         self.event = event
-        self.kind: str = type(event).__struct_config__.tag  # type: ignore[assignment]
+        self.kind = tag(event)
 
 
 @dataclass
@@ -78,7 +81,7 @@ class Feed:
     def __init__(self, mirror: Mirror | None = None) -> None:
         self.lock = threading.Lock()
         self.mirror = mirror if mirror is not None else Mirror()
-        self.locked: set[int] = set()
+        self.pinned: set[int] = set()
         self.seq = -1
         self.epoch = -1
         self.engine = ""
@@ -156,14 +159,14 @@ class Feed:
     def _after_snapshot(self, d: Delta, ts: float) -> None:
         self._unlink_dropped()
         self.out_of_sync = False
-        self.locked = {n.id for n in self.mirror.nodes.values() if n.lock > 0}
+        self.pinned = {n.id for n in self.mirror.nodes.values() if n.lock > 0}
         self._clocks, self._clock_ts = [self.mirror.clock], [ts]
         d.rebuild = d.structure = True
         d.blocks.update(range(self.mirror.num_blocks))
 
     def _note(self, d: Delta, batch: ev.Batch, e: ev.AnyEvent) -> None:  # noqa: C901
         d.events += 1
-        if not isinstance(e, ev.Access | ev.Lock):
+        if not isinstance(e, UNLOGGED):
             d.log.append(LogEntry(batch.ts, batch.seq, e))
         match e:
             case ev.Access():
@@ -171,15 +174,11 @@ class Feed:
                 if not self._clock_ts or self._clock_ts[-1] != batch.ts:
                     self._clocks.append(e.clock)
                     self._clock_ts.append(batch.ts)
-            case ev.Lock():
-                self._relock(self.mirror.nodes.get(e.node))
-            case ev.NodeCreated():
+            case ev.Pin():
+                self._repin(self.mirror.nodes.get(e.node))
+            case ev.NodeCreated() | ev.Extend():
                 d.structure = True
-                d.flashes[e.node] = Flash.CREATE
-                d.blocks.update(e.blocks)
-            case ev.Extend():
-                d.structure = True
-                d.flashes[e.node] = Flash.EXTEND
+                d.flashes[e.node] = Flash.CREATE if isinstance(e, ev.NodeCreated) else Flash.EXTEND
                 d.blocks.update(e.blocks)
             case ev.Split():
                 d.structure = True
@@ -187,20 +186,20 @@ class Feed:
                 d.blocks.update(e.suffix_blocks[:1])  # the boundary block may now be shared
                 prefix = self.mirror.nodes.get(e.prefix)
                 if prefix is not None and prefix.lock > 0:
-                    self.locked.add(e.prefix)
+                    self.pinned.add(e.prefix)
             case ev.Merge():
                 d.structure = True
                 d.flashes[e.child] = Flash.MERGE
                 d.merged[e.parent] = e.child
-                if e.dropped is not None and e.dropped >= 0:
+                if e.dropped is not None:
                     d.blocks.add(e.dropped)
-                self.locked.discard(e.parent)
+                self.pinned.discard(e.parent)
             case ev.Evict():
                 d.structure = True
                 d.flashes[e.node] = Flash.EVICT
                 d.evicted.add(e.node)
                 d.blocks.update(e.freed)
-                self.locked.discard(e.node)
+                self.pinned.discard(e.node)
             case ev.BlockAlloc() | ev.BlockFree():
                 d.blocks.update(e.blocks)
             case ev.Cow():
@@ -209,6 +208,11 @@ class Feed:
                 d.watermarks.append(e)
             case ev.Snapshot() | ev.Reset():
                 self._after_snapshot(d, batch.ts)
+            case (ev.RequestStart() | ev.RequestFinish() | ev.Counters() | ev.Fault()
+                  | ev.Digest() | ev.RequestCached() | ev.Queue()):
+                pass  # the log has them; the panes read them off the mirror
+            case _:
+                assert_never(e)
 
     def _unlink_dropped(self) -> None:
         """Break the parent/child cycles of a tree the mirror just dropped (snapshot, reset,
@@ -222,13 +226,13 @@ class Feed:
             n.parent = None
             n.children = {}
 
-    def _relock(self, n: MirrorNode | None) -> None:
-        """Bring ``locked`` up to date along the path of a Lock event."""
+    def _repin(self, n: MirrorNode | None) -> None:
+        """Bring ``pinned`` up to date along the path of a Pin event."""
         while n is not None:
             if n.lock > 0:
-                self.locked.add(n.id)
+                self.pinned.add(n.id)
             else:
-                self.locked.discard(n.id)
+                self.pinned.discard(n.id)
             n = n.parent
 
     # -- reader side (UI thread) -----------------------------------------------------------
@@ -252,11 +256,11 @@ class Feed:
         i = bisect_right(self._clocks, clock) - 1
         return self._clock_ts[i] if i >= 0 else None
 
-    def locked_blocks(self) -> set[int]:
-        """Blocks held by locked nodes or by running requests (call under the lock)."""
+    def pinned_blocks(self) -> set[int]:
+        """Blocks held by pinned nodes or by running requests (call under the lock)."""
         out = set(self.mirror.request_blocks)
         nodes = self.mirror.nodes
-        for nid in self.locked:
+        for nid in self.pinned:
             n = nodes.get(nid)
             if n is not None and n.parent is not None:
                 out.update(n.blocks)

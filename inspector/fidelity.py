@@ -6,7 +6,7 @@ the state the frame was taken from. The truth is recomputed here from the mirror
 walk over every node), not from the frame builder's incremental indexes, and compared with
 what the panes render:
 
-- block-map cells per state equal the mirror's counts (locked, COW, shared, cached, free);
+- block-map cells per state equal the mirror's counts (pinned, COW, shared, cached, free);
 - the block map's title, the header and the memory pane show the mirror's used blocks;
 - the tree's title and its root row show the mirror's node count;
 - every LRU entry is a live, unpinned leaf, in (last access, id) order;
@@ -25,7 +25,7 @@ import numpy as np
 
 from inspector.frame import Cell
 from inspector.layout import block_ranges
-from radixcache.wire.mirror import Mirror
+from radixcache.wire.mirror import Mirror, is_victim
 
 if TYPE_CHECKING:
     from inspector.app import InspectorApp
@@ -56,14 +56,14 @@ class Fidelity:
     @staticmethod
     def _truth(m: Mirror, selected: set[int], evicted: set[int]) -> dict[Cell, int]:
         """Each block's state from the mirror alone (pins walked from every node), counted;
-        the same priority as the map: selected, free/evicted, locked, COW, shared, cached."""
+        the same priority as the map: selected, free/evicted, pinned, COW, shared, cached."""
         pinned = set(m.request_blocks)
         for n in m.nodes.values():
             if n.lock > 0 and n.parent is not None:
                 pinned.update(n.blocks)
         ref = np.array(m.ref, dtype=np.int64)
         state = np.where(ref > 1, Cell.SHARED, Cell.CACHED).astype(np.uint8)
-        for blocks, cell in ((m.cow_blocks, Cell.COW), (pinned, Cell.LOCKED)):
+        for blocks, cell in ((m.cow_blocks, Cell.COW), (pinned, Cell.PINNED)):
             state[np.fromiter(blocks, dtype=np.int64, count=len(blocks))] = cell
         state[ref == 0] = Cell.FREE
         gone = np.fromiter(evicted, dtype=np.int64, count=len(evicted))
@@ -124,7 +124,7 @@ class Fidelity:
         prev: tuple[int, int] | None = None
         for nid in app.panes.lru.victims:
             n = m.nodes.get(nid)
-            if n is None or n.children or n.lock or n.parent is None:
+            if n is None or not is_victim(n):
                 out.append(f"LRU entry n{nid} is not a live unpinned leaf")
                 continue
             if prev is not None and (n.clock, n.id) < prev:

@@ -14,7 +14,6 @@ whose lock or selection changed) are reclassified, so a frame costs what changed
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -23,7 +22,7 @@ from types import MappingProxyType
 from inspector.feed import Delta, Feed
 from inspector.layout import Row, block_ranges, human_age
 from radixcache.core import events as ev
-from radixcache.wire.mirror import Mirror, MirrorNode, MirrorStats
+from radixcache.wire.mirror import Mirror, MirrorNode, MirrorStats, is_victim, next_victims
 
 PREVIEW_BYTES = 8 * 4  # the tokens a preview shows (uint32 each)
 
@@ -36,7 +35,7 @@ class Cell(IntEnum):
     CACHED = 2
     SHARED = 3
     COW = 4
-    LOCKED = 5
+    PINNED = 5
     SELECTED = 6
 
 
@@ -122,7 +121,7 @@ class Builder:
 
     def __init__(self) -> None:
         self.cells = bytearray()
-        self.locked: set[int] = set()
+        self.pinned: set[int] = set()
         self.selected: set[int] = set()
         self.evicted: dict[int, float] = {}  # freed block -> wall time its mark fades
         self.selected_id: int | None = None
@@ -190,13 +189,13 @@ class Builder:
         faded = {b for b, until in self.evicted.items() if until <= wall}
         for b in faded:
             del self.evicted[b]
-        locked = feed.locked_blocks()
+        pinned = feed.pinned_blocks()
         node = m.nodes.get(sel) if sel is not None else None
         selected = set(node.blocks) if node is not None else set()
         if not isinstance(dirty, range):
             unshared = {b for b in self.shared if m.ref[b] < 2} if d.evicted else set()
-            dirty = dirty | faded | unshared | (locked ^ self.locked) | (selected ^ self.selected)
-        self.locked, self.selected = locked, selected
+            dirty = dirty | faded | unshared | (pinned ^ self.pinned) | (selected ^ self.selected)
+        self.pinned, self.selected = pinned, selected
         self._changed = None if isinstance(dirty, range) else frozenset(dirty)
         if not dirty and len(self._bytes) == n:
             return
@@ -215,8 +214,8 @@ class Builder:
             return Cell.SELECTED
         if m.ref[b] == 0:
             return Cell.EVICTED if b in self.evicted else Cell.FREE
-        if b in self.locked:
-            return Cell.LOCKED
+        if b in self.pinned:
+            return Cell.PINNED
         if b in m.cow_blocks:
             return Cell.COW
         return Cell.SHARED if m.ref[b] > 1 else Cell.CACHED
@@ -238,14 +237,11 @@ class Builder:
         here (still a live, unpinned leaf at the same access clock) and kept in their order;
         without candidates the whole (small) tree is ranked now."""
         if want.lru_candidates is None:
-            leaves = (n for n in m.nodes.values()
-                      if not n.children and n.lock == 0 and n.parent is not None)
-            first = heapq.nsmallest(want.lru_rows, leaves, key=lambda n: (n.clock, n.id))
-            return [self._view(feed, m, n.id) for n in first]
+            return [self._view(feed, m, n.id) for n, _ in next_victims(m, want.lru_rows)]
         out: list[NodeView] = []
         for cand, clock in want.lru_candidates:
             n = m.nodes.get(cand.id)
-            if n is cand and not n.children and n.lock == 0 and n.clock == clock:
+            if n is cand and is_victim(n) and n.clock == clock:
                 out.append(self._view(feed, m, n.id))
                 if len(out) == want.lru_rows:
                     break

@@ -68,7 +68,8 @@ class BlockList(ScrollView, can_focus=True):
         """Show ``rows`` (the cursor stays at its index, clamped)."""
         self.rows = rows
         self.cursor = min(self.cursor, max(0, len(rows) - 1))
-        self.virtual_size = Size(self.size.width, len(rows))
+        self.virtual_size = Size(0, len(rows))
+        self._scroll_update(self.virtual_size)  # see TreeView.set_rows
         self.refresh()
 
     def render_line(self, y: int) -> Strip:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 import numpy as np
+from rich.cells import cell_len, set_cell_size
 
 from radixcache.wire.mirror import Mirror, MirrorNode
 
@@ -140,12 +141,13 @@ def preview(node: MirrorNode, vocab: TokenText | None, width: int = 22) -> str:
 
 
 def preview_text(head: bytes, vocab: TokenText | None, width: int = 22) -> str:
-    """The words of the first tokens in ``head`` (uint32 ids), quoted and cut to ``width``."""
+    """The words of the first tokens in ``head`` (uint32 ids), quoted and cut to ``width``
+    terminal cells (a CJK character takes two: counting characters overflowed the row)."""
     n = min(len(head) // 4, _PREVIEW_TOKENS)
     ids = [int(t) for t in np.frombuffer(head, dtype="<u4", count=n)]
     text = vocab.text(ids) if vocab is not None else " ".join(map(str, ids))
-    if len(text) > width - 2:
-        text = text[: max(1, width - 3)] + "…"
+    if cell_len(text) > width - 2:
+        text = set_cell_size(text, max(1, width - 3)).rstrip() + "…"
     return f'"{text}"'
 
 

@@ -16,7 +16,7 @@ from radixcache.wire.client import send_command
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.subscriber import State, Subscriber
 
-STALE_S = 3.0  # no batch (heartbeats included) for this long: shown as disconnected
+STALE_S = 3.0  # no frame (heartbeats included) for this long: shown as disconnected
 
 
 class LiveSource:
@@ -28,7 +28,6 @@ class LiveSource:
         self._timeout = request_timeout_s
         self._sub: Subscriber | None = None
         self._feed: Feed | None = None
-        self._last_batch = 0.0
         self._since = time.time()
         self._state = ConnState.DISCONNECTED
         self._snapshots = 0
@@ -47,7 +46,6 @@ class LiveSource:
 
         if self._feed is None or not isinstance(batch, ev.Batch):
             return
-        self._last_batch = time.time()
         if self._sub is not None and self._sub.stats.snapshots != self._snapshots:
             self._snapshots = self._sub.stats.snapshots
             self._feed.resynced(batch.ts)
@@ -59,13 +57,16 @@ class LiveSource:
             self._sub.stop()
 
     def _current(self) -> ConnState:
+        """Silence first: an engine sends a heartbeat every 0.25 s, so no frame on either
+        socket for ``STALE_S`` means it is gone, whatever the subscriber still waits for (a
+        replay it asks of a dead engine never comes: "resyncing" would last forever)."""
         sub = self._sub
         if sub is None or not sub.synced.is_set():
             return ConnState.DISCONNECTED
+        if time.monotonic() - sub.last_frame > STALE_S:
+            return ConnState.DISCONNECTED
         if sub.state is not State.LIVE:
             return ConnState.RESYNCING
-        if time.time() - self._last_batch > STALE_S:
-            return ConnState.DISCONNECTED
         return ConnState.LIVE
 
     def status(self) -> SourceStatus:

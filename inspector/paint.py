@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from rich.text import Text
 from textual.widgets import Static
 
 from inspector.commands import CommandReplies
@@ -61,16 +60,17 @@ class Painter:
         self.view: Frame = EMPTY
         self.rate = Rate()
         self.req_per_s = 0.0
-        self._legend: list[tuple[str, str]] = []
         self._header = ""
         self._words_in = False
 
     def show(self, frame: Frame, d: Delta, out: Outside, note: str) -> None:
         """Every pane takes ``frame``; the log and the memory history take the delta. A frame
-        equal to the one on screen with nothing new in the delta costs nothing."""
+        equal to the one on screen with nothing new in the delta costs only the header: the
+        source's state (live, disconnected since when) changes without any batch."""
         p = self.p
         if d.empty and frame == self.view and not p.tree.flashes:
             self.view = frame
+            self._header_line(frame, out)
             return
         self.view = frame
         wall = out.wall
@@ -85,11 +85,6 @@ class Painter:
         p.tree.border_subtitle = frame.selection.footer() if frame.selection else ""
         p.blocks.show(frame)
         p.blocks.border_title = f"block map {frame.used_blocks:,}/{frame.num_blocks:,}"
-        legend = p.blocks.legend()
-        if legend != self._legend:
-            self._legend = legend
-            p.blocks.border_subtitle = Text.assemble(
-                *[(f"{t}  ", p.blocks.styled(c)) for t, c in legend])
         if d.log:
             p.events.refresh()
         for err in d.errors:
@@ -111,15 +106,18 @@ class Painter:
             self._words_in = True
             self.p.tree.forget_previews()
 
+    def _header_line(self, frame: Frame, out: Outside) -> None:
+        header = header_line(out.status, frame, self.req_per_s, out.wall, out.width)
+        if header.plain != self._header:
+            self._header = header.plain
+            self.p.header.update(header)
+
     def _figures(self, frame: Frame, out: Outside) -> None:
         p = self.p
         self.req_per_s = self.rate.add(frame.now, figures(frame).requests)
         if out.position is not None:
             p.timeline.update(timeline(out.position, out.width))
-        header = header_line(out.status, frame, self.req_per_s, out.wall, out.width)
-        if header.plain != self._header:
-            self._header = header.plain
-            p.header.update(header)
+        self._header_line(frame, out)
         p.stats.show(frame, self.req_per_s)
         fault = frame.fault
         p.fault.display = fault is not None

@@ -3,8 +3,9 @@
 A ``Source`` runs its own thread that decodes batches and applies them through a ``Feed``;
 the app only polls ``status()`` and calls ``send()``. Sources here:
 
-- ``LocalSource`` (``inspector.local``): an in-process radix tree driven by seeded workloads
-  (tests, screenshots, ``radixcache inspect --local``);
+- ``EmbeddedSource`` (``inspector.embedded``): a service (an engine or the model-free
+  ``TreeDriver``) stepped in-process by its ``ServiceLoop`` (``radixcache inspect`` without
+  an endpoint; the tests' ``LocalSource`` is one over a ``TreeDriver``);
 - ``ReplaySource`` (``inspector.replay``): a recording, with play/pause/step/seek;
 - ``LiveSource`` (``inspector.live``): a running engine over ZeroMQ.
 """
@@ -20,6 +21,7 @@ from typing import Protocol, runtime_checkable
 from inspector.feed import Feed
 from inspector.layout import TokenText
 from radixcache.traffic import sharegpt
+from radixcache.traffic.sharegpt import TokenArray
 from radixcache.traffic.workloads import Vocabulary
 from radixcache.wire.commands import AnyCommand, AnyReply
 
@@ -121,7 +123,7 @@ class DatasetWords:
         self._loader: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    def text(self, tokens: Sequence[int]) -> str:
+    def text(self, tokens: Sequence[int] | TokenArray) -> str:
         """Words of ``tokens`` joined by spaces; an id neither list knows renders as ``#id``."""
         out = self.synthetic.text(tokens)
         if "#" not in out:

@@ -7,6 +7,8 @@ It redraws twice a second, so a request still running gets its spans when it fin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import ClassVar
 
 from rich.text import Text
@@ -16,12 +18,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from inspector.feed import Feed
-from radixcache.analysis.misses import describe
+from radixcache.analysis.misses import Cause, Line, describe
 
 REDRAW_S = 0.5
-_STYLES = {"evicted": "#e06c75", "never seen": "#e5c07b", "diverged": "#c792ea",
-           "capacity": "#e06c75", "in flight": "#61afef", "last prompt": "dim",
-           "not followed": "dim"}  # a colour for each cause (radixcache.analysis.misses.Cause)
+STYLES: Mapping[Cause, str] = MappingProxyType({  # a colour for each cause (a test checks)
+    Cause.EVICTED: "#e06c75", Cause.NEVER_SEEN: "#e5c07b", Cause.DIVERGED: "#c792ea",
+    Cause.CAPACITY: "#e06c75", Cause.IN_FLIGHT: "#61afef", Cause.LAST_TOKEN: "dim",
+    Cause.NOT_FOLLOWED: "dim"})
 
 
 class WhyScreen(ModalScreen[None]):
@@ -32,7 +35,7 @@ class WhyScreen(ModalScreen[None]):
     def __init__(self, feed: Feed, req: int) -> None:
         super().__init__()
         self.feed, self.req = feed, req
-        self.lines: list[str] = []
+        self.lines: list[Line] = []
 
     def compose(self) -> ComposeResult:
         """One block of text."""
@@ -50,8 +53,7 @@ class WhyScreen(ModalScreen[None]):
             self.lines = describe(f.misses, self.req, f.error)
         out = Text()
         for i, line in enumerate(self.lines):
-            style = "bold" if i == 0 else next(
-                (v for k, v in _STYLES.items() if k in line), "")
-            out.append(line + "\n", style)
+            style = "bold" if i == 0 else STYLES[line.cause] if line.cause is not None else ""
+            out.append(line.text + "\n", style)
         out.append("\nescape: close", "dim")
         self.query_one("#why-body", Static).update(out)

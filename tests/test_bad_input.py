@@ -102,9 +102,9 @@ def test_decoder_rejects_extra_arguments(value):
 @pytest.mark.parametrize(
     ("line", "message"),
     [("", "empty command"), ("pause now", "pause takes no arguments"),
-     ("evict", "usage: evict TOKENS | watermark HIGH LOW"),
-     ("evict many", "usage: evict TOKENS"), ("watermark 0.9", "usage: evict TOKENS"),
-     ("watermark a b", "usage: evict TOKENS")],
+     ("evict", r"^usage: evict TOKENS \(e.g. evict 4096\)$"),
+     ("evict many", "usage: evict TOKENS"), ("watermark 0.9", "usage: watermark HIGH LOW"),
+     ("watermark a b", "usage: watermark HIGH LOW")],
 )
 def test_typed_command_line_errors(line, message):
     with pytest.raises(cmd.CommandError, match=message):
@@ -201,9 +201,14 @@ def test_random_bytes_and_oversized_messages_on_command_and_control(server):
         b"error", b"r1", b"expected 8 bytes, got 3"]
     assert _raw_command(ep.control, [b"snapshot"]) == [
         b"error", b"", b"unknown control request of 1 frames"]
-    # over ZMQ_MAXMSGSIZE (64 KiB): ZeroMQ drops the peer's connection, nothing is answered
+    # over the 64 KiB command limit: read (the socket reads up to 1 MiB) and refused
     big = rng.randbytes(200_000)
-    assert _raw_command(ep.commands, [big], timeout_ms=500) is None
+    reply = _raw_command(ep.commands, [big])
+    assert reply is not None
+    assert cmd.decode_reply(reply[-1]) == cmd.Error("command of 200000 bytes exceeds 65536")
+    # over the 1 MiB transport limit (64 KiB on the control socket): ZeroMQ drops the peer's
+    # connection, nothing is answered (tests/test_hostile_commands.py counts it)
+    assert _raw_command(ep.commands, [big * 6], timeout_ms=500) is None
     assert _raw_command(ep.control, [b"snapshot", big], timeout_ms=500) is None
     # not even ZMTP: the handshake fails and ZeroMQ closes the TCP connection
     for endpoint in (ep.commands, ep.control, ep.events):
@@ -321,17 +326,17 @@ def test_tree_rejects_empty_and_oversized_prompts():
     digest, used = tree.digest(), tree.alloc.used_count
     for empty in ([], np.zeros(0, np.uint32), b""):
         with pytest.raises(InvalidTokens, match=r"at least one token|non-empty multiple"):
-            tree.match_and_lock(empty)
+            tree.match_and_pin(empty)
     with pytest.raises(InvalidTokens, match="token bytes must be a non-empty multiple of 4"):
         tree.match(b"abc")
     with pytest.raises(InvalidTokens, match="token ids must be integers, got float64"):
         tree.match([1.5])
     assert tree.digest() == digest  # refused before touching anything
     tree.check()
-    m = tree.match_and_lock(list(range(200)))
+    m = tree.match_and_pin(list(range(200)))
     with pytest.raises(PromptTooLarge, match="200 tokens need 13 blocks; the pool has 8"):
         tree.allocate(m, 200)
-    tree.unlock(m.node)
+    tree.unpin(m.node)
     tree.take_events()  # the match touched the access clock; no block or node changed
     assert tree.alloc.used_count == used
     assert len(tree.snapshot().request_blocks) == 0
@@ -364,7 +369,7 @@ def test_engine_rejects_empty_and_oversized_prompts():
         while not ok.done() and time.monotonic() < deadline:
             engine.step()
         assert len(ok.result(0).tokens) == 2
-        m = engine.metrics()
+        m = engine.stats()
         assert (m.submitted, m.finished, m.rejected) == (2, 1, 1)
         engine.tree.check()
         snap = engine.tree.snapshot()

@@ -52,9 +52,9 @@ def test_arrivals_are_seeded_poisson() -> None:
 def _mirror_of(seqs: list[list[int]]) -> Mirror:
     tree = RadixTree(KVPool(64, 16))
     for seq in seqs:
-        m = tree.match_and_lock(toks(seq))
+        m = tree.match_and_pin(toks(seq))
         tree.insert(toks(seq), tree.allocate(m, len(seq)))
-        tree.unlock(m.node)
+        tree.unpin(m.node)
     mirror = Mirror(16, 64)
     mirror.load_snapshot(tree.snapshot())
     return mirror

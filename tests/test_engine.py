@@ -76,7 +76,7 @@ def test_eight_threads_submitting_at_once_leave_a_clean_tree() -> None:
     results = [[h.result(60) for h in hs] for hs in handles]
     loop.stop()
     _assert_idle_and_consistent(engine)
-    m = engine.metrics()
+    m = engine.stats()
     assert (m.submitted, m.finished, m.waiting, m.running) == (32, 32, 0, 0)
     assert m.output_tokens == 96
     # greedy tokens are those of the same prompts served one by one without the cache
@@ -95,7 +95,7 @@ def test_request_larger_than_the_pool_is_rejected_at_once() -> None:
     assert h.done()
     with pytest.raises(RequestRejected, match="70 positions need 5 blocks; the pool has 4"):
         h.result(0)
-    m = engine.metrics()
+    m = engine.stats()
     assert (m.submitted, m.rejected, m.waiting) == (1, 1, 0)
 
 
@@ -104,7 +104,7 @@ def test_full_pool_of_locked_blocks_makes_a_request_wait_then_proceed() -> None:
     a = engine.submit(_words(3, 90), 4)  # 93 positions: 6 of the 8 blocks
     b = engine.submit(_words(4, 40), 4)  # 43 positions: 3 blocks, only 2 free while a runs
     assert engine.step().admitted == 1
-    assert (engine.metrics().running, engine.metrics().waiting) == (1, 1)
+    assert (engine.stats().running, engine.stats().waiting) == (1, 1)
     steps = [engine.step() for _ in range(3)]  # a decodes its 2nd..4th token and finishes
     assert [s.admitted for s in steps] == [0, 0, 0]
     assert a.done() and not b.done()
@@ -160,7 +160,7 @@ def test_metrics_are_exact_for_a_repeated_request() -> None:
     hits = [h.result(0).metrics for h in (first, second, third)]
     assert [(m.hit_tokens, m.prefill_tokens, m.output_tokens) for m in hits] == [
         (0, 50, 4), (0, 50, 4), (49, 1, 4)]
-    m = engine.metrics()
+    m = engine.stats()
     assert (m.prompt_tokens, m.hit_tokens, m.prefill_tokens, m.output_tokens) == (150, 49, 101, 12)
     assert m.hit_rate == pytest.approx(49 / 150)
     assert hits[2].ttft_ms >= hits[2].queue_ms
@@ -174,7 +174,7 @@ def test_cache_off_serves_without_reuse_and_keeps_nothing() -> None:
     _run(engine, [h3 := engine.submit(p, 3)])
     assert [h.result(0).metrics.hit_tokens for h in [*hs, h3]] == [0, 0, 0]
     assert (len(engine.tree), engine.pool.allocator.used_count) == (0, 0)
-    assert engine.metrics().prefill_tokens == 150
+    assert engine.stats().prefill_tokens == 150
 
 
 def test_reset_cancels_running_and_waiting_requests() -> None:
@@ -187,7 +187,7 @@ def test_reset_cancels_running_and_waiting_requests() -> None:
         with pytest.raises(RequestCancelled):
             h.result(0)
     assert (len(engine.tree), engine.pool.allocator.used_count) == (0, 0)
-    assert engine.metrics().running == engine.metrics().waiting == 0
+    assert engine.stats().running == engine.stats().waiting == 0
 
 
 def test_pause_stops_admission_until_resume() -> None:
@@ -195,10 +195,28 @@ def test_pause_stops_admission_until_resume() -> None:
     engine.pause()
     h = engine.submit(_words(11, 20), 2)
     assert engine.step().admitted == 0
-    assert engine.metrics().waiting == 1
+    assert engine.stats().waiting == 1
     engine.resume()
     _run(engine, [h])
     assert h.result(0).metrics.output_tokens == 2
+
+
+def test_pause_says_that_running_requests_go_on_to_finish() -> None:
+    """``pause`` stops admission, not stepping: the reply says how many still run, so a user
+    who reads it is not surprised that blocks keep moving (issue 21)."""
+    from radixcache.serving.service import handle
+    from radixcache.wire import commands as cmd
+
+    engine = _engine(256)
+    running = [engine.submit(_words(s, 20), 8) for s in range(3)]
+    assert engine.step().admitted == 3
+    engine.submit(_words(9, 20), 8)
+    assert handle(engine, cmd.Pause()) == cmd.Ok(
+        "admission paused: 3 running requests go on to finish, 1 waiting stay queued "
+        "(resume admits them)", {"running": 3, "waiting": 1})
+    _run(engine, running)  # they do finish, paused
+    assert handle(engine, cmd.Pause()) == cmd.Ok("paused, 1 waiting stay queued",
+                                                 {"running": 0, "waiting": 1})
 
 
 def test_events_rebuild_the_tree_in_a_mirror() -> None:
@@ -237,7 +255,7 @@ def test_reset_ends_a_workload_instead_of_feeding_its_later_turns() -> None:
     outcomes = run.wait(timeout=10)
     assert [type(o).__name__ for o in outcomes] == ["RequestCancelled"] * 7
     assert engine.step().admitted == 0  # nothing dependent was submitted afterwards
-    assert (engine.metrics().waiting, engine.metrics().running) == (0, 0)
+    assert (engine.stats().waiting, engine.stats().running) == (0, 0)
     _assert_idle_and_consistent(engine)
 
 

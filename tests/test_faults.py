@@ -84,7 +84,8 @@ def _pause_and_drain(endpoints: Endpoints) -> tuple[int, str]:
     """Pause the engine and wait until its running requests have finished (``pause`` stops
     admission only), then return ``_engine_snapshot``: nothing changes the tree after it, so
     a subscriber at or past its seq must hold the same digest."""
-    assert send_command(endpoints.commands, cmd.Pause()) == cmd.Ok("paused")
+    reply = send_command(endpoints.commands, cmd.Pause())
+    assert isinstance(reply, cmd.Ok) and "paused" in reply.message, reply
 
     def drained() -> bool:
         reply = send_command(endpoints.commands, cmd.Stats())
@@ -173,9 +174,9 @@ def test_slow_subscriber_overflowing_the_hwm_recovers_by_snapshot(tmp_path):
 
 def test_pool_full_of_locked_blocks():
     tree = RadixTree(KVPool(8, 16))
-    m = tree.match_and_lock(list(range(100)))
+    m = tree.match_and_pin(list(range(100)))
     held = tree.allocate(m, 128)  # every block, held by a "running request"
-    m2 = tree.match_and_lock(list(range(500, 520)))
+    m2 = tree.match_and_pin(list(range(500, 520)))
     tree.check()
     digest = tree.digest()
     with pytest.raises(PoolExhausted, match="need 2 blocks, 0 free and nothing more evictable"):
@@ -184,10 +185,10 @@ def test_pool_full_of_locked_blocks():
     assert tree.alloc.free_count == 0
     tree.check()
     tree.release(held)
-    tree.unlock(m.node)
+    tree.unpin(m.node)
     lease = tree.allocate(m2, 20)
     tree.insert(list(range(500, 520)), lease)
-    tree.unlock(m2.node)
+    tree.unpin(m2.node)
     tree.check()
     assert sum(n.lock for n in tree.snapshot().nodes) == 0
 
@@ -196,17 +197,17 @@ def test_engine_waits_while_the_pool_is_locked_then_serves():
     engine = Engine(EngineConfig(num_blocks=8, model=ModelConfig(vocab_size=1000)))
     try:
         tree = engine.tree
-        m = tree.match_and_lock(list(range(100)))
+        m = tree.match_and_pin(list(range(100)))
         held = tree.allocate(m, 128)  # locked outside the engine
         h = engine.submit(list(range(20)), 3)
         for _ in range(5):
             report = engine.step()
             assert (report.admitted, report.sequences) == (0, 0)
         assert not h.done()
-        assert (engine.metrics().waiting, engine.metrics().running) == (1, 0)
+        assert (engine.stats().waiting, engine.stats().running) == (1, 0)
         tree.check()
         tree.release(held)
-        tree.unlock(m.node)
+        tree.unpin(m.node)
         for _ in range(10):
             engine.step()
         assert len(h.result(0).tokens) == 3

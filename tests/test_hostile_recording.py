@@ -96,7 +96,7 @@ def chain_batches(depth: int, per_batch: int) -> list[list[ev.AnyEvent]]:
             ev.NodeCreated(i, i - 1, i - 1, (i % 1000).to_bytes(4, "little"), [i % 64], False)
             for i in range(lo, min(lo + per_batch, depth + 1))]
         out.append(events)
-    out += [[ev.Lock(depth, 1), ev.Access(depth, 5)], [ev.Lock(depth, -1)]]
+    out += [[ev.Pin(depth, 1), ev.Access(depth, 5)], [ev.Pin(depth, -1)]]
     for events in out:
         for e in events:
             truth.apply(e)

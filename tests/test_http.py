@@ -35,7 +35,7 @@ def http_engine(blocks: int) -> Iterator[HttpFront]:
     """An engine stepped by a ``ServiceLoop`` (its batches dropped) behind an HTTP front."""
     engine = Engine(EngineConfig(num_blocks=blocks, model=tiny_model()))
     loop = ServiceLoop(engine, BatchSink(lambda _batch: None)).start()
-    f = HttpFront(EngineBackend(engine, loop.wake)).start()
+    f = HttpFront(EngineBackend(engine, loop)).start()
     try:
         yield f
     finally:

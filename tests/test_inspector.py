@@ -19,14 +19,14 @@ from inspector.replay import Recording, ReplaySource, load_recording
 from inspector.shots import record_demo
 from inspector.sources import ConnState, SourceStatus
 from inspector.widgets.command_line import complete, parse
-from inspector.widgets.lru import LruPane, next_victims
+from inspector.widgets.lru import LruPane
 from radixcache.core import events as ev
 from radixcache.serving.driver import TreeDriver
 from radixcache.serving.memory import MemorySource
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire import commands as cmd
 from radixcache.wire.endpoints import free_ports
-from radixcache.wire.mirror import Mirror
+from radixcache.wire.mirror import Mirror, next_victims
 from tests.helpers.local import LocalSource
 from tests.helpers.pilot import T0, NoNvml, sync, type_line, wait_until
 
@@ -54,7 +54,9 @@ def test_parse_builds_typed_commands_and_explains_errors() -> None:
     assert parse("watermark 0.9 0.8").command == cmd.SetWatermark(0.9, 0.8)
     assert parse("evict 4096").command == cmd.Evict(4096)
     assert parse("schedule dfs-weight").command == cmd.SetSchedule("dfs-weight")
-    assert parse("schedule sjf").error == "usage: schedule fcfs|lpm|dfs-weight (e.g. schedule lpm)"
+    assert parse("schedule sjf").error == (
+        "unknown schedule 'sjf': choose one of fcfs, lpm, dfs-weight")
+    assert parse("schedule").error == "usage: schedule fcfs|lpm|dfs-weight (e.g. schedule lpm)"
     assert parse("pause").command == cmd.Pause()
     assert parse("filter split evict").local == ("filter", "split", "evict")
     assert parse("bogus 1").error == (
@@ -95,8 +97,7 @@ def test_feed_follows_a_local_tree_exactly() -> None:
         assert feed.mirror.digest() == src.service.tree.digest()  # type: ignore[attr-defined]
         assert [r.node.id for r in flatten(feed.mirror, set())] == [
             0, 2, 5, 1, 6, 7, 8, 3, 9, 10, 11, 4, 12, 13]  # the first branches grew in place
-        assert [n.id for n, _ in next_victims(feed.mirror, 20)] == [
-            n.id for n in feed.mirror.lru(20)] == [1, 6, 7, 3, 9, 10, 4, 12, 13]
+        assert [n.id for n, _ in next_victims(feed.mirror, 20)] == [1, 6, 7, 3, 9, 10, 4, 12, 13]
     finally:
         src.stop()
 
@@ -132,8 +133,8 @@ async def test_wrong_command_shows_a_message_and_sends_nothing() -> None:
         await type_line(pilot, "tot 2 x")
         await pilot.pause(0.05)
         assert src.sent == []
-        assert app.messages == ["✗ tot: branching must be an integer, got 'x' "
-                                "(usage: tot DEPTH BRANCHING (e.g. tot 3 4)) — nothing sent"]
+        assert app.messages == ["✗ tot: branching must be an integer, got 'x' (usage: tot "
+                                "DEPTH BRANCHING [--seed N] (e.g. tot 3 4)) — nothing sent"]
 
 
 @sync

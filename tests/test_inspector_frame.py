@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 
+import msgspec
 import numpy as np
 from textual import events
 
@@ -156,7 +157,10 @@ async def test_the_engines_counters_are_shown_since_start_then_since_reset() -> 
             ("waiting/running", "2 / 4")]
         src.push([counters(generation=3, paused=True)])
         await wait_until(pilot, lambda: app.panes.stats.border_title == "stats · since reset 3")
-        assert "⏸ paused" in str(app.panes.header.render())
+        # pause stops admission: the 4 running requests still step, and the header says so
+        assert "⏸ admission paused, 4 running  hit" in str(app.panes.header.render())
+        src.push([msgspec.structs.replace(counters(generation=3, paused=True), running=0)])
+        await wait_until(pilot, lambda: "⏸ paused  hit" in str(app.panes.header.render()))
         src.reply = cmd.Ok("system: 55 requests queued (engine paused) (synthetic)",
                            {"requests": 55})
         await type_line(pilot, "system 50")
@@ -216,12 +220,12 @@ async def test_replay_counters_at_the_playhead_equal_a_clean_pass() -> None:
 
 def test_cells_of_k_blocks_show_density_and_dominant_state() -> None:
     cells = bytes([Cell.CACHED, Cell.CACHED, Cell.FREE, Cell.FREE,
-                   Cell.LOCKED, Cell.FREE, Cell.FREE, Cell.FREE,
+                   Cell.PINNED, Cell.FREE, Cell.FREE, Cell.FREE,
                    Cell.FREE, Cell.EVICTED, Cell.FREE, Cell.FREE,
                    Cell.SHARED, Cell.COW, Cell.COW, Cell.SHARED])
     codes = cell_codes(cells, 4)
     assert [(Cell(c >> 3).name, int(c & 7)) for c in codes] == [
-        ("CACHED", 2), ("LOCKED", 1), ("EVICTED", 0), ("COW", 4)]  # a tie goes to COW
+        ("CACHED", 2), ("PINNED", 1), ("EVICTED", 0), ("COW", 4)]  # a tie goes to COW
     assert [int(c) >> 3 for c in cell_codes(cells, 1)] == list(cells)
 
 

@@ -16,7 +16,7 @@ def expected_blocks(tree) -> dict[int, list[int]]:
     """hash -> tokens of every full block of every path, computed from the tree directly."""
     B = tree.B
     out: dict[int, list[int]] = {}
-    for node in list(tree._nodes.values()):
+    for node in list(tree.live_nodes()):
         path = []
         n = node
         while n is not None:

@@ -3,6 +3,8 @@ history reported, lost tails found, tiers kept apart."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from radixcache.wire.endpoints import u64
@@ -164,3 +166,50 @@ def test_malformed_frames_are_counted_and_the_stream_goes_on():
     finally:
         client.close()
         pub.close()
+
+
+# -- issue 21: no false "incomplete" on a complete stream, the real alarm on one with drops ----
+def _tree_lines(pub: FlakyPublisher, payloads: list[bytes], replay: str | None) -> list[str]:
+    """``radixcache tree --kv-events`` against ``pub`` for 4.5 s: the stream ends early, then
+    stays quiet longer than any replay timeout (SGLang sends no heartbeat)."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    pub.start(payloads, interval_s=0.0)  # once the command has subscribed
+    args = ["tree", "--kv-events", pub.endpoints[0], "--seconds", "4.5", "--limit", "0"]
+    try:
+        res = CliRunner().invoke(app, [*args, *(["--replay", replay] if replay else [])])
+    finally:
+        pub.close()
+    assert res.exit_code == 0, res.output
+    # how long the endpoint was silent depends on the machine's load: not asserted
+    return [re.sub(r"for \d+ s", "for N s", line) for line in res.output.splitlines()
+            if line.startswith("history:")]
+
+
+def _dead_endpoint() -> str:
+    dead = FlakyPublisher()
+    dead.close()  # nothing listens there any more
+    return dead.endpoints[1]
+
+
+@pytest.mark.parametrize("replay", ["answers", "none", "silent"])
+def test_a_complete_sglang_stream_is_never_called_incomplete(replay):
+    payloads, _ = sglang_batches(48, 16, seed=3)
+    pub = FlakyPublisher()
+    endpoint = {"answers": pub.endpoints[1], "none": None, "silent": _dead_endpoint()}[replay]
+    assert _tree_lines(pub, payloads, endpoint) == [{
+        "answers": "history: complete",
+        "none": "history: complete as far as seen (no replay endpoint)",
+        "silent": "history: complete as far as seen (replay endpoint silent for N s)"}[replay]]
+
+
+@pytest.mark.parametrize("replay", ["none", "silent"])
+def test_an_sglang_stream_with_a_drop_is_called_incomplete(replay):
+    payloads, _ = sglang_batches(48, 16, seed=3)
+    pub = FlakyPublisher(drop=lambda seq: seq == 20)
+    endpoint = None if replay == "none" else _dead_endpoint()
+    assert _tree_lines(pub, payloads, endpoint) == [{
+        "none": "history: incomplete since seq 20: no replay endpoint",
+        "silent": "history: incomplete since seq 20: replay endpoint silent for N s"}[replay]]

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
 import pytest
 from conftest import toks, write_kv
 
 from radixcache.core import events as ev
 from radixcache.core.pool import KVPool, KVShape
 from radixcache.core.tree import Lease, MatchResult, RadixTree
-from radixcache.wire.mirror import Mirror, MirrorError
+from radixcache.wire.mirror import Mirror, MirrorError, next_victims
 
 B = 16
 A = list(range(1, 101))
@@ -19,11 +20,11 @@ FORK = A[:40] + list(range(500, 530))
 
 
 def serve(tree: RadixTree, seq: Sequence[int]) -> None:
-    m = tree.match_and_lock(toks(seq))
+    m = tree.match_and_pin(toks(seq))
     lease = tree.allocate(m, len(seq))
     write_kv(tree.pool, lease.table, m.length, seq)
     tree.insert(toks(seq), lease)
-    tree.unlock(m.node)
+    tree.unpin(m.node)
 
 
 def busy_tree() -> tuple[RadixTree, Mirror, MatchResult, Lease]:
@@ -36,7 +37,7 @@ def busy_tree() -> tuple[RadixTree, Mirror, MatchResult, Lease]:
     serve(tree, FORK)
     serve(tree, [*A[:20], 7, 7])
     tree.evict(1)
-    running = tree.match_and_lock(toks([*FORK, 1, 2, 3]))
+    running = tree.match_and_pin(toks([*FORK, 1, 2, 3]))
     lease = tree.allocate(running, 80)
     for e in tree.take_events():
         from_start.apply(e)
@@ -61,11 +62,12 @@ def test_snapshot_mirror_equals_tree_and_event_mirror() -> None:
     assert snap.request_blocks == from_start.request_blocks == set(lease.table[lease.private_from:])
     assert (snap.block_size, snap.num_blocks, snap.clock) == (B, 32, from_start.clock)
     want_lru = [n.id for n in tree.lru_order(10)]
-    assert [n.id for n in snap.lru(10)] == [n.id for n in from_start.lru(10)] == want_lru
+    assert [n.id for n, _ in next_victims(snap, 10)] == [
+        n.id for n, _ in next_victims(from_start, 10)] == want_lru
     assert snap.node(running.node.id).lock == 1 and snap.root.lock == 1
     # both keep following the stream
     tree.release(lease)
-    tree.unlock(running.node)
+    tree.unpin(running.node)
     serve(tree, [*FORK[:45], 3])
     events = tree.take_events()
     for m in (snap, from_start):
@@ -120,7 +122,7 @@ def test_stats_follow_the_events() -> None:
     "event",
     [
         ev.Access(999, 5),
-        ev.Lock(999, 1),
+        ev.Pin(999, 1),
         ev.NodeCreated(1000, 999, 0, toks([1]).tobytes(), [5], False),
         ev.Split(999, 3, 1000, [1], [1]),
         ev.Merge(999, 1, None),
@@ -179,7 +181,7 @@ def test_digest_detects_any_difference() -> None:
 def test_reset_event_empties_the_mirror() -> None:
     tree, m, running, lease = busy_tree()
     tree.release(lease)
-    tree.unlock(running.node)
+    tree.unpin(running.node)
     tree.reset()
     for e in tree.take_events():
         m.apply(e)
@@ -201,10 +203,44 @@ def test_a_schema_2_stream_with_merge_dropped_minus_one_still_reads() -> None:
     for tokens in prompts(300, seed=0):
         serve_request(tree, tokens)
         events = tree.take_events()
-        old = [ev.Merge(e.parent, e.child, -1) if type(e) is ev.Merge and e.dropped is None
-               else e for e in events]
-        merges += sum(type(e) is ev.Merge and e.dropped == -1 for e in old)
-        raw = ev.encode_batch(ev.Batch(1, 1, 0.0, "schema-2", old))
-        mirror.apply_batch(ev.decode_batch(raw))
+        # the events as schema 2 wrote them
+        old = [msgspec.to_builtins(ev.plain(e), builtin_types=(bytes,)) for e in events]
+        for e in old:
+            if e[0] == "merge" and e[3] is None:
+                e[3] = -1  # ["merge", parent, child, -1]
+                merges += 1
+        raw = msgspec.msgpack.encode({"seq": 1, "epoch": 1, "ts": 0.0, "engine": "schema-2",
+                                      "events": old})
+        batch = ev.decode_batch(raw)
+        assert all(e.dropped is None or e.dropped >= 0 for e in batch.events
+                   if isinstance(e, ev.Merge))
+        mirror.apply_batch(batch)
     assert merges > 0
     assert mirror.digest() == tree.digest()
+
+
+def test_every_watcher_sees_every_event_in_order_until_it_unwatches() -> None:
+    tree = RadixTree(KVPool(32, B, KVShape(), device="cpu"))
+    mirror = Mirror(B, 32)
+    first: list[str] = []
+    second: list[str] = []
+
+    def one(e: ev.AnyEvent) -> None:
+        first.append(type(e).__name__)
+
+    def two(e: ev.AnyEvent) -> None:
+        second.append(type(e).__name__)
+
+    mirror.watch(one)
+    mirror.watch(two)  # a second watcher joins the first (a single slot replaced it)
+    mirror.load_snapshot(tree.snapshot())
+    serve(tree, list(range(1000, 1016)))
+    events = tree.take_events()
+    for e in events:
+        mirror.apply(e)
+    names = ["Snapshot", *(type(e).__name__ for e in events)]
+    assert first == second == names
+    mirror.unwatch(one)
+    assert (mirror.watching(one), mirror.watching(two)) == (False, True)
+    mirror.apply(ev.Reset())
+    assert (first[-1], second[-1]) == (names[-1], "Reset")

@@ -254,14 +254,15 @@ def test_a_follower_that_fails_detaches_and_the_mirror_follows_on():
     f.serve(list(range(100, 140)))
     follower = f.follower
 
-    def broken(_: object) -> None:
-        raise RuntimeError("a bug in the analysis")
+    class BrokenGhosts(Ghosts):  # the history breaks at the next insert it records
+        def insert(self, seq: bytes, lo: int, version: int, seq_no: int) -> None:
+            raise RuntimeError("a bug in the analysis")
 
-    follower.misses._handlers[ev.RequestStart] = broken  # type: ignore[assignment]
+    follower.misses.ghosts = BrokenGhosts(follower.max_tokens)
     f.serve(list(range(100, 150)))  # the digests in every batch: the mirror stays exact
     assert follower.error is not None
     assert follower.error.startswith("RuntimeError: a bug in the analysis (at seq ")
-    assert f.mirror.after_event is None
+    assert not f.mirror.watching(follower.observe)
     f.serve(list(range(300, 320)))
     assert f.mirror.digest() == f.service.digest()
 
@@ -319,15 +320,16 @@ def test_a_snapshot_forward_keeps_the_history_and_one_back_starts_it_again():
 
 
 def test_describe_lists_forty_spans_then_says_how_many_more():
-    from radixcache.analysis.misses import MissHistory, Why, describe
+    from radixcache.analysis.misses import Line, MissHistory, Why, describe
 
     history = MissHistory(Mirror())
     spans = [Span(i, i + 1, Cause.EVICTED if i % 2 else Cause.NEVER_SEEN, 7) for i in range(50)]
     history.whys[5] = Why(5, 3, 50, 0, [], spans=spans, finished=True)
     lines = describe(history, 5)
-    assert lines[2:4] == ["  tokens 0-1 (1): never seen", "  tokens 1-2 (1): evicted at seq 7"]
+    assert lines[2:4] == [Line("  tokens 0-1 (1): never seen", Cause.NEVER_SEEN),
+                          Line("  tokens 1-2 (1): evicted at seq 7", Cause.EVICTED)]
     assert len(lines) == 2 + 40 + 1
-    assert lines[-1] == "  ... 10 more spans, tokens 40-50"
+    assert lines[-1] == Line("  ... 10 more spans, tokens 40-50")
 
 
 def test_the_follower_says_since_which_seq_it_followed():

@@ -17,6 +17,7 @@ from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
 from radixcache.serving.model import ModelConfig
 from radixcache.serving.policy import Candidate, Policy, ordered
 from radixcache.traffic.workloads import build_workload
+from radixcache.wire import commands as cmd
 from radixcache.wire.mirror import Mirror
 from radixcache.wire.validate import Malformed, check_event
 
@@ -77,8 +78,10 @@ def test_a_request_waits_for_the_insert_of_the_prefix_a_running_request_computes
     held = ev.Waiting(1, ev.WaitReason.SHARING, 1, on_req=0, node=0, shared=200)
     assert _queue_events(engine) == [ev.Queue("lpm", 2, 1, [held])]
     stats = engine.stats()
-    assert (stats["schedule"], stats["waiting_sharing"], stats["held_for_sharing"]) == (
-        "lpm", 1, 1)
+    assert (stats.schedule, stats.waiting_sharing, stats.held_for_sharing) == ("lpm", 1, 1)
+    figures = stats.figures()
+    assert (figures["schedule"], figures["waiting_sharing"], figures["waiting_order"]) == (
+        "lpm", 1, 0)
     engine.step()
     engine.step()  # A's prefill ends: its prompt is inserted while it decodes
     assert any(isinstance(e, ev.RequestCached) and e.req == 0 for e in engine.take_events())
@@ -171,8 +174,11 @@ def test_the_schedule_command_and_the_heartbeat() -> None:
     assert engine.scheduler.policy is Policy.DFS_WEIGHT
     assert engine.counters().schedule == "dfs-weight"
     assert loop.command_line("schedule lpm x") == (
-        "error: usage: evict TOKENS | watermark HIGH LOW | schedule POLICY (too many values to "
-        "unpack (expected 1))")
+        "error: usage: schedule fcfs|lpm|dfs-weight (e.g. schedule lpm)")
+    assert cmd.decode_command(cmd.encode_command(cmd.SetSchedule(Policy.LPM))) == (
+        cmd.SetSchedule(Policy.LPM))
+    with pytest.raises(cmd.CommandError, match="not a command"):
+        cmd.decode_command(msgspec.msgpack.encode(["schedule", "sjf"]))
     loop.close()
 
 

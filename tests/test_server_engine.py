@@ -143,7 +143,8 @@ def test_bad_commands_get_errors_and_the_server_keeps_serving(served):
         assert sock.poll(10_000)
         raw = cmd.decode_reply(sock.recv_multipart()[-1])
     assert isinstance(raw, cmd.Error) and raw.message.startswith("not a command")
-    assert send_command(served.commands, cmd.Pause(), timeout_s=10) == cmd.Ok("paused")
+    assert send_command(served.commands, cmd.Pause(), timeout_s=10) == cmd.Ok(
+        "paused", {"running": 0, "waiting": 0})
     assert _stats(served.commands)["paused"] == 1
     assert send_command(served.commands, cmd.Resume(), timeout_s=10) == cmd.Ok("resumed")
     assert _stats(served.commands)["paused"] == 0

@@ -36,7 +36,7 @@ def test_replies_name_their_unit_and_the_paused_state() -> None:
     loop, _ = _loop(TreeDriver(256))
     assert loop.command_line("system 5") == (
         "system: 5 requests submitted (synthetic: 5 users behind a 512-token system prompt)")
-    assert loop.command_line("pause") == "paused"
+    assert loop.command_line("pause") == "paused, 5 waiting stay queued"
     assert loop.command_line("fork 2") == (
         "fork: 3 requests queued (engine paused) (synthetic fork of 2 branches)")
     assert loop.command_line("watermark 0.9 0.8") == "watermarks high 90% low 80%"
@@ -55,19 +55,16 @@ def test_evict_says_why_nothing_went() -> None:
 
 def test_bad_command_lines_say_their_usage() -> None:
     loop, _ = _loop(TreeDriver(256))
-    assert loop.command_line("evict abc") == (
-        "error: usage: evict TOKENS | watermark HIGH LOW | schedule POLICY (invalid literal "
-        "for int() with base 10: 'abc')")
+    assert loop.command_line("evict abc") == "error: usage: evict TOKENS (e.g. evict 4096)"
+    assert loop.command_line("watermark 0.5 0.9") == (
+        "error: watermark needs 0 < LOW <= HIGH <= 1, e.g. watermark 0.9 0.8")
     assert loop.command_line("schedule") == (
-        "error: usage: evict TOKENS | watermark HIGH LOW | schedule POLICY (not enough values "
-        "to unpack (expected 1, got 0))")
+        "error: usage: schedule fcfs|lpm|dfs-weight (e.g. schedule lpm)")
     assert loop.command_line("schedule sjf") == (
         "error: unknown schedule 'sjf': choose one of fcfs, lpm, dfs-weight")
     assert loop.command_line("schedule lpm") == (
         "error: schedule lpm: the tree driver has no scheduler (it serves requests one at a "
         "time, in order)")
-    assert loop.command_line("watermark 0.5 0.9").startswith(
-        "error: watermarks need 0 < low <= high <= 1")
     assert loop.command_line("blah").startswith("error: unknown workload 'blah' (known: ")
 
 
@@ -85,7 +82,7 @@ def test_one_batch_per_step_and_per_command_with_samples_and_digest_cadence() ->
     assert isinstance(counters, ev.Counters)
     assert (counters.submitted, counters.finished, counters.waiting) == (4, 4, 0)
     assert loop.command(cmd.Stats()) == cmd.Ok("stats", {
-        **driver.stats(), "seq": 3, "batches": 3, "digest": driver.digest(),
+        **driver.stats().figures(), "seq": 3, "batches": 3, "digest": driver.digest(),
         "program_rounds": 0})
     assert len(batches) == 3  # stats publishes nothing
 
@@ -94,12 +91,20 @@ def test_counters_restart_with_a_new_generation_after_reset() -> None:
     driver = TreeDriver(256)
     loop, batches = _loop(driver)
     loop.command(cmd.StartWorkload("flood", ["3"]))
+    loop.command(cmd.StartWorkload("chat", ["4"]))
     while loop.step_once():
         pass
+    loop.command(cmd.Evict(10_000))
+    before = driver.stats()
+    assert (before.splits, before.merges, before.cow_copies, before.evicted_nodes) == (
+        3, 3, 5, 10)
     loop.command(cmd.Reset())
     last = batches[-1].events[-1]
     assert isinstance(last, ev.Counters)
     assert (last.generation, last.submitted, last.finished, last.hit_tokens) == (1, 0, 0, 0)
+    after = driver.stats()  # the tree's counts restart with the generation too
+    assert (after.generation, after.splits, after.merges, after.cow_copies,
+            after.evicted_nodes) == (1, 0, 0, 0, 0)
 
 
 def test_a_full_queue_refuses_the_whole_workload() -> None:
@@ -197,6 +202,21 @@ def test_the_engine_and_the_driver_serve_one_workload_through_the_same_loop() ->
             steps = loop.run_until_idle(max_steps=10_000)
             assert steps > 0 and not service.busy()
         assert driver.counters().finished == engine.counters().finished == len(w.requests)
+        # one typed Stats: both answer ``stats`` with the same keys, those old clients of
+        # either read among them
+        keys = {"generation", "submitted", "finished", "rejected", "cancelled", "waiting",
+                "running", "paused", "steps", "prompt_tokens", "hit_tokens", "prefill_tokens",
+                "output_tokens", "busy_s", "hit_rate", "decode_tokens_per_s", "nodes",
+                "used_blocks", "num_blocks", "splits", "merges", "cow_copies", "evicted_nodes",
+                "evicted_tokens", "cache", "model", "device", "schedule", "held_for_sharing",
+                "aged", "waiting_order", "waiting_sharing", "waiting_pool", "waiting_batch",
+                "waiting_paused"}
+        assert set(driver.stats().figures()) == set(engine.stats().figures()) == keys
+        d, e = driver.stats(), engine.stats()
+        assert (d.finished, e.finished, d.model, d.paused) == (
+            len(w.requests), len(w.requests), "none (tree driver)", False)
+        assert d.prefill_tokens == d.prompt_tokens - d.hit_tokens
+        assert (e.model, e.device, e.cache) == ("tiny transformer (layers=1)", "cpu", "on")
         # the engine inserts prompt + output[:-1] (the last token's K/V is never computed),
         # the driver prompt + output: the same tree but for one token per leaf
         assert len(driver.snapshot().nodes) == len(engine.snapshot().nodes)

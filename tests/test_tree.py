@@ -18,14 +18,14 @@ from radixcache.core.tree import (
     InvalidTokens,
     Lease,
     MatchResult,
-    NotLocked,
+    NotPinned,
     PromptTooLarge,
     RadixNode,
     RadixTree,
     TreeError,
     UnknownNode,
 )
-from radixcache.wire.mirror import Mirror
+from radixcache.wire.mirror import Mirror, next_victims
 
 B = 16
 
@@ -45,12 +45,12 @@ def make(num_blocks: int = 32, **kw: float) -> tuple[KVPool, RadixTree, Mirror]:
 
 
 def serve(tree: RadixTree, seq: Sequence[int], total: int | None = None) -> Served:
-    """One request: match_and_lock, allocate, write the uncached K/V, insert, unlock."""
-    m = tree.match_and_lock(toks(seq))
+    """One request: match_and_pin, allocate, write the uncached K/V, insert, unpin."""
+    m = tree.match_and_pin(toks(seq))
     lease = tree.allocate(m, total or len(seq))
     write_kv(tree.pool, lease.table, m.length, seq)
     r = tree.insert(toks(seq), lease)
-    tree.unlock(m.node)
+    tree.unpin(m.node)
     return Served(m, lease, r)
 
 
@@ -94,7 +94,7 @@ def test_worked_example_split_and_cow() -> None:
     sync(tree, mirror)
     a_id = s.result.node.id
 
-    m = tree.match_and_lock(toks(FORK))
+    m = tree.match_and_pin(toks(FORK))
     assert (m.length, m.node.id, m.block_table.tolist()) == (40, a_id, [1, 2, 3])
     lease = tree.allocate(m, len(FORK))
     assert lease.table.tolist() == [1, 2, 8, 9, 10]
@@ -106,7 +106,7 @@ def test_worked_example_split_and_cow() -> None:
     write_kv(pool, lease.table, 40, FORK)
     assert read_kv(pool, lease.table, 70)[0] == FORK
     r = tree.insert(toks(FORK), lease)
-    tree.unlock(m.node)
+    tree.unpin(m.node)
     events = sync(tree, mirror)
 
     assert r.new_tokens == 30 and r.freed == 0
@@ -134,8 +134,8 @@ def test_worked_example_split_and_cow() -> None:
 
 
 def test_inplace_continuation_extends_the_leaf_only_it_holds() -> None:
-    """A follow-up turn continues, in place, the leaf only it has locked: the leaf grows and
-    keeps its id (one Extend event), where a child would have been merged into it at unlock."""
+    """A follow-up turn continues, in place, the leaf only it has pinned: the leaf grows and
+    keeps its id (one Extend event), where a child would have been merged into it at unpin."""
     pool, tree, mirror = make(32)
     first = serve(tree, list(range(1, 21)))  # [0, 20): blocks [0, 1], block 1 claimed to slot 4
     n0 = first.result.node
@@ -143,7 +143,7 @@ def test_inplace_continuation_extends_the_leaf_only_it_holds() -> None:
     sync(tree, mirror)
 
     seq = list(range(1, 31))
-    m = tree.match_and_lock(toks(seq))
+    m = tree.match_and_pin(toks(seq))
     assert (m.length, m.node, m.block_table.tolist()) == (20, n0, [0, 1])
     lease = tree.allocate(m, 30)
     assert lease.table.tolist() == [0, 1]
@@ -158,9 +158,9 @@ def test_inplace_continuation_extends_the_leaf_only_it_holds() -> None:
     assert tree.alloc.refcount(1) == 1 and tree.alloc.claim(1) == 14
     assert tree.stats.extends == 1 and mirror.stats.extends == 1
 
-    tree.unlock(m.node)
+    tree.unpin(m.node)
     events = sync(tree, mirror)
-    assert kinds(events, ev.Merge) == [] and n0.alive and n0.lock == 0
+    assert kinds(events, ev.Merge) == [] and n0.alive and n0.path_pins == 0
     assert tree.stats.merges == 0 and tree.stats.cow_copies == 0 and tree.stats.slots_copied == 0
     assert cached_kv(tree, seq) == seq
 
@@ -171,7 +171,7 @@ def test_block_aligned_continuation_extends_with_the_new_blocks() -> None:
     assert n0 is not None and tree.alloc.claim(0) == 16
     sync(tree, mirror)
     seq = list(range(1, 41))
-    s = serve(tree, seq)  # locks n0, allocates blocks 1 and 2, inserts, unlocks
+    s = serve(tree, seq)  # pins n0, allocates blocks 1 and 2, inserts, unpins
     events = sync(tree, mirror)
     assert s.result == (n0, 24, 0) and span(n0) == (0, 40, [0, 1, 2])
     assert kinds(events, ev.Extend) == [ev.Extend(n0.id, toks(seq[16:]).tobytes(), [1, 2])]
@@ -180,20 +180,20 @@ def test_block_aligned_continuation_extends_with_the_new_blocks() -> None:
     assert cached_kv(tree, seq) == seq
 
 
-def test_a_leaf_locked_by_two_requests_gets_a_child_then_merges() -> None:
-    """With a second lock on the leaf, the continuation becomes a child (the other request
-    may still continue the leaf itself); the unlocks then compress the chain."""
+def test_a_leaf_pinned_by_two_requests_gets_a_child_then_merges() -> None:
+    """With a second pin on the leaf, the continuation becomes a child (the other request
+    may still continue the leaf itself); the unpins then compress the chain."""
     _, tree, mirror = make(32)
     n0 = serve(tree, list(range(1, 21))).result.node
     assert n0 is not None
-    other = tree.match_and_lock(toks(list(range(1, 21))))
-    assert other.node is n0 and n0.lock == 1  # serve below takes a second lock
+    other = tree.match_and_pin(toks(list(range(1, 21))))
+    assert other.node is n0 and n0.path_pins == 1  # serve below takes a second pin
     seq = list(range(1, 31))
-    s = serve(tree, seq)  # match, lock, allocate, insert, unlock
+    s = serve(tree, seq)  # match, pin, allocate, insert, unpin
     leaf = s.result.node
     assert leaf is not None and leaf.parent is n0 and list(leaf.blocks) == [1]
     assert tree.alloc.refcount(1) == 2 and tree.stats.extends == 0
-    tree.unlock(other.node)  # n0 and the leaf now hold the same lock count: path compression
+    tree.unpin(other.node)  # n0 and the leaf now hold the same path pins: path compression
     events = sync(tree, mirror)
     assert kinds(events, ev.Merge) == [ev.Merge(n0.id, leaf.id, 1)]
     assert len(tree) == 1 and not n0.alive
@@ -207,7 +207,7 @@ def test_second_continuation_of_same_node_copies() -> None:
     pool, tree, mirror = make(32)
     serve(tree, list(range(1, 21)))
     x, y = [*range(1, 21), 50, 51, 52], [*range(1, 21), 60, 61]
-    mx, my = tree.match_and_lock(toks(x)), tree.match_and_lock(toks(y))
+    mx, my = tree.match_and_pin(toks(x)), tree.match_and_pin(toks(y))
     lx, ly = tree.allocate(mx, 23), tree.allocate(my, 22)
     assert (lx.table.tolist(), lx.inplace) == ([0, 1], 1)
     assert (ly.table.tolist(), ly.inplace) == ([0, 2], None)
@@ -218,8 +218,8 @@ def test_second_continuation_of_same_node_copies() -> None:
     assert read_kv(pool, lx.table, 23)[0] == x and read_kv(pool, ly.table, 22)[0] == y
     tree.insert(toks(y), ly)
     tree.insert(toks(x), lx)
-    tree.unlock(mx.node)
-    tree.unlock(my.node)
+    tree.unpin(mx.node)
+    tree.unpin(my.node)
     sync(tree, mirror)
     assert cached_kv(tree, x) == x and cached_kv(tree, y) == y
     assert tree.alloc.refcount(1) == 2 and tree.alloc.claim(1) == 7 and tree.alloc.claim(2) == 6
@@ -231,13 +231,13 @@ def test_release_restores_inplace_claim_and_frees_private_blocks() -> None:
     sync(tree, mirror)
     digest = tree.digest()
     seq = list(range(1, 61))
-    m = tree.match_and_lock(toks(seq))
+    m = tree.match_and_pin(toks(seq))
     lease = tree.allocate(m, 60)
     assert (lease.table.tolist(), lease.inplace) == ([0, 1, 2, 3], 1)
     assert tree.alloc.claim(1) == 16 and tree.alloc.free_count == 28
     tree.release(lease)
     tree.release(lease)  # a second release is a no-op
-    tree.unlock(m.node)
+    tree.unpin(m.node)
     events = sync(tree, mirror)
     assert kinds(events, ev.BlockFree) == [ev.BlockFree([2, 3])]
     assert tree.alloc.claim(1) == 4 and tree.alloc.free_count == 30
@@ -250,7 +250,7 @@ def test_release_restores_inplace_claim_and_frees_private_blocks() -> None:
 def test_insert_of_already_cached_sequence_frees_duplicates() -> None:
     pool, tree, mirror = make(32)
     seq = list(range(1, 41))
-    m1, m2 = tree.match_and_lock(toks(seq)), tree.match_and_lock(toks(seq))
+    m1, m2 = tree.match_and_pin(toks(seq)), tree.match_and_pin(toks(seq))
     l1, l2 = tree.allocate(m1, 40), tree.allocate(m2, 40)
     assert (l1.table.tolist(), l2.table.tolist()) == ([0, 1, 2], [3, 4, 5])
     write_kv(pool, l1.table, 0, seq)
@@ -258,8 +258,8 @@ def test_insert_of_already_cached_sequence_frees_duplicates() -> None:
     assert tree.insert(toks(seq), l1).new_tokens == 40
     r2 = tree.insert(toks(seq), l2)
     assert (r2.node, r2.new_tokens, r2.freed) == (None, 0, 3)
-    tree.unlock(m1.node)
-    tree.unlock(m2.node)
+    tree.unpin(m1.node)
+    tree.unpin(m2.node)
     sync(tree, mirror)
     assert tree.alloc.free_blocks()[-3:] == [3, 4, 5] and tree.alloc.used_count == 3
     assert cached_kv(tree, seq) == seq
@@ -279,7 +279,7 @@ def test_eviction_order_is_last_access() -> None:
     sync(tree, mirror)
     want = [ids[1], ids[4], ids[2], ids[0], ids[3]]
     assert [n.id for n in tree.lru_order(10)] == want
-    assert [n.id for n in mirror.lru(10)] == want
+    assert [n.id for n, _ in next_victims(mirror, 10)] == want
     res = tree.evict(5 * B)
     events = sync(tree, mirror)
     assert res == EvictResult(5, 5 * B, 5)
@@ -330,35 +330,35 @@ def test_watermark_band() -> None:
     sync(tree, mirror)
 
 
-def test_locked_paths_never_evicted_and_pool_exhausted() -> None:
+def test_pinned_paths_never_evicted_and_pool_exhausted() -> None:
     pool, tree, mirror = make(8)
     seqs = [list(range(10 * i + 1, 10 * i + 33)) for i in range(4)]  # 4 x 2 blocks fill the pool
     held = []
     for s in seqs:
-        m = tree.match_and_lock(toks(s))
+        m = tree.match_and_pin(toks(s))
         lease = tree.allocate(m, 32)
         write_kv(pool, lease.table, 0, s)
         tree.insert(toks(s), lease)
-        held.append(tree.match_and_lock(toks(s)))  # keep a lock on the cached path
-        tree.unlock(m.node)
+        held.append(tree.match_and_pin(toks(s)))  # keep a lock on the cached path
+        tree.unpin(m.node)
     sync(tree, mirror)
     assert tree.alloc.free_count == 0
-    m = tree.match_and_lock(toks([7, 7, 7]))
+    m = tree.match_and_pin(toks([7, 7, 7]))
     sync(tree, mirror)
     digest = tree.digest()
     with pytest.raises(PoolExhausted):
         tree.allocate(m, 3)
     assert tree.evict(10_000) == EvictResult(0, 0, 0)
     unchanged(tree, mirror, digest)
-    tree.unlock(m.node)
-    tree.unlock(held[1].node)  # now exactly one leaf (seqs[1], blocks 2 and 3) is evictable
+    tree.unpin(m.node)
+    tree.unpin(held[1].node)  # now exactly one leaf (seqs[1], blocks 2 and 3) is evictable
     sync(tree, mirror)
     s = serve(tree, [7, 7, 7])
     assert s.lease.table.tolist() == [2] and tree.alloc.free_blocks() == [3]
     assert tree.stats.evicted_nodes == 1
     for i in (0, 2, 3):
         assert cached_kv(tree, seqs[i]) == seqs[i]
-        tree.unlock(held[i].node)
+        tree.unpin(held[i].node)
     sync(tree, mirror)
 
 
@@ -453,8 +453,8 @@ def test_invalid_tokens(busy: tuple[RadixTree, Mirror], bad: object) -> None:
     with pytest.raises(InvalidTokens):
         tree.match(bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidTokens):
-        tree.match_and_lock(bad)  # type: ignore[arg-type]
-    m = tree.match_and_lock(toks([1]))
+        tree.match_and_pin(bad)  # type: ignore[arg-type]
+    m = tree.match_and_pin(toks([1]))
     lease = tree.allocate(m, 4)
     digest = tree.digest()
     tree.take_events()
@@ -463,7 +463,7 @@ def test_invalid_tokens(busy: tuple[RadixTree, Mirror], bad: object) -> None:
         tree.insert(bad, lease)  # type: ignore[arg-type]
     unchanged(tree, mirror, digest)
     tree.release(lease)
-    tree.unlock(m.node)
+    tree.unpin(m.node)
     sync(tree, mirror)
 
 
@@ -490,7 +490,7 @@ def test_bytes_and_list_tokens_are_equivalent(busy: tuple[RadixTree, Mirror]) ->
 
 def test_prompt_too_large(busy: tuple[RadixTree, Mirror]) -> None:
     tree, mirror = busy
-    m = tree.match_and_lock(toks(A))
+    m = tree.match_and_pin(toks(A))
     digest = tree.digest()
     tree.take_events()
     mirror.load_snapshot(tree.snapshot())
@@ -505,14 +505,14 @@ def test_prompt_too_large(busy: tuple[RadixTree, Mirror]) -> None:
     lease = tree.allocate(m, 32 * B)  # exactly the whole pool fits (after evicting)
     assert len(lease.table) == 32
     tree.release(lease)
-    tree.unlock(m.node)
+    tree.unpin(m.node)
     sync(tree, mirror)
 
 
 def test_insert_longer_than_lease(busy: tuple[RadixTree, Mirror]) -> None:
     tree, mirror = busy
     seq = list(range(2000, 2020))
-    m = tree.match_and_lock(toks(seq))
+    m = tree.match_and_pin(toks(seq))
     lease = tree.allocate(m, 19)
     digest = tree.digest()
     tree.take_events()
@@ -522,20 +522,20 @@ def test_insert_longer_than_lease(busy: tuple[RadixTree, Mirror]) -> None:
     unchanged(tree, mirror, digest)
     assert not lease.done
     tree.release(lease)
-    tree.unlock(m.node)
+    tree.unpin(m.node)
     sync(tree, mirror)
 
 
-def test_unlock_errors(busy: tuple[RadixTree, Mirror]) -> None:
+def test_unpin_errors(busy: tuple[RadixTree, Mirror]) -> None:
     tree, mirror = busy
     node = tree.match(toks(A)).node
     digest = tree.digest()
     tree.take_events()
     mirror.load_snapshot(tree.snapshot())
-    with pytest.raises(NotLocked):
-        tree.unlock(node)
-    with pytest.raises(NotLocked):
-        tree.unlock(tree.root)
+    with pytest.raises(NotPinned):
+        tree.unpin(node)
+    with pytest.raises(NotPinned):
+        tree.unpin(tree.root)
     unchanged(tree, mirror, digest)
     with pytest.raises(UnknownNode):
         tree.node(12345)
@@ -545,27 +545,27 @@ def test_unlock_errors(busy: tuple[RadixTree, Mirror]) -> None:
     sync(tree, mirror)
     digest = tree.digest()
     with pytest.raises(UnknownNode):
-        tree.unlock(gone)
+        tree.unpin(gone)
     with pytest.raises(UnknownNode):
-        tree.lock(gone)
+        tree.pin(gone)
     with pytest.raises(UnknownNode):
         tree.node(gone.id)
     other = RadixTree(KVPool(4, B, KVShape(), device="cpu"))
     stranger = serve(other, [1, 2, 3]).result.node
     assert stranger is not None
     with pytest.raises(UnknownNode):
-        tree.unlock(stranger)
+        tree.unpin(stranger)
     unchanged(tree, mirror, digest)
 
 
 def test_insert_with_consumed_lease(busy: tuple[RadixTree, Mirror]) -> None:
     tree, mirror = busy
     seq = list(range(3000, 3010))
-    m = tree.match_and_lock(toks(seq))
+    m = tree.match_and_pin(toks(seq))
     lease = tree.allocate(m, 10)
     write_kv(tree.pool, lease.table, 0, seq)
     tree.insert(toks(seq), lease)
-    tree.unlock(m.node)
+    tree.unpin(m.node)
     sync(tree, mirror)
     digest = tree.digest()
     with pytest.raises(TreeError) as info:
@@ -574,16 +574,16 @@ def test_insert_with_consumed_lease(busy: tuple[RadixTree, Mirror]) -> None:
     unchanged(tree, mirror, digest)
 
 
-def test_reset_refused_while_locked_then_empties(busy: tuple[RadixTree, Mirror]) -> None:
+def test_reset_refused_while_pinned_then_empties(busy: tuple[RadixTree, Mirror]) -> None:
     tree, mirror = busy
-    m = tree.match_and_lock(toks(A))
+    m = tree.match_and_pin(toks(A))
     digest = tree.digest()
     tree.take_events()
     mirror.load_snapshot(tree.snapshot())
     with pytest.raises(TreeError):
         tree.reset()
     unchanged(tree, mirror, digest)
-    tree.unlock(m.node)
+    tree.unpin(m.node)
     tree.reset()
     events = sync(tree, mirror)
     assert events[-1] == ev.Reset()
@@ -608,12 +608,12 @@ def test_fully_cached_request_with_nothing_to_write(n: int) -> None:
     serve(tree, seq)
     sync(tree, mirror)
     refs = [tree.alloc.refcount(b) for b in range(8)]
-    m = tree.match_and_lock(toks(seq))
+    m = tree.match_and_pin(toks(seq))
     lease = tree.allocate(m, n)
     assert lease.table.tolist() == m.block_table.tolist() == list(range((n + B - 1) // B))
     assert tree.alloc.free_count == 8 - len(lease.table)
     r = tree.insert(toks(seq), lease)
-    tree.unlock(m.node)
+    tree.unpin(m.node)
     sync(tree, mirror)
     assert (r.node, r.new_tokens, r.freed) == (None, 0, 0)
     assert [tree.alloc.refcount(b) for b in range(8)] == refs
@@ -628,17 +628,17 @@ def test_insert_after_a_racing_fork_copies_out_of_the_inplace_block() -> None:
     serve(tree, x)  # X [0, 10): block 0, claim 10
     r1 = [*x, *range(20, 40)]
     r2 = [*x, *range(20, 25), 90, 91, 92]
-    m1 = tree.match_and_lock(toks(r1))
+    m1 = tree.match_and_pin(toks(r1))
     l1 = tree.allocate(m1, 30)
     assert (l1.table.tolist(), l1.inplace) == ([0, 1], 0)
     write_kv(pool, l1.table, 10, r1)
-    m2 = tree.match_and_lock(toks(r2))
+    m2 = tree.match_and_pin(toks(r2))
     l2 = tree.allocate(m2, 18)
     # block 0 is reserved by R1: copy 10 slots
     assert (l2.table.tolist(), l2.inplace) == ([2, 3], None)
     write_kv(pool, l2.table, 10, r2)
     leaf2 = tree.insert(toks(r2), l2).node
-    tree.unlock(m2.node)
+    tree.unpin(m2.node)
     leaf1 = tree.insert(toks(r1), l1).node
     sync(tree, mirror)
     assert leaf1 is not None and leaf2 is not None
@@ -646,7 +646,7 @@ def test_insert_after_a_racing_fork_copies_out_of_the_inplace_block() -> None:
     assert read_kv(pool, [4], 16)[0] == r1[:16]  # block 0 copied whole: X and R1's 6 tokens
     assert tree.stats.cow_copies == 2 and tree.stats.slots_copied == 10 + 16
     assert tree.alloc.claim(0) == 10  # R1's in-place reservation given back
-    tree.unlock(m1.node)  # X merges into the split prefix; X's block 0 is dropped and freed
+    tree.unpin(m1.node)  # X merges into the split prefix; X's block 0 is dropped and freed
     events = sync(tree, mirror)
     assert len(kinds(events, ev.Merge)) == 1
     (top,) = tree.root.children.values()
@@ -663,15 +663,15 @@ def test_evicting_an_inplace_leaf_gives_the_slots_back() -> None:
     x = list(range(1, 21))
     y, z = [*x, *range(30, 40)], [*x, *range(50, 55)]
     serve(tree, x)  # blocks [0, 1], block 1 claimed to slot 4
-    my, mz = tree.match_and_lock(toks(y)), tree.match_and_lock(toks(z))
+    my, mz = tree.match_and_pin(toks(y)), tree.match_and_pin(toks(z))
     ly, lz = tree.allocate(my, 30), tree.allocate(mz, 25)
     assert (ly.table.tolist(), ly.inplace, lz.table.tolist(), lz.inplace) == (
         [0, 1], 1, [0, 2], None)
     write_kv(pool, ly.table, 20, y)
     write_kv(pool, lz.table, 20, z)
     ny, nz = tree.insert(toks(y), ly).node, tree.insert(toks(z), lz).node
-    tree.unlock(my.node)
-    tree.unlock(mz.node)
+    tree.unpin(my.node)
+    tree.unpin(mz.node)
     assert ny is not None and nz is not None and list(ny.blocks) == [1] and list(nz.blocks) == [2]
     assert tree.alloc.refcount(1) == 2 and tree.alloc.claim(1) == 14
     sync(tree, mirror)
@@ -689,16 +689,16 @@ def test_evicting_an_inplace_leaf_gives_the_slots_back() -> None:
 
 
 def test_pool_exhausted_reserves_nothing_but_may_evict_victims() -> None:
-    """allocate's contract: on PoolExhausted no block is reserved; unlocked leaves evicted on
-    the way stay evicted (they were the next victims); locked paths are untouched."""
+    """allocate's contract: on PoolExhausted no block is reserved; unpinned leaves evicted on
+    the way stay evicted (they were the next victims); pinned paths are untouched."""
     _, tree, mirror = make(8)
     seqs = [list(range(100 * i + 1, 100 * i + 33)) for i in range(3)]
     held = []
     for s in seqs:
         serve(tree, s)
-        held.append(tree.match_and_lock(toks(s)))
-    serve(tree, [7] * 16)  # the only unlocked leaf (1 block); 7 of 8 blocks used
-    m = tree.match_and_lock(toks([9] * 48))
+        held.append(tree.match_and_pin(toks(s)))
+    serve(tree, [7] * 16)  # the only unpinned leaf (1 block); 7 of 8 blocks used
+    m = tree.match_and_pin(toks([9] * 48))
     sync(tree, mirror)
     with pytest.raises(PoolExhausted):
         tree.allocate(m, 48)  # needs 3 blocks: 1 free + 1 evictable is not enough
@@ -708,9 +708,9 @@ def test_pool_exhausted_reserves_nothing_but_may_evict_victims() -> None:
     assert tree.match(toks([7] * 16)).length == 0
     for s in seqs:
         assert cached_kv(tree, s) == s
-    tree.unlock(m.node)
+    tree.unpin(m.node)
     for h in held:
-        tree.unlock(h.node)
+        tree.unpin(h.node)
     sync(tree, mirror)
 
 
@@ -753,18 +753,18 @@ def test_racing_fork_insert_on_a_full_pool_is_not_silently_dropped() -> None:
     serve(tree, x)
     r1 = [*x, *range(20, 40)]
     r2 = [*x, *range(20, 25), 90, 91, 92]
-    m1 = tree.match_and_lock(toks(r1))
+    m1 = tree.match_and_pin(toks(r1))
     l1 = tree.allocate(m1, 30)
     write_kv(pool, l1.table, 10, r1)
-    m2 = tree.match_and_lock(toks(r2))
+    m2 = tree.match_and_pin(toks(r2))
     l2 = tree.allocate(m2, 18)
     write_kv(pool, l2.table, 10, r2)
     tree.insert(toks(r2), l2)
-    tree.unlock(m2.node)
+    tree.unpin(m2.node)
     serve(tree, list(range(500, 516)))  # the last free block: the pool is full
     assert tree.alloc.free_count == 0
     r = tree.insert(toks(r1), l1)
-    tree.unlock(m1.node)
+    tree.unpin(m1.node)
     sync(tree, mirror)
     assert tree.match(toks(r1)).length == 30, r
     assert cached_kv(tree, r1) == r1
@@ -773,17 +773,17 @@ def test_racing_fork_insert_on_a_full_pool_is_not_silently_dropped() -> None:
 @pytest.mark.parametrize("tail", [[900, 901, 902], list(range(900, 920))], ids=["short", "long"])
 def test_insert_after_the_matched_node_was_split_past_the_match(tail: list[int]) -> None:
     """R1 matches 20 tokens inside node N [0, 50); before R1 inserts, R2 splits N at 30, so
-    R1's locked node (the suffix keeps its id) now starts at 30, after R1's match. R1's insert
+    R1's pinned node (the suffix keeps its id) now starts at 30, after R1's match. R1's insert
     must still cache exactly R1's tokens, and nothing else."""
     pool, tree, mirror = make(32)
     serve(tree, list(range(1, 51)))
     r1 = [*range(1, 21), *tail]
-    m1 = tree.match_and_lock(toks(r1))
+    m1 = tree.match_and_pin(toks(r1))
     l1 = tree.allocate(m1, len(r1))
     write_kv(pool, l1.table, 20, r1)
     serve(tree, [*range(1, 31), 800, 801])  # splits N at 30
     r = tree.insert(toks(r1), l1)
-    tree.unlock(m1.node)
+    tree.unpin(m1.node)
     sync(tree, mirror)
     assert r.new_tokens == len(tail)
     assert cached_kv(tree, r1) == r1

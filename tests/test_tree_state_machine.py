@@ -4,7 +4,7 @@ The model is the list of sequences that finished requests inserted. After every 
 ``tree.check()``; a Mirror fed with the events (msgpack round trip) has the tree's digest
 and refcounts; every node's path is a prefix of an inserted sequence and its K/V read
 through the path's block table are its tokens; every running request reads its own tokens
-back through its lease; each node's lock count equals the holders below it.
+back through its lease; each node's path pin count equals the holders below it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from hypothesis.stateful import (
 from radixcache.core import events as ev
 from radixcache.core.pool import KVPool, KVShape, PoolExhausted
 from radixcache.core.tree import Lease, MatchResult, RadixNode, RadixTree
-from radixcache.wire.mirror import Mirror
+from radixcache.wire.mirror import Mirror, next_victims
 
 VOCAB = 64
 TOKEN = st.one_of(st.integers(0, 3), st.integers(0, VOCAB - 1))
@@ -129,16 +129,16 @@ class TreeMachine(RuleBasedStateMachine):
         self.begin(data)
 
     def begin(self, data: st.DataObject) -> bool:
-        """match_and_lock + allocate + write the uncached K/V; False when the pool is full."""
+        """match_and_pin + allocate + write the uncached K/V; False when the pool is full."""
         prompt = self.draw_seq(data, self.MAX_PROMPT)
         gen = data.draw(st.lists(TOKEN, min_size=self.MIN_GEN, max_size=self.MAX_GEN), label="gen")
         full = prompt + gen
-        m = self.tree.match_and_lock(toks(prompt))
+        m = self.tree.match_and_pin(toks(prompt))
         self.check_match(prompt, m)
         try:
             lease = self.tree.allocate(m, len(full))
         except PoolExhausted:
-            self.tree.unlock(m.node)
+            self.tree.unpin(m.node)
             return False
         finally:
             self.lossless = self.lossless and self.tree.stats.evicted_nodes == 0
@@ -161,7 +161,7 @@ class TreeMachine(RuleBasedStateMachine):
         lo = max(r.match.length, 1)  # the held tokens always include the matched prefix
         k = data.draw(st.one_of(st.just(n), st.integers(lo, n)), label="held")
         res = self.tree.insert(toks(r.full[:k]), r.lease)
-        self.tree.unlock(r.match.node)
+        self.tree.unpin(r.match.node)
         assert r.lease.done
         cached = self.tree.match(toks(r.full[:k])).length
         if cached == k:
@@ -179,7 +179,7 @@ class TreeMachine(RuleBasedStateMachine):
         self.tree.release(r.lease)
         assert r.lease.done
         assert self.tree.alloc.free_count == free + len(r.lease.table) - r.lease.private_from
-        self.tree.unlock(r.match.node)
+        self.tree.unpin(r.match.node)
 
     @rule(data=st.data())
     def match(self, data: st.DataObject) -> None:
@@ -190,7 +190,7 @@ class TreeMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def pin(self, data: st.DataObject) -> None:
         seq = self.draw_seq(data, self.MAX_PROMPT)
-        m = self.tree.match_and_lock(toks(seq))
+        m = self.tree.match_and_pin(toks(seq))
         self.check_match(seq, m)
         self.pinned.append(m)
 
@@ -198,7 +198,7 @@ class TreeMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def unpin(self, data: st.DataObject) -> None:
         i = data.draw(st.integers(0, len(self.pinned) - 1), label="which")
-        self.tree.unlock(self.pinned.pop(i).node)
+        self.tree.unpin(self.pinned.pop(i).node)
 
     @rule(n_tokens=st.integers(0, 160))
     def evict(self, n_tokens: int) -> None:
@@ -243,7 +243,8 @@ class TreeMachine(RuleBasedStateMachine):
         a = self.tree.alloc
         assert self.mirror.ref == [a.refcount(b) for b in range(a.num_blocks)]
         assert len(self.mirror.nodes) == len(self.tree) + 1
-        assert [n.id for n in self.mirror.lru(6)] == [n.id for n in self.tree.lru_order(6)]
+        victims = [n.id for n, _ in next_victims(self.mirror, 6)]
+        assert victims == [n.id for n in self.tree.lru_order(6)]
 
     @invariant()
     def cached_paths_are_inserted_prefixes_with_their_kv(self) -> None:
@@ -258,7 +259,7 @@ class TreeMachine(RuleBasedStateMachine):
             assert read_kv(self.pool, r.lease.table, len(r.full)) == (r.full, r.full)
 
     @invariant()
-    def locks_equal_holders(self) -> None:
+    def pins_equal_holders(self) -> None:
         want: dict[int, int] = {}
         for m in [r.match for r in self.running] + self.pinned:
             n: RadixNode | None = m.node

@@ -1,6 +1,6 @@
 """Concurrency: many threads serving requests with heavily shared prefixes on one tree.
 
-Each request does match_and_lock / allocate (retrying on PoolExhausted) / write its K/V /
+Each request does match_and_pin / allocate (retrying on PoolExhausted) / write its K/V /
 read its whole sequence back through its lease / insert (or abort) / unlock. A drainer
 thread feeds the events to a Mirror meanwhile. At the end: no thread hung, every lock is
 0, ``check()`` passes (refcounts equal references) and the mirror has the tree's digest.
@@ -55,12 +55,12 @@ class Worker:
         prompt = self.next_prompt()[:96]
         full = prompt + [rng.randrange(64) for _ in range(rng.randrange(0, 10))]
         while True:
-            m = tree.match_and_lock(toks(prompt))
+            m = tree.match_and_pin(toks(prompt))
             try:
                 lease = tree.allocate(m, len(full))
                 break
             except PoolExhausted:
-                tree.unlock(m.node)
+                tree.unpin(m.node)
                 self.retries += 1
                 time.sleep(0.0005)
         assert read_kv(tree.pool, m.block_table, m.length)[0] == prompt[: m.length]
@@ -72,7 +72,7 @@ class Worker:
         else:
             tree.insert(toks(full), lease)
             self.history = ([*self.history, full])[-8:]
-        tree.unlock(m.node)
+        tree.unpin(m.node)
         self.served += 1
 
     def run(self) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.widgets import Static
 
 from inspector.app import InspectorApp
-from inspector.why_screen import WhyScreen
+from inspector.why_screen import STYLES, WhyScreen
 from inspector.widgets.event_log import EventLog
 from radixcache.analysis.misses import Cause, describe
 from radixcache.core import events as ev
@@ -49,9 +49,10 @@ async def test_enter_on_a_request_in_the_event_log_explains_it() -> None:
         await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
         with app.feed.lock:
             want = describe(app.feed.follow.misses, picked.req)
-        assert _body(app) == "\n".join(want) + "\n\nescape: close"
-        assert want[0].startswith(f"request {picked.req}, admitted in batch ")
-        assert f"{picked.prompt_tokens:,} tokens, {picked.hit_tokens:,} read" in want[0]
+        assert _body(app) == "\n".join(line.text for line in want) + "\n\nescape: close"
+        assert want[0].text.startswith(f"request {picked.req}, admitted in batch ")
+        assert f"{picked.prompt_tokens:,} tokens, {picked.hit_tokens:,} read" in want[0].text
+        assert {line.cause for line in want[2:]} <= set(Cause)  # every span line names its cause
         await pilot.press("escape")
         assert not isinstance(app.screen, WhyScreen)
         # every finished request was explained, and the spans cover exactly what it missed
@@ -90,3 +91,7 @@ async def test_why_on_the_command_line_and_its_mistakes() -> None:
         await pilot.press("escape")
         await pilot.press("escape", "e", "up", "enter")  # the newest entry is not a request
         assert app.messages[-1].startswith("✗ select a request event (rstart or rfinish")
+
+
+def test_each_cause_has_its_colour() -> None:
+    assert set(STYLES) == set(Cause)

@@ -310,7 +310,7 @@ def test_registry_is_immutable_and_complete() -> None:
     assert list(WORKLOADS) == ["chat", "system", "tot", "fork", "flood"]
     with pytest.raises(TypeError):
         WORKLOADS["x"] = WORKLOADS["tot"]  # type: ignore[index]
-    assert WORKLOADS["tot"].usage() == "tot [depth=3] [branching=4] [--seed N]"
+    assert WORKLOADS["tot"].usage() == "tot DEPTH BRANCHING [--seed N]"
     assert [p.name for p in WORKLOADS["system"].all_params] == ["users", "system_tokens", "seed"]
 
 

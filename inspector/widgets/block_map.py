@@ -14,6 +14,7 @@ from typing import ClassVar
 import numpy as np
 from rich.segment import Segment
 from rich.style import Style
+from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
@@ -22,13 +23,13 @@ from textual.strip import Strip
 from inspector.frame import EMPTY, Cell, Frame
 from inspector.widgets.styled import Styled
 
-NAMES = {Cell.SELECTED: "selected node", Cell.LOCKED: "locked", Cell.COW: "COW copy",
+NAMES = {Cell.SELECTED: "selected node", Cell.PINNED: "locked", Cell.COW: "COW copy",
          Cell.SHARED: "shared", Cell.CACHED: "cached", Cell.EVICTED: "just evicted",
          Cell.FREE: "free"}
 GLYPH = {Cell.COW: "◆", Cell.EVICTED: "░", Cell.FREE: "·"}  # the others: a full block
 DENSITY = "·░▒▓█"  # used fraction of a k-block cell: 0, (0, 1/4], .. (3/4, 1]
 # columns in priority order (argmax picks the first of equal counts)
-_PRIORITY = [Cell.SELECTED, Cell.LOCKED, Cell.COW, Cell.SHARED, Cell.CACHED]
+_PRIORITY = [Cell.SELECTED, Cell.PINNED, Cell.COW, Cell.SHARED, Cell.CACHED]
 
 
 def cell_class(state: Cell) -> str:
@@ -57,6 +58,7 @@ class BlockMap(ScrollView, can_focus=True):
         super().notify_style_update()
         self.styled.clear()
         self._rows.clear()
+        self._show_legend()  # in the new colours
 
     @property
     def per_cell(self) -> int:
@@ -72,6 +74,10 @@ class BlockMap(ScrollView, can_focus=True):
         if k > 1:
             out.insert(0, (f"1 cell = {k:,} blocks (z: 1 per block)", cell_class(Cell.FREE)))
         return out
+
+    def _show_legend(self) -> None:
+        self.border_subtitle = Text.assemble(
+            *[(f"{t}  ", self.styled(c)) for t, c in self.legend()])
 
     def show(self, frame: Frame) -> None:
         """Draw ``frame``: recompute the cells and redraw the rows whose cells changed."""
@@ -91,6 +97,8 @@ class BlockMap(ScrollView, can_focus=True):
     def _recode(self) -> None:
         w, k = self._width(), self.per_cell
         codes = cell_codes(self.frame.cells, k)
+        if self._grid[1] != k or not self.border_subtitle:
+            self._show_legend()  # the cell size it names is the one drawn from now on
         same_grid = self._grid == (w, k) and len(codes) == len(self.codes)
         changed = np.nonzero(codes != self.codes)[0] if same_grid else None
         self.codes, self._grid = codes, (w, k)
@@ -98,6 +106,7 @@ class BlockMap(ScrollView, can_focus=True):
         if changed is None:
             self._rows.clear()
             self.virtual_size = Size(w, rows)
+            self._scroll_update(self.virtual_size)  # zoomed in after the first layout too
             self.refresh()
             return
         top, h = self.scroll_offset.y, self.size.height

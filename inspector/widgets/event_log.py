@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from rich.markup import escape
@@ -12,11 +13,12 @@ from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widget import Widget
 
-from inspector.feed import Feed, LogEntry
+from inspector.feed import UNLOGGED, Feed, LogEntry
 from radixcache.core import events as ev
+from radixcache.core.kinds import KINDS as ALL_KINDS
+from radixcache.core.kinds import TAGS, exhaustive
 
-KINDS = ("create", "extend", "split", "merge", "evict", "cow", "alloc", "free", "wm", "rstart",
-         "rcached", "rfinish", "snapshot", "reset", "digest", "counters", "fault", "queue")
+KINDS = tuple(TAGS[k] for k in ALL_KINDS if k not in UNLOGGED)  # the kinds the log can show
 NOISY = frozenset({"wm", "counters", "queue"})  # heartbeats: `filter all` leaves them out
 DEFAULT_KINDS = frozenset(
     {"create", "extend", "split", "merge", "evict", "cow", "snapshot", "reset"}
@@ -25,57 +27,38 @@ _COLORS = {"split": "#e5c07b", "merge": "#61afef", "evict": "#e06c75", "cow": "#
            "create": "#98c379", "extend": "#98c379"}
 
 
+# One line per kind, filled from the event's fields: a token run as its token count, a list
+# (blocks, snapshot nodes) as its length. Empty: the kind alone says it.
+_LINES: Mapping[type[ev.Event], str] = exhaustive("inspector.event_log", {
+    ev.NodeCreated: "n{node} under n{parent}, {tokens} tok from position {start}",
+    ev.Extend: "n{node} +{tokens} tok, +{blocks} blocks",
+    ev.Split: "n{node} after its first {offset} tok → prefix n{prefix}",
+    ev.Merge: "n{parent}+n{child}",
+    ev.Evict: "n{node} {tokens} tok, {freed} blocks freed",
+    ev.Cow: "{src}→{dst} ({slots} slots)",
+    ev.BlockAlloc: "{blocks} blocks",
+    ev.BlockFree: "{blocks} blocks",
+    ev.Watermark: "{used_blocks}/{total_blocks} blocks",
+    ev.RequestStart: "req {req} {prompt_tokens} tok, {hit_tokens} hit",
+    ev.RequestFinish: "req {req} +{output_tokens} tok",
+    ev.RequestCached: "req {req}: its prompt of {prompt_tokens} tok is cached, it decodes",
+    ev.Queue: "{policy}: {waiting} waiting (the stats pane says why)",
+    ev.Snapshot: "{nodes} nodes",
+    ev.Fault: "thread {thread} died: {error}",
+    ev.Pin: "", ev.Access: "", ev.Reset: "", ev.Counters: "", ev.Digest: "",
+})
+
+
 def describe(e: ev.AnyEvent) -> str:
-    """A short human line for one event."""
-    match e:
-        case ev.NodeCreated():
-            return f"n{e.node} under n{e.parent}, {len(e.tokens) // 4} tok from position {e.start}"
-        case ev.Extend():
-            return f"n{e.node} +{len(e.tokens) // 4} tok, +{len(e.blocks)} blocks"
-        case ev.Split():
-            return f"n{e.node} after its first {e.offset} tok → prefix n{e.prefix}"
-        case ev.Merge():
-            return f"n{e.parent}+n{e.child}"
-        case ev.Evict():
-            return f"n{e.node} {e.tokens} tok, {len(e.freed)} blocks freed"
-        case ev.Cow():
-            return f"{e.src}→{e.dst} ({e.slots} slots)"
-        case ev.BlockAlloc() | ev.BlockFree():
-            return f"{len(e.blocks)} blocks"
-        case _:
-            return _describe_request(e)
+    """A short human line for one event (empty where the kind alone says it)."""
+    line = _LINES[type(e)]
+    return line.format_map({f: _short(getattr(e, f)) for f in e.__struct_fields__}) if line else ""
 
 
-def _describe_request(e: ev.AnyEvent) -> str:
-    """Requests, heartbeats, snapshots and faults."""
-    match e:
-        case ev.Watermark():
-            return f"{e.used_blocks}/{e.total_blocks} blocks"
-        case ev.RequestStart():
-            return f"req {e.req} {e.prompt_tokens} tok, {e.hit_tokens} hit"
-        case ev.RequestFinish():
-            return f"req {e.req} +{e.output_tokens} tok"
-        case ev.RequestCached():
-            return f"req {e.req} prompt of {e.prompt_tokens} tok cached, decoding"
-        case ev.Snapshot():
-            return f"{len(e.nodes)} nodes"
-        case ev.Fault():
-            return f"thread {e.thread} died: {e.error}"
-        case ev.Queue():
-            return queue_line(e)
-        case _:
-            return ""
-
-
-def queue_line(q: ev.Queue) -> str:
-    """``lpm: 12 waiting: 8 sharing, 3 order, 1 pool full · r41 waits for r12 at n7``."""
-    counts = ", ".join(f"{n} {r.value}" for r, n in q.counts().items() if n)
-    line = f"{q.policy}: {q.waiting} waiting" + (f": {counts}" if counts else "")
-    share = next((w for w in q.entries if w.reason is ev.WaitReason.SHARING), None)
-    if share is not None:
-        line += f" · r{share.req} waits for r{share.on_req}'s insert after n{share.node}" \
-                f" (+{share.shared} tok)"
-    return line
+def _short(value: object) -> object:
+    if isinstance(value, bytes):
+        return len(value) // 4  # uint32 token ids
+    return len(value) if isinstance(value, Sequence) and not isinstance(value, str) else value
 
 
 class EventLog(Widget, can_focus=True):

@@ -10,6 +10,9 @@ from textual.binding import Binding, BindingType
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from inspector.panes import help_row
+from inspector.words import help_lines, main_words
+
 
 class Key(NamedTuple):
     """One row of the key map: what to press (as shown), the binding keys, what it does."""
@@ -27,8 +30,7 @@ KEYS: tuple[Key, ...] = (
     Key("`pgup` `pgdn` `home` `end`", ("pageup", "pagedown", "home", "end"), "move by pages"),
     Key("`enter` `space`", ("enter", "space"), "fold or unfold the selected node"),
     Key("`←` `→` `h` `l`", ("left", "right", "h", "l"), "collapse / expand the selected node"),
-    Key("`F2`…`F7`", ("f2", "f3", "f4", "f5", "f6", "f7"),
-        "show / hide tree, block map, memory, LRU, events, stats"),
+    Key(*help_row()),
     Key("`ctrl+←` `ctrl+→`", ("ctrl+left", "ctrl+right"), "narrow / widen the tree pane"),
     Key("`z`", ("z",), "block map: whole pool at a glance / one cell per block"),
     Key("`w`", ("w",), "what-if: the hit-rate curve of all the engine did since the "
@@ -57,9 +59,7 @@ def help_text() -> str:
     rows = "\n".join(f"  {k.shown.replace('`', ''):<{width}}{k.does}" for k in KEYS)
     return (
         "[b]radixcache inspector[/b]\n\n" + rows.replace("[", r"\[") + "\n\n"
-        "[b]Commands[/b] (after `:`): chat 20 · tot 3 4 · system 50 · fork 8 · flood 500\n"
-        "  evict 4096 · watermark 0.9 0.8 · pause · resume · reset · stats · snapshot\n"
-        "  filter split evict cow (event kinds; `filter all`) · why REQ · help · quit\n"
+        "[b]Commands[/b] (after `:`): " + "\n  ".join(help_lines(main_words())) + "\n"
         "  tab completes, ↑ ↓ history; a wrong command is explained and not sent\n\n"
         "Press esc to close."
     )

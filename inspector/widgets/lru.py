@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import heapq
-
 from rich.text import Text
 from textual.widget import Widget
 
 from inspector.frame import EMPTY, Frame
 from inspector.layout import human_count
-from radixcache.wire.mirror import Mirror, MirrorNode
-
-
-def next_victims(mirror: Mirror, limit: int) -> list[tuple[MirrorNode, int]]:
-    """The same order as ``Mirror.lru`` (unpinned leaves by (clock, id)) in O(n log k), with
-    each node's clock as read, from one atomic copy of the node table, so the ingest thread may
-    keep applying (the frame re-checks each candidate under the lock)."""
-    root = mirror.root
-    leaves = [(n, n.clock) for n in list(mirror.nodes.values())
-              if not n.children and n.lock == 0 and n is not root]
-    return heapq.nsmallest(limit, leaves, key=lambda p: (p[1], p[0].id))
 
 
 class LruPane(Widget):

@@ -16,6 +16,7 @@ from textual.widget import Widget
 from inspector.frame import EMPTY, Frame
 from inspector.layout import human_count
 from inspector.sources import ConnState, SourceStatus
+from radixcache.core import events as ev
 
 _DOT = {ConnState.LIVE: ("●", "#98c379"), ConnState.LOCAL: ("●", "#61afef"),
         ConnState.REPLAY: ("▶", "#c792ea"), ConnState.RESYNCING: ("◐", "#e5c07b"),
@@ -86,8 +87,10 @@ class StatsPane(Widget):
         """Copy the figures to draw; the border title says what they count since."""
         old = (self.frame.stats, self.frame.counters, self.frame.queue, round(self.req_per_s))
         self.frame, self.req_per_s = frame, req_per_s
+        title = f"stats · {figures(frame).label}"  # from the first frame, changed or not
+        if self.border_title != title:
+            self.border_title = title
         if old != (frame.stats, frame.counters, frame.queue, round(req_per_s)):
-            self.border_title = f"stats · {figures(frame).label}"
             self.refresh()
 
     def rows(self) -> list[tuple[str, str]]:
@@ -107,6 +110,10 @@ class StatsPane(Widget):
         if q is not None and q.waiting:
             why = " · ".join(f"{n} {r.value}" for r, n in q.counts().items() if n)
             rows.insert(4, ("why waiting", why))
+            held = next((w for w in q.entries if w.reason is ev.WaitReason.SHARING), None)
+            if held is not None:  # the first request held for another's prompt
+                rows.insert(5, ("  e.g. held", f"r{held.req} for r{held.on_req} "
+                                               f"(+{held.shared} tok after n{held.node})"))
         return rows
 
     def render(self) -> Text:
@@ -125,15 +132,19 @@ def header_line(status: SourceStatus, frame: Frame, req_per_s: float, now: float
     epoch 3f2a  ? help``; parts drop from the right of this order when ``width`` is short,
     the state and the hit rate last."""
     c = frame.counters
-    dot, color = _PAUSED if c is not None and c.paused else _DOT[status.state]
-    state = "paused" if c is not None and c.paused else status.state.value
-    if status.state is ConnState.DISCONNECTED:
-        state += f" {now - status.since:.0f}s"
+    gone = status.state is ConnState.DISCONNECTED  # the last counters say nothing now
+    paused = c is not None and c.paused and not gone
+    dot, color = _PAUSED if paused else _DOT[status.state]
+    state = "paused" if paused else status.state.value
+    if paused and c is not None and c.running:  # pause stops admission; these still step
+        state = f"admission paused, {c.running:,} running"
+    if gone:
+        state += f" {max(0.0, now - status.since):.0f}s"
     parts: list[tuple[str, str]] = [
         (f"{dot} {state}", f"bold {color}"),
         (f"hit {figures(frame).hit_rate:.1%}", "bold #98c379"),
         (f"blocks {frame.used_blocks:,}/{frame.num_blocks:,}", ""),
-        (f"{req_per_s:,.0f} req/s", ""),
+        ("" if gone else f"{req_per_s:,.0f} req/s", ""),
         (f"schedule {c.schedule}" if c is not None and c.schedule else "", ""),
         (f"seq {max(frame.seq, 0):,}", "dim"),
         (f"({status.detail})" if status.detail else "", "dim"),

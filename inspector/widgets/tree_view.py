@@ -10,6 +10,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import ClassVar
 
+from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding, BindingType
@@ -109,7 +110,12 @@ class TreeView(ScrollView, can_focus=True):
                     self.cursor = i
                     break
         self.cursor = min(self.cursor, max(0, len(rows) - 1))
-        self.virtual_size = Size(self.size.width, len(rows))
+        # no width of its own: rows are fitted to the pane, so it never scrolls sideways
+        self.virtual_size = Size(0, len(rows))
+        # a ScrollView's scrollbars follow its size, not its virtual size: without this, rows
+        # that grow after the first layout (an unfold) get no scrollbar, scrolling is refused
+        # and End leaves the cursor off screen (Textual's OptionList does the same)
+        self._scroll_update(self.virtual_size)
         self.refresh()
 
     def show(self, frame: Frame) -> None:
@@ -182,7 +188,7 @@ class TreeView(ScrollView, can_focus=True):
         count = f"[{human_count(view.num_tokens)}] "
         room = max(PREVIEW_MIN, self.size.width - len(head) - len(count) - RIGHT)
         text = self._preview.get(nid)
-        if text is None or len(text) > room:
+        if text is None or cell_len(text) > room:
             text = self._preview[nid] = preview_text(view.head, self.vocab, room)
         if not view.alive:
             gone = f"[{row.node.num_tokens}] {text}"
@@ -191,17 +197,27 @@ class TreeView(ScrollView, can_focus=True):
 
     def _columns(self, head: str, v: NodeView, text: str, base: Style, room: int) -> list[Segment]:
         """``▼ [44] "pass the…"  b6-8  r0  12s  n5``: every column keeps its place; only
-        the preview gives up width."""
+        the preview gives up width, measured in cells (a CJK character takes two). When even
+        the narrowest preview leaves no room, whole columns go, age first, then blocks, pins,
+        the id: a column is never cut, so no id reads as another real one (n2290 as n2)."""
         dim = base + self._style("dim")
-        return [
-            Segment(head[: -len(head.split("[")[-1]) - 1], dim),
-            Segment("[" + head.split("[")[-1], base + self._style("count")),
-            Segment(f"{text:<{room}}", base + self._style("text")),
-            Segment(f" {block_ranges(v.blocks, BLOCKS_W):<{BLOCKS_W}}", dim),
-            Segment(f" r{v.lock:<2}", base + self._style("lock") if v.lock else dim),
-            Segment(f" {v.age:>4}", dim),
-            Segment(f" n{v.id:<6}", dim),
-        ]
+        count = head.split("[")[-1]
+        text = text + " " * max(0, room - cell_len(text))
+        left = [Segment(head[: -len(count) - 1], dim),
+                Segment("[" + count, base + self._style("count")),
+                Segment(text, base + self._style("text"))]
+        right = {
+            "blocks": Segment(f" {block_ranges(v.blocks, BLOCKS_W):<{BLOCKS_W}}", dim),
+            "ref": Segment(f" r{v.lock:<2}", base + self._style("lock") if v.lock else dim),
+            "age": Segment(f" {v.age:>4}", dim),
+            "id": Segment(f" n{v.id:<6}", dim),
+        }
+        spare = self.size.width - sum(seg.cell_length for seg in (*left, *right.values()))
+        for name in ("age", "blocks", "ref", "id"):
+            if spare >= 0:
+                break
+            spare += right.pop(name).cell_length
+        return [*left, *right.values()]
 
     # -- keys ------------------------------------------------------------------------------
     def action_move(self, delta: int) -> None:
@@ -217,12 +233,14 @@ class TreeView(ScrollView, can_focus=True):
         self.cursor = max(0, min(index, len(self.rows) - 1))
         if self.cursor == old:
             return
-        top, height = self.scroll_offset.y, self.size.height
+        # the rows shown (a scrollbar takes none of them: rows never scroll sideways); the
+        # scroll happens now, so the frame this move asks for copies the rows on screen
+        top, height = self.scroll_offset.y, self.scrollable_content_region.height
         if self.cursor < top:
-            self.scroll_to(y=self.cursor, animate=False)
+            self.scroll_to(y=self.cursor, animate=False, immediate=True)
             self.post_message(self.Moved())
         elif self.cursor >= top + height:
-            self.scroll_to(y=self.cursor - height + 1, animate=False)
+            self.scroll_to(y=self.cursor - height + 1, animate=False, immediate=True)
             self.post_message(self.Moved())
         self.refresh()
         nid = self.selected_id()

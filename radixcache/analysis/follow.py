@@ -1,8 +1,8 @@
 """Follower: what the inspector learns from the stream it follows, event by event.
 
-Attached to a mirror (``Mirror.after_event``), it sees every event right after the mirror
-applied it, whoever applies it (an embedded loop's feed, a live subscriber, a replay), and
-keeps:
+Attached to a mirror (``Mirror.watch``: one watcher among any others), it sees every event
+right after the mirror applied it, whoever applies it (an embedded loop's feed, a live
+subscriber, a replay), and keeps:
 
 - ``curve``: the what-if curve of the requests finished since it began (``RunningCurve``,
   token-granular LRU), beside the engine's measured hits over the same requests;
@@ -39,7 +39,11 @@ class Follower:
         self._last_seq = mirror.seq
         self._followed = False  # any event but a snapshot seen yet
         self.error: str | None = None  # why following stopped, if it did
-        mirror.after_event = self.observe
+        mirror.watch(self.observe)
+
+    def detach(self) -> None:
+        """Stop following (the mirror's other watchers go on)."""
+        self.mirror.unwatch(self.observe)
 
     def observe(self, e: ev.AnyEvent) -> None:
         """Account one event the mirror has just applied. A failure here must not cost the
@@ -49,7 +53,7 @@ class Follower:
             self._observe(e)
         except Exception as exc:  # any bug: stop following, say why
             self.error = f"{type(exc).__name__}: {exc} (at seq {self.mirror.seq})"
-            self.mirror.after_event = None
+            self.detach()
 
     def _observe(self, e: ev.AnyEvent) -> None:
         m = self.mirror
@@ -95,5 +99,5 @@ def why_record(follower: Follower, req: int) -> dict[str, object]:
         "path": [list(p) for p in why.path],
         "spans": None if why.spans is None else [
             {"start": s.start, "end": s.end, "cause": s.cause.value,
-             "seq": s.seq if s.seq >= 0 else None} for s in why.spans],
+             "seq": s.seq} for s in why.spans],
     }

@@ -10,7 +10,7 @@ the person sees).
 
 A request is explained once it finishes (the stream names a prompt's tokens only then, as
 the path its insert touched: ``RequestTracker``), against the history at the moment of its
-match (the ``Lock`` right before its ``RequestStart``). Its prompt splits into:
+match (the ``Pin`` right before its ``RequestStart``). Its prompt splits into:
 
 - the hit: the matched path, node by node;
 - each missed span with its cause:
@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixcache.analysis.ghosts import MAX_TOKENS, Ghosts, W
 from radixcache.core import events as ev
+from radixcache.core.kinds import exhaustive
 from radixcache.core.tokens import common_units
 from radixcache.traffic.traces import path_tokens
 
@@ -66,12 +67,13 @@ class Cause(enum.Enum):
 
 
 class Span(NamedTuple):
-    """Prompt tokens ``[start, end)`` missed for ``cause``; ``seq`` is the eviction's batch."""
+    """Prompt tokens ``[start, end)`` missed for ``cause``; ``seq`` is the batch of the
+    eviction (evicted) or of the other request's insert (in flight), None for the others."""
 
     start: int
     end: int
     cause: Cause
-    seq: int = -1
+    seq: int | None = None
 
     def line(self, resets: frozenset[int] = frozenset()) -> str:
         """``tokens 40-96 (56): evicted at seq 812``."""
@@ -81,6 +83,14 @@ class Span(NamedTuple):
         elif self.cause is Cause.IN_FLIGHT:
             what += f": another running request was computing them (inserted at seq {self.seq})"
         return f"tokens {self.start}-{self.end} ({self.end - self.start}): {what}"
+
+
+class Line(NamedTuple):
+    """One line of ``describe``: its text, and the cause of the span it shows (None: a line
+    that is not a span), so a screen colours by cause without reading the words."""
+
+    text: str
+    cause: Cause | None = None
 
 
 @dataclass(slots=True)
@@ -121,12 +131,8 @@ class MissHistory:
         self._match: tuple[int, int] | None = None  # (node, version) of a match in progress
         self._dropped = b""  # the path of a match given up for room, until its RequestStart
         self._edge = 0  # event counter at the last RequestStart or RequestFinish
-        self._seq = -1  # the batch of the last event seen (a snapshot before it: a seek back)
-        self._handlers: dict[type, Callable[[Any], None]] = {
-            ev.NodeCreated: self._held, ev.Extend: self._held, ev.Evict: self._evicted,
-            ev.Lock: self._lock, ev.RequestStart: self._start, ev.RequestFinish: self._finish,
-            ev.RequestCached: self._cached,
-            ev.Reset: self._reset, ev.Snapshot: self._restart}
+        self._seq: int | None = None  # the batch of the last event seen (a snapshot before
+        # it: a seek back); None before the first
 
     def why(self, req: int) -> Why | None:
         """What is known of request ``req`` (None: not seen since the history began); its
@@ -151,9 +157,9 @@ class MissHistory:
     def observe(self, e: ev.AnyEvent, prompt: bytes | None = None) -> None:
         """Account ``e``, already applied to the mirror; ``prompt`` is the finished
         request's prompt (little-endian uint32 ids) when ``e`` finished one."""
-        handler = self._handlers.get(type(e))
+        handler = _HANDLERS.get(type(e))
         if handler is not None:
-            handler(e)
+            handler(self, e)
         self._seq = self.mirror.seq  # (a snapshot's handler compares it before this line)
         if prompt is not None and isinstance(e, ev.RequestFinish):
             why = self.whys.get(e.req)
@@ -193,7 +199,7 @@ class MissHistory:
         self.ghosts.evict_all(self.mirror.version, self.mirror.seq)
         self.resets.add(self.mirror.seq)
 
-    def _lock(self, e: ev.Lock) -> None:
+    def _pin(self, e: ev.Pin) -> None:
         m = self.mirror
         if e.delta > 0:
             if not (e.node == m.root.id and self._dropped and self._match is None):
@@ -227,7 +233,7 @@ class MissHistory:
         (a replay seek, a new engine), the history starts again from what it holds; the
         finished requests are explained first, against the history they were matched in."""
         m = self.mirror
-        if not 0 <= self._seq <= m.seq:  # back, or the first snapshot (the join): start again
+        if self._seq is None or self._seq > m.seq:  # the join, or back: start again
             self.all()
             self.ghosts = Ghosts(self.max_tokens)
             self.since = m.seq
@@ -275,6 +281,19 @@ class MissHistory:
         return _merged(spans)
 
 
+
+# What each kind means to the history; the rest change no path it keeps.
+_HANDLERS: Mapping[type, Callable[[MissHistory, Any], None]] = exhaustive(
+    "analysis.misses",
+    {ev.NodeCreated: MissHistory._held, ev.Extend: MissHistory._held,
+     ev.Evict: MissHistory._evicted, ev.Pin: MissHistory._pin,
+     ev.RequestStart: MissHistory._start, ev.RequestFinish: MissHistory._finish,
+     ev.RequestCached: MissHistory._cached,
+     ev.Reset: MissHistory._reset, ev.Snapshot: MissHistory._restart},
+    ignored=(ev.Split, ev.Merge, ev.Access, ev.BlockAlloc, ev.BlockFree, ev.Cow, ev.Watermark,
+             ev.Counters, ev.Fault, ev.Digest, ev.Queue),
+)
+
 def _held_unmatched(lo: int, hi: int, p: int, dropped: int) -> list[Span]:
     """Tokens the tree held at the match but the request did not read from it."""
     out = []
@@ -300,33 +319,35 @@ def _merged(spans: list[Span]) -> list[Span]:
     return out
 
 
-def describe(history: MissHistory, req: int, error: str | None = None) -> list[str]:
+def describe(history: MissHistory, req: int, error: str | None = None) -> list[Line]:
     """What the inspector shows for request ``req``: its match, then each missed span;
     ``error``: why the history stopped following, if it did."""
     if error is not None:
-        return [f"request {req}: the miss history stopped following the stream ({error})"]
+        return [Line(f"request {req}: the miss history stopped following the stream ({error})")]
     why = history.why(req)
     if why is None:
-        return [f"request {req}: not seen since seq {history.since} (the history starts where "
-                f"the inspector joined, or last went back; it keeps {KEEP_REQUESTS:,} requests)"]
+        return [Line(f"request {req}: not seen since seq {history.since} (the history starts "
+                     f"where the inspector joined, or last went back; it keeps "
+                     f"{KEEP_REQUESTS:,} requests)")]
     p, h = why.prompt_tokens, why.hit_tokens
-    out = [f"request {req}, admitted in batch {why.seq}: prompt {p:,} tokens, {h:,} read "
-           f"from the cache ({100 * h / max(p, 1):.1f}%), {why.missed:,} computed"]
+    out = [Line(f"request {req}, admitted in batch {why.seq}: prompt {p:,} tokens, {h:,} read "
+                f"from the cache ({100 * h / max(p, 1):.1f}%), {why.missed:,} computed")]
     path = " → ".join(f"n{n} [{a}, {b})" for n, a, b in why.path) or "none (the root)"
-    out.append(f"matched path: {path}")
+    out.append(Line(f"matched path: {path}"))
     if why.spans is None:
-        out.append("running: the stream names a prompt's tokens when the request finishes "
-                   "(the path its insert touches); look again then" if not why.finished else
-                   "not served: the pool could not hold it, so nothing was inserted and the "
-                   "stream never named its tokens")
+        out.append(Line("running: the stream names a prompt's tokens when the request "
+                        "finishes (the path its insert touches); look again then"
+                        if not why.finished else
+                        "not served: the pool could not hold it, so nothing was inserted and "
+                        "the stream never named its tokens"))
         return out
     resets = frozenset(history.resets)
     shown = why.spans[:MAX_LINES]
-    out += [f"  {s.line(resets)}" for s in shown] or ["  nothing missed"]
+    out += [Line(f"  {s.line(resets)}", s.cause) for s in shown] or [Line("  nothing missed")]
     if len(why.spans) > len(shown):
         rest = why.spans[len(shown):]
-        out.append(f"  ... {len(rest):,} more spans, tokens {rest[0].start}-{rest[-1].end}")
+        out.append(Line(f"  ... {len(rest):,} more spans, tokens {rest[0].start}-{rest[-1].end}"))
     if history.ghosts.full:
-        out.append(f"(the history holds {history.max_tokens:,} tokens: later ones count as "
-                   "never seen)")
+        out.append(Line(f"(the history holds {history.max_tokens:,} tokens: later ones count "
+                        "as never seen)"))
     return out

@@ -1,7 +1,7 @@
 """The curve against the real ``RadixTree``: the same requests, one at a time, through a tree
 with a pool of the given size (evicting on demand only: watermarks at 1.0).
 
-Per request: ``match_and_lock(prompt)``, ``allocate`` room for the cached sequence, ``insert``
+Per request: ``match_and_pin(prompt)``, ``allocate`` room for the cached sequence, ``insert``
 it, ``unlock``. The hit is the matched length. This is the sequential model of the curve,
 with three differences the tree has by design, so it is measured, not asserted:
 
@@ -52,10 +52,10 @@ def replay_tree(
     tree = RadixTree(pool, high=1.0, low=1.0, record_events=False)
     hits = peak = 0
     for i, r in enumerate(requests, 1):
-        m = tree.match_and_lock(r.prompt.tobytes())
+        m = tree.match_and_pin(r.prompt.tobytes())
         lease = tree.allocate(m, len(r.cached))
         tree.insert(r.cached.tobytes(), lease)
-        tree.unlock(m.node)
+        tree.unpin(m.node)
         hits += m.length
         if sample_every and i % sample_every == 0:
             peak = max(peak, tree.alloc.used_count * block_size - tree.cached_tokens)

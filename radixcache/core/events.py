@@ -72,11 +72,15 @@ class Split(Event, tag="split", frozen=True):
 class Merge(Event, tag="merge", frozen=True):
     """``child`` absorbed its only-child ``parent`` (path compression); ``dropped`` is the
     boundary block reference the parent held that the joined node no longer holds, or None
-    (schema 3; streams of schema 2 said -1, which readers still take as none)."""
+    (schema 3; streams of schema 2 said -1, which is read as None right here)."""
 
     parent: int
     child: int
     dropped: int | None
+
+    def __post_init__(self) -> None:
+        if self.dropped == -1:  # schema 2's "none": no reader sees the sentinel
+            msgspec.structs.force_setattr(self, "dropped", None)
 
 
 class Evict(Event, tag="evict", frozen=True):
@@ -87,8 +91,10 @@ class Evict(Event, tag="evict", frozen=True):
     freed: Sequence[int]
 
 
-class Lock(Event, tag="lock", frozen=True):
-    """Every node on the path from ``node`` to the root changed its lock refcount by ``delta``."""
+class Pin(Event, tag="lock", frozen=True):
+    """Every node on the path from ``node`` to the root changed its pin count by ``delta``
+    (a request pinned its path: +1, or unpinned it: -1). The wire tag is still ``lock``, the
+    word of schema 1, so every recording reads as it did."""
 
     node: int
     delta: int
@@ -267,27 +273,28 @@ class Digest(Event, tag="digest", frozen=True):
     value: str
 
 
+# In the order the inspector's event log lists the kinds (``core/kinds.py``: ``KINDS``).
 AnyEvent = (
     NodeCreated
     | Extend
     | Split
     | Merge
     | Evict
-    | Lock
+    | Cow
+    | Pin
     | Access
     | BlockAlloc
     | BlockFree
-    | Cow
     | Watermark
     | RequestStart
-    | RequestFinish
     | RequestCached
+    | RequestFinish
     | Snapshot
     | Reset
+    | Digest
     | Counters
     | Fault
     | Queue
-    | Digest
 )
 
 

@@ -1,104 +1,92 @@
-"""Eviction, the LRU heap and merge (path compression) of ``RadixTree``.
+"""The evictor: which cached leaf goes next and when eviction runs (LRU order, watermarks).
 
-A mixin: ``RadixTree`` owns the state declared below and the lock; these methods run under it.
+``Evictor`` owns the logical access clock, the heap of evictable leaves and the watermarks.
+It decides *who* gives up blocks and *how many*; how a leaf is cut (its blocks freed, its
+parent merged or re-offered, the events) is the tree's, behind the ``Cutter`` protocol. The
+tree's lock guards it like the rest of the tree: every method runs under that lock.
 """
 
 from __future__ import annotations
 
 import heapq
-import threading
 import time
-from array import array
-from collections.abc import Callable
+from collections.abc import Iterable
+from typing import NamedTuple, Protocol
 
-from radixcache.core import events as ev
 from radixcache.core.blocks import BlockAllocator, PoolExhausted
 from radixcache.core.nodes import EvictResult, RadixNode, TreeStats
-from radixcache.core.tokens import unpack_token as _first
 
 
-class EvictMixin:
-    """LRU eviction of unpinned leaves (one heap entry a leaf, lazy re-queue) and the merge
-    of a node into its only child."""
+class Cut(NamedTuple):
+    """What cutting one leaf freed: ``blocks`` back on the free list (its parent's merge
+    included), ``tokens`` no longer cached, ``removed`` 1 when the leaf is gone."""
 
-    root: RadixNode
-    B: int
-    alloc: BlockAllocator
-    stats: TreeStats
-    high: float
-    low: float
-    lock_: threading.Lock
-    _emit: Callable[[ev.AnyEvent], None] | None
-    _nodes: dict[int, RadixNode]
-    _heap: list[tuple[int, int, RadixNode]]
+    blocks: int
+    tokens: int
+    removed: int
 
-    # -- LRU heap --------------------------------------------------------------------------
-    def _offer(self, node: RadixNode) -> None:
-        """Queue ``node`` in the LRU heap if it became an evictable leaf (unlocked, childless,
-        not the root) and has no entry yet.
 
-        The heap holds at most one entry per node, keyed by the access clock it had when
-        queued: a touch does not push (entries only ever understate a clock), and
-        ``_pop_victim`` re-queues an entry whose node was used since, so the first entry it
-        finds current is the least recently used leaf (exact LRU, O(log n) a step)."""
+class Cutter(Protocol):
+    """What the evictor asks of the tree's structure."""
+
+    def cut(self, leaf: RadixNode) -> tuple[Cut, RadixNode | None]:
+        """Remove the evictable ``leaf``; the second item is a node that may have become an
+        evictable leaf meanwhile (its parent, or the child its parent merged into)."""
+        ...
+
+    def live_nodes(self) -> Iterable[RadixNode]:
+        """Every node of the tree (the root included)."""
+        ...
+
+    def __len__(self) -> int:
+        """The number of nodes, the root included."""
+        ...
+
+
+class Evictor:
+    """LRU over the evictable leaves (unpinned, childless, not the root): one heap entry a
+    leaf, keyed by the access clock it had when queued, with lazy re-queue.
+
+    A touch does not push (entries only ever understate a clock): ``_pop`` re-queues an entry
+    whose node was used since, so the first entry it finds current is the least recently
+    used leaf (exact LRU, O(log n) a step). A parent that becomes a leaf enters at its own
+    access time, which an append-only queue could not do."""
+
+    def __init__(
+        self, tree: Cutter, alloc: BlockAllocator, stats: TreeStats, high: float, low: float
+    ) -> None:
+        check_watermarks(high, low)
+        self._tree = tree
+        self.alloc = alloc
+        self.stats = stats
+        self.high, self.low = high, low
+        self.clock = 0  # the logical time of the last access; the walk stamps nodes with it
+        self._heap: list[tuple[int, int, RadixNode]] = []
+
+    def clear(self) -> None:
+        """Forget every leaf and restart the clock (the tree was emptied)."""
+        self._heap = []
+        self.clock = 0
+
+    def touch(self, node: RadixNode) -> int:
+        """Stamp the path root..``node`` used now; returns the new clock."""
+        self.clock += 1
+        c = self.clock
+        n: RadixNode | None = node
+        while n is not None:
+            n.clock = c
+            n = n.parent
+        return c
+
+    # -- the LRU heap ----------------------------------------------------------------------
+    def offer(self, node: RadixNode) -> None:
+        """Queue ``node`` if it became an evictable leaf and has no entry yet."""
         if not node.queued and node.evictable:
             node.queued = True
             heapq.heappush(self._heap, (node.clock, node.id, node))
 
-    def _make_room(self, need: int) -> None:
-        """Evict so that ``need`` blocks are free, and down to ``low`` once past ``high``."""
-        a = self.alloc
-        if a.used_count + need > self.high * a.num_blocks:
-            target = need + round(a.num_blocks * (1 - self.low))
-            if a.free_count < target:
-                t0 = time.perf_counter_ns()
-                self._evict_blocks(target - a.free_count)
-                self.stats.evict_calls += 1
-                self.stats.last_evict_ns = time.perf_counter_ns() - t0
-        if a.free_count < need:
-            raise PoolExhausted(
-                f"need {need} blocks, {a.free_count} free and nothing more evictable"
-            )
-
-    # -- merge -----------------------------------------------------------------------------
-    def _maybe_merge(self, parent: RadixNode) -> int:
-        """Join ``parent`` into its only child when both hold the same lock count; returns the
-        blocks that freed (the parent's boundary block when only it held it)."""
-        if parent is self.root or len(parent.children) != 1:
-            return 0
-        (child,) = parent.children.values()
-        if parent.pins:  # a request locked the parent itself
-            return 0
-        B = self.B
-        dropped: int | None = None
-        freed = False
-        if child.start % B:
-            dropped = parent.blocks[-1]
-            freed = self.alloc.decref(dropped)
-            if not freed and dropped != child.blocks[0]:
-                # the grandparent chain still holds it: its claim falls back to our start
-                self.alloc.set_claim(dropped, parent.start % B)
-            child.blocks = parent.blocks[:-1] + child.blocks
-        else:
-            child.blocks = parent.blocks + child.blocks
-        grand = parent.parent
-        assert grand is not None
-        grand.children[_first(parent.tokens, 0)[0]] = child
-        child.parent, child.start = grand, parent.start
-        child.tokens = parent.tokens + child.tokens
-        if parent.clock > child.clock:
-            child.clock = parent.clock
-            self._offer(child)
-        parent.alive = False
-        parent.tokens, parent.blocks = b"", array("i")
-        del self._nodes[parent.id]
-        self.stats.merges += 1
-        if self._emit is not None:
-            self._emit(ev.Merge(parent.id, child.id, dropped))
-        return int(freed)
-
-    # -- eviction --------------------------------------------------------------------------
-    def _pop_victim(self) -> RadixNode | None:
+    def _pop(self) -> RadixNode | None:
+        """The least recently used evictable leaf, taken off the heap (None: nothing to evict)."""
         heap = self._heap
         while heap:
             clock, _, node = heap[0]
@@ -113,71 +101,75 @@ class EvictMixin:
             node.queued = False
         return None
 
-    def _evict_blocks(self, want: int) -> EvictResult:
-        """Evict LRU unlocked leaves until ``want`` blocks are freed (or none is left)."""
-        freed = nodes = tokens = 0
-        while freed < want:
-            victim = self._pop_victim()
-            if victim is None:
-                break
-            tokens += victim.num_tokens
-            freed += self._evict_leaf(victim)
-            nodes += 1
-        if len(self._heap) > 2 * len(self._nodes) + 32:  # entries of merged-away nodes linger
-            self._rebuild_heap()
-        return EvictResult(nodes, tokens, freed)
+    def entries(self) -> list[tuple[int, int, RadixNode]]:
+        """The heap's entries (clock when queued, id, node), stale ones included (a copy)."""
+        return list(self._heap)
 
-    def _evict_leaf(self, leaf: RadixNode) -> int:
-        parent = leaf.parent
-        assert parent is not None
-        freed = self.alloc.release_run(leaf.blocks)
-        if leaf.start % self.B and parent is not self.root and leaf.blocks[0] == parent.blocks[-1]:
-            self.alloc.set_claim(leaf.blocks[0], leaf.start % self.B)
-        del parent.children[_first(leaf.tokens, 0)[0]]
-        del self._nodes[leaf.id]
-        leaf.alive = False
-        self.stats.evicted_nodes += 1
-        self.stats.evicted_tokens += leaf.num_tokens
-        if self._emit is not None:
-            self._emit(ev.Evict(leaf.id, leaf.num_tokens, freed))
-        leaf.tokens, leaf.blocks = b"", array("i")  # stale heap entries may still point here
-        if parent is not self.root:
-            if parent.children:
-                return len(freed) + self._maybe_merge(parent)
-            self._offer(parent)
-        return len(freed)
+    def order(self, limit: int) -> list[RadixNode]:
+        """The next ``limit`` victims in order (changes nothing)."""
+        live = [(n.clock, n.id, n) for _, _, n in self._heap if n.alive and n.evictable]
+        return [n for _, _, n in heapq.nsmallest(limit, live)]
 
-    def _rebuild_heap(self) -> None:
+    def _rebuild(self, tree: Cutter) -> None:
         heap: list[tuple[int, int, RadixNode]] = []
-        for n in self._nodes.values():
+        for n in tree.live_nodes():
             n.queued = n.evictable
             if n.queued:
                 heap.append((n.clock, n.id, n))
         heapq.heapify(heap)
         self._heap = heap
 
-    def evict(self, n_tokens: int) -> EvictResult:
-        """Free at least ``n_tokens`` token slots (rounded up to blocks) of LRU unlocked leaves,
-        or as many as can be freed. Locked paths are never evicted."""
-        if n_tokens < 0:
-            raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
-        with self.lock_:
-            return self._evict_blocks((n_tokens + self.B - 1) // self.B)
+    # -- eviction --------------------------------------------------------------------------
+    def evict(self, want: int) -> EvictResult:
+        """Cut LRU leaves until ``want`` blocks are freed (or nothing evictable is left)."""
+        tree = self._tree
+        freed = nodes = tokens = 0
+        while freed < want:
+            victim = self._pop()
+            if victim is None:
+                break
+            cut, exposed = tree.cut(victim)
+            if exposed is not None:
+                self.offer(exposed)
+            freed += cut.blocks
+            tokens += cut.tokens
+            nodes += cut.removed
+        if len(self._heap) > 2 * len(tree) + 32:  # entries of merged-away nodes linger
+            self._rebuild(tree)
+        return EvictResult(nodes, tokens, freed)
 
-    def lru_order(self, limit: int) -> list[RadixNode]:
-        """The next ``limit`` eviction victims in order (does not change the tree)."""
-        with self.lock_:
-            live = [(n.clock, n.id, n) for _, _, n in self._heap if n.alive and n.evictable]
-            return [n for _, _, n in heapq.nsmallest(limit, live)]
+    def evict_sparing(self, want: int, keep: RadixNode) -> None:
+        """``evict`` while holding ``keep``'s path (a pin that nets to zero: no event)."""
+        keep.pins += 1
+        try:
+            self.evict(want)
+        finally:
+            keep.pins -= 1
+        self.offer(keep)  # its entry was dropped if it came up during the hold
 
-    # -- watermarks ------------------------------------------------------------------------
-    @staticmethod
-    def _check_watermarks(high: float, low: float) -> None:
-        if not 0.0 < low <= high <= 1.0:
-            raise ValueError(f"watermarks need 0 < low <= high <= 1, got high={high} low={low}")
+    def make_room(self, need: int) -> None:
+        """Evict so that ``need`` blocks are free, and down to ``low`` once past ``high``.
+        Raises ``PoolExhausted`` when that many cannot be had."""
+        a = self.alloc
+        if a.used_count + need > self.high * a.num_blocks:
+            target = need + round(a.num_blocks * (1 - self.low))
+            if a.free_count < target:
+                t0 = time.perf_counter_ns()
+                self.evict(target - a.free_count)
+                self.stats.evict_calls += 1
+                self.stats.last_evict_ns = time.perf_counter_ns() - t0
+        if a.free_count < need:
+            raise PoolExhausted(
+                f"need {need} blocks, {a.free_count} free and nothing more evictable"
+            )
 
     def set_watermarks(self, high: float, low: float) -> None:
-        """Set the eviction band: past ``high`` (fraction of blocks used) evict down to ``low``."""
-        self._check_watermarks(high, low)
-        with self.lock_:
-            self.high, self.low = high, low
+        """Past ``high`` (fraction of blocks used) evict down to ``low``."""
+        check_watermarks(high, low)
+        self.high, self.low = high, low
+
+
+def check_watermarks(high: float, low: float) -> None:
+    """Raise ``ValueError`` unless ``0 < low <= high <= 1``."""
+    if not 0.0 < low <= high <= 1.0:
+        raise ValueError(f"watermarks need 0 < low <= high <= 1, got high={high} low={low}")

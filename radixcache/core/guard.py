@@ -1,6 +1,6 @@
 """One guard for every worker thread: nothing dies silently.
 
-A thread started with ``start_guarded`` runs its target inside a handler that, when the target
+A thread started with ``Guard.start`` runs its target inside a handler that, when the target
 raises, records the exception as a ``ThreadFault`` (thread name, one line, the traceback),
 prints the traceback to stderr, and calls the owner's ``on_fault`` (which publishes a
 ``Fault`` event, shows a banner, or makes ``serve`` exit non-zero). The fault stays readable on

@@ -8,8 +8,8 @@
 - children are keyed by their distinct first tokens, each child starts where its parent ends;
 - each node's blocks cover its span, one per logical block;
 - pin counts are not negative, and no non-root node with one child is unpinned (that pair
-  would be merged: their path lock counts are equal);
-- every evictable leaf (unlocked, childless, not root) has exactly one LRU heap entry, keyed
+  would be merged: their path pin counts are equal);
+- every evictable leaf (unpinned, childless, not root) has exactly one LRU heap entry, keyed
   no later than its last access; ``queued`` marks the nodes that have one.
 """
 
@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Iterable
 from typing import Protocol
 
 from radixcache.core import tokens as tk
 from radixcache.core.blocks import BlockAllocator
+from radixcache.core.evict import Evictor
+from radixcache.core.lease import Leases
 from radixcache.core.nodes import RadixNode
 
 
 class TreeState(Protocol):
-    """What the check reads of a ``RadixTree`` (typed here so this module never imports the
-    tree: ``RadixTree.check`` imports this one)."""
+    """What the check reads of a ``RadixTree``: public state only (typed here so this module
+    never imports the tree: ``RadixTree.check`` imports this one)."""
 
     @property
     def root(self) -> RadixNode: ...
@@ -35,11 +38,10 @@ class TreeState(Protocol):
     @property
     def alloc(self) -> BlockAllocator: ...
     @property
-    def _nodes(self) -> dict[int, RadixNode]: ...
+    def evictor(self) -> Evictor: ...
     @property
-    def _heap(self) -> list[tuple[int, int, RadixNode]]: ...
-    @property
-    def _inplace(self) -> set[int]: ...
+    def leases(self) -> Leases: ...
+    def live_nodes(self) -> Iterable[RadixNode]: ...
     def request_blocks(self) -> set[int]: ...
 
 
@@ -73,7 +75,7 @@ def _slot_owners(tree: TreeState) -> dict[int, list[tuple[int, int, int]]]:
     """block -> [(first slot, end slot, node id)] of the slots each node's span owns."""
     B = tree.B
     owners: dict[int, list[tuple[int, int, int]]] = {}
-    for n in tree._nodes.values():
+    for n in tree.live_nodes():
         for i, b in enumerate(n.blocks):
             base = (n.start // B + i) * B
             lo, hi = max(n.start, base) - base, min(n.end, base + B) - base
@@ -84,13 +86,13 @@ def _slot_owners(tree: TreeState) -> dict[int, list[tuple[int, int, int]]]:
 def _check_blocks(tree: TreeState, out: list[str]) -> None:
     a = tree.alloc
     refs: Counter[int] = Counter()
-    for n in tree._nodes.values():
+    for n in tree.live_nodes():
         refs.update(n.blocks)
     private = tree.request_blocks()
     refs.update(private)
     out.extend(a.check())
     # release_run relies on it: only a node's first and last block can be shared
-    for n in tree._nodes.values():
+    for n in tree.live_nodes():
         inner = [b for b in n.blocks[1:-1] if refs[b] != 1]
         if inner:
             out.append(f"node {n.id}: interior blocks {inner[:5]} shared")
@@ -100,6 +102,7 @@ def _check_blocks(tree: TreeState, out: list[str]) -> None:
     for b, have in enumerate(a.refcounts()):
         if have != refs[b]:
             out.append(f"block {b}: refcount {have} but {refs[b]} references")
+    inplace = tree.leases.inplace_blocks()
     for b, spans in _slot_owners(tree).items():
         spans.sort()
         for (_, hi, x), (lo, _, y) in itertools.pairwise(spans):
@@ -107,22 +110,23 @@ def _check_blocks(tree: TreeState, out: list[str]) -> None:
                 out.append(f"block {b}: slots owned by both node {x} and node {y}")
         top = max(hi for _, hi, _ in spans)
         claim = a.claim(b)
-        if claim < top or (claim != top and b not in tree._inplace):
+        if claim < top or (claim != top and b not in inplace):
             out.append(f"block {b}: claim {claim}, deepest holder ends at slot {top}")
 
 
 def _check_lru(tree: TreeState, out: list[str]) -> None:
-    queued = Counter(n.id for _, _, n in tree._heap if n.alive)
+    heap = tree.evictor.entries()
+    queued = Counter(n.id for _, _, n in heap if n.alive)
     twice = sorted(i for i, c in queued.items() if c > 1)
     if twice:
         out.append(f"LRU holds nodes {twice[:5]} twice")
-    ahead = sorted(n.id for c, _, n in tree._heap if n.alive and c > n.clock)
+    ahead = sorted(n.id for c, _, n in heap if n.alive and c > n.clock)
     if ahead:
         out.append(f"LRU entries of nodes {ahead[:5]} are newer than their access")
-    flags = sorted(n.id for n in tree._nodes.values() if n.queued != (n.id in queued))
+    flags = sorted(n.id for n in tree.live_nodes() if n.queued != (n.id in queued))
     if flags:
         out.append(f"nodes {flags[:5]}: queued flag differs from the LRU heap")
-    want = {n.id for n in tree._nodes.values() if n.evictable}
+    want = {n.id for n in tree.live_nodes() if n.evictable}
     if not want <= queued.keys():
         out.append(f"LRU misses evictable leaves {sorted(want - queued.keys())[:5]}")
 
@@ -133,7 +137,7 @@ def check_tree(tree: TreeState) -> None:
     root = tree.root
     if root.tokens or root.blocks or root.parent is not None:
         out.append("root holds tokens, blocks or a parent")
-    for n in tree._nodes.values():
+    for n in tree.live_nodes():
         if n is not root:
             _check_node(tree, n, out)
     _check_blocks(tree, out)

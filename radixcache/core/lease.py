@@ -1,7 +1,9 @@
-"""Block reservation of ``RadixTree`` for running requests: allocate a lease (in place or
-copy-on-write at the boundary block), copy a boundary block out, settle or release a lease.
+"""Leases: the blocks a running request reserves between ``allocate`` and ``insert``/``release``
+(in place or copy-on-write at the boundary block), and the boundary copies a new leaf needs.
 
-A mixin: ``RadixTree`` owns the state declared below and the lock; these methods run under it.
+``Leases`` owns the set of outstanding leases and the in-place reservations; it asks the
+``Evictor`` for room and the ``BlockAllocator`` for blocks. The tree's lock guards it: every
+method runs under that lock (the tree's public methods take it).
 """
 
 from __future__ import annotations
@@ -10,40 +12,55 @@ from array import array
 from typing import TYPE_CHECKING
 
 from radixcache.core import events as ev
-from radixcache.core.evict import EvictMixin
-from radixcache.core.nodes import Lease, MatchResult, NotLocked, PromptTooLarge, RadixNode
+from radixcache.core.eventlog import EventLog
+from radixcache.core.evict import Evictor
+from radixcache.core.nodes import (
+    Lease,
+    MatchResult,
+    NotPinned,
+    PromptTooLarge,
+    RadixNode,
+    TreeStats,
+)
 from radixcache.core.tokens import InvalidTokens
 
 if TYPE_CHECKING:
     from radixcache.core.pool import KVPool
 
 
-class LeaseMixin(EvictMixin):
-    """Leases: the blocks a request reserves between ``allocate`` and ``insert``/``release``."""
+class Leases:
+    """The outstanding leases of one tree and the blocks they hold privately."""
 
-    pool: KVPool
-    _leases: set[Lease]
-    _inplace: set[int]
+    def __init__(self, pool: KVPool, evictor: Evictor, stats: TreeStats, log: EventLog) -> None:
+        self.pool = pool
+        self.alloc = pool.allocator
+        self.B = pool.block_size
+        self.evictor = evictor
+        self.stats = stats
+        self.log = log
+        self._open: set[Lease] = set()  # allocated, not yet inserted/released
+        self._inplace: set[int] = set()  # tree-owned blocks a lease continues in place
 
-    if TYPE_CHECKING:
+    def __bool__(self) -> bool:
+        """True while any lease is outstanding."""
+        return bool(self._open)
 
-        def _alive(self, node: RadixNode) -> RadixNode: ...
+    def clear(self) -> None:
+        """Forget every lease (the tree was emptied; its blocks are free again)."""
+        self._open = set()
+        self._inplace = set()
+
+    def request_blocks(self) -> set[int]:
+        """Blocks held privately by outstanding leases (allocated, not yet inserted)."""
+        return {b for lease in self._open for b in lease.table[lease.private_from :]}
+
+    def inplace_blocks(self) -> frozenset[int]:
+        """Tree-owned blocks an outstanding lease has reserved to continue in place."""
+        return frozenset(self._inplace)
 
     # -- allocate --------------------------------------------------------------------------
     def allocate(self, match: MatchResult, total: int) -> Lease:
-        """Reserve blocks so a request can hold ``total`` positions after its matched prefix.
-
-        The caller must hold a lock on ``match.node`` (``match_and_lock``). Evicts LRU leaves
-        as needed (and down to the low watermark once use passes the high one). The boundary
-        block is reserved in place when its claim ends at the match, else copied (COW).
-        Raises ``PromptTooLarge`` (never fits; the tree is unchanged) or ``PoolExhausted``
-        (retry later): then no block was reserved, but unlocked leaves may already have been
-        evicted on the way -- they were the next victims, and the retry needs their room.
-        """
-        with self.lock_:
-            return self._allocate(match, total)
-
-    def _allocate(self, match: MatchResult, total: int) -> Lease:
+        """See ``RadixTree.allocate`` (the caller checked that ``match.node`` is alive)."""
         B, m = self.B, match.length
         if total <= 0 or total < m:
             raise InvalidTokens(f"total {total} must be positive and >= matched {m}")
@@ -52,18 +69,18 @@ class LeaseMixin(EvictMixin):
                 f"{total} tokens need {(total + B - 1) // B} blocks;"
                 f" the pool has {self.alloc.num_blocks}"
             )
-        if self._alive(match.node).pins <= 0:
-            raise NotLocked(f"allocate needs a lock on node {match.node.id} (match_and_lock)")
+        if match.node.pins <= 0:
+            raise NotPinned(f"allocate needs a pin on node {match.node.id} (match_and_pin)")
         table = array("i", match.block_table)
         if total == m:  # nothing to write: the lease holds no block of its own
             lease = Lease(match.node, m, total, table, len(table))
-            self._leases.add(lease)
+            self._open.add(lease)
             return lease
         j0, partial = divmod(m, B)
         new = (total + B - 1) // B - len(table)
         if partial and self.alloc.claim(table[j0]) != partial:
             new += 1
-        self._make_room(new)
+        self.evictor.make_room(new)
         if partial and self.alloc.claim(table[j0]) == partial:
             x = table[j0]
             lease = Lease(match.node, m, total, table, j0 + 1, x, partial)
@@ -77,48 +94,47 @@ class LeaseMixin(EvictMixin):
             src = table[j0]
             table[j0] = blocks[0]
             self.pool.copy_slots(src, blocks[0], partial)
-            self.stats.cow_copies += 1
-            self.stats.slots_copied += partial
-            if self._emit is not None:
-                self._emit(ev.Cow(src, blocks[0], partial))
+            self._count_copy(partial)
+            if self.log.on:
+                self.log.emit(ev.Cow(src, blocks[0], partial))
             table.extend(blocks[1:])
         else:
             table.extend(blocks)
         if len(table) > lease.private_from:  # the last block is claimed up to ``total``
             self.alloc.set_claim(table[-1], total - (len(table) - 1) * B)
-        self._leases.add(lease)
-        if self._emit is not None and blocks:
-            self._emit(ev.BlockAlloc(blocks))
+        self._open.add(lease)
+        if self.log.on and blocks:
+            self.log.emit(ev.BlockAlloc(blocks))
         return lease
 
-    def _copy_out(self, src: int, slots: int, keep: RadixNode) -> int | None:
+    def _count_copy(self, slots: int) -> None:
+        self.stats.cow_copies += 1
+        self.stats.slots_copied += slots
+
+    def copy_out(self, src: int, slots: int, keep: RadixNode) -> int | None:
         """A private copy of ``src``'s first ``slots`` slots, or None when no block can be had.
 
         With the pool full it evicts one LRU leaf, holding ``keep``'s path (where the copy's
-        leaf will hang) for the duration; the hold nets to zero, so it emits no Lock event."""
+        leaf will hang) for the duration; the hold nets to zero, so it emits no pin event."""
         if self.alloc.free_count == 0:
-            keep.pins += 1
-            try:
-                self._evict_blocks(1)
-            finally:
-                keep.pins -= 1
-            self._offer(keep)  # its entry was dropped if it came up during the hold
+            self.evictor.evict_sparing(1, keep)
             if self.alloc.free_count == 0:
                 return None
         dst = self.alloc.alloc(1)[0]
         self.pool.copy_slots(src, dst, slots)
         self.alloc.set_claim(dst, slots)  # the leaf being attached takes it at once
-        self.stats.cow_copies += 1
-        self.stats.slots_copied += slots
-        if self._emit is not None:
-            self._emit(ev.BlockAlloc([dst]))
-            self._emit(ev.Cow(src, dst, slots))
+        self._count_copy(slots)
+        if self.log.on:
+            self.log.emit(ev.BlockAlloc([dst]))
+            self.log.emit(ev.Cow(src, dst, slots))
         return dst
 
-    def _finish_lease(
+    # -- settle ----------------------------------------------------------------------------
+    def finish(
         self, lease: Lease, taken: tuple[int, int] | None = None, *, inplace_used: bool = False
     ) -> int:
-        """Free the lease's blocks the tree did not take; settle the in-place claim.
+        """Free the lease's blocks the tree did not take; settle the in-place claim. Returns
+        the blocks freed.
 
         ``taken = (pos, n)``: the tree took ``table[pos // B : (n - 1) // B + 1]`` for the
         positions ``[pos, n)`` (the first may have been replaced by a copy); ``inplace_used``:
@@ -134,14 +150,8 @@ class LeaseMixin(EvictMixin):
             if not inplace_used:
                 self.alloc.set_claim(lease.inplace, lease.prev_claim)
         freed = len(self.alloc.release_run(dup))  # private blocks: none is shared
-        self._leases.discard(lease)
-        if self._emit is not None and dup:
-            self._emit(ev.BlockFree(dup))
+        self._open.discard(lease)
+        if self.log.on and dup:
+            self.log.emit(ev.BlockFree(dup))
         lease.done = True
         return freed
-
-    def release(self, lease: Lease) -> None:
-        """Abort: return every private block of the lease and undo its in-place reservation."""
-        with self.lock_:
-            if not lease.done:
-                self._finish_lease(lease)

@@ -16,13 +16,12 @@ class TreeError(Exception):
     """Base class of the errors the tree raises on bad input; the tree is unchanged after one."""
 
 
-
 class PromptTooLarge(TreeError):
     """The sequence needs more blocks than the whole pool holds: it can never be served."""
 
 
-class NotLocked(TreeError):
-    """``unlock`` of a node that holds no lock."""
+class NotPinned(TreeError):
+    """``unpin`` (or ``allocate``) of a node that holds no pin."""
 
 
 class UnknownNode(TreeError, KeyError):
@@ -41,7 +40,7 @@ class RadixNode:
     tokens: bytes  # uint32 little-endian
     blocks: array[int]  # int32: 4 bytes a block, not a 36-byte int object
     children: dict[int, RadixNode] = field(default_factory=dict)
-    pins: int = 0  # locks taken on this very node (a lock holds the whole path: see ``lock``)
+    pins: int = 0  # pins taken on this very node (a pin holds the whole path: see ``pin``)
     clock: int = 0
     alive: bool = True
     queued: bool = False  # has an entry in the LRU heap (one at most)
@@ -57,8 +56,8 @@ class RadixNode:
         return not self.children and self.pins == 0 and self.parent is not None
 
     @property
-    def lock(self) -> int:
-        """Locks held on this node's path: its own pins and every descendant's (O(subtree))."""
+    def path_pins(self) -> int:
+        """Pins that hold this node: its own and every descendant's (O(subtree))."""
         total, stack = 0, [self]
         while stack:
             n = stack.pop()

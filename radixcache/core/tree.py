@@ -15,9 +15,19 @@ copy of the parent's leading slots (copy-on-write, at most B - 1 slots).
 A request's block table takes, for each logical block, the block of the deepest
 node on its path that covers it.
 
-Concurrency: one ``threading.Lock`` guards the whole tree and its ``BlockAllocator``
-(nodes, children, locks, the LRU heap, refcounts, claims, the event list). Model
-compute never runs under it; the K/V tensor itself is not guarded (a block is
+The tree is a few objects, each with one job, that its public methods call under its lock:
+
+    RadixTree   match, pin/unpin, insert, allocate/release, evict: the API (this module)
+    Structure   the node table and the shape edits: new leaf, split, merge, cut (structure.py)
+    Evictor     the access clock, the LRU heap of evictable leaves, watermarks (evict.py)
+    Leases      blocks reserved for running requests, boundary copies (lease.py)
+    EventLog    the events of all of them, in order (eventlog.py)
+
+``check()`` (invariants.py) and ``snapshot()``/``digest()`` (snapshot.py) read public state.
+
+Concurrency: one ``threading.Lock`` (``lock_``) guards the whole tree and its
+``BlockAllocator`` (nodes, children, pins, the LRU heap, refcounts, claims, the event list).
+Model compute never runs under it; the K/V tensor itself is not guarded (a block is
 written only by the request that holds it privately or in-place reserved).
 """
 
@@ -25,27 +35,30 @@ from __future__ import annotations
 
 import threading
 from array import array
-from collections.abc import Callable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from radixcache.core import events as ev
 from radixcache.core import tokens as tk
+from radixcache.core.eventlog import EventLog
+from radixcache.core.evict import Evictor
 from radixcache.core.invariants import check_tree
-from radixcache.core.lease import LeaseMixin
+from radixcache.core.lease import Leases
 from radixcache.core.nodes import ROOT_ID as ROOT_ID
 from radixcache.core.nodes import EvictResult as EvictResult
 from radixcache.core.nodes import InsertResult as InsertResult
 from radixcache.core.nodes import Lease as Lease
 from radixcache.core.nodes import MatchResult as MatchResult
 from radixcache.core.nodes import NodeId as NodeId
-from radixcache.core.nodes import NotLocked as NotLocked
+from radixcache.core.nodes import NotPinned as NotPinned
 from radixcache.core.nodes import PromptTooLarge as PromptTooLarge
 from radixcache.core.nodes import RadixNode as RadixNode
 from radixcache.core.nodes import TreeError as TreeError
 from radixcache.core.nodes import TreeStats as TreeStats
 from radixcache.core.nodes import UnknownNode as UnknownNode
-from radixcache.core.snapshot import SnapshotMixin
+from radixcache.core.snapshot import digest_of, snapshot_of
 from radixcache.core.snapshot import structure_digest as structure_digest
+from radixcache.core.structure import Structure
 from radixcache.core.tokens import TOKEN_BYTES, U32, TokenSeq, common_units
 from radixcache.core.tokens import InvalidTokens as InvalidTokens
 from radixcache.core.tokens import unpack_token as _first
@@ -54,12 +67,8 @@ if TYPE_CHECKING:
     from radixcache.core.pool import KVPool
 
 
-class RadixTree(LeaseMixin, SnapshotMixin):
-    """The radix tree over a ``KVPool``. All public methods are thread-safe (one lock).
-
-    Match, pin, insert and split live here; eviction, the LRU heap, merge and the watermarks
-    in ``core.evict``; leases (allocate, copy-on-write, release) in ``core.lease``; snapshot
-    and digest in ``core.snapshot``; the node and result types in ``core.nodes``."""
+class RadixTree:
+    """The radix tree over a ``KVPool``. All public methods are thread-safe (one lock)."""
 
     def __init__(
         self,
@@ -76,84 +85,76 @@ class RadixTree(LeaseMixin, SnapshotMixin):
         self.vocab_limit = vocab_limit
         self.lock_ = threading.Lock()
         self.stats = TreeStats()
-        self._check_watermarks(high, low)
-        self.high, self.low = high, low
-        self._events: list[ev.AnyEvent] = []
-        self._emit: Callable[[ev.AnyEvent], None] | None = (
-            self._events.append if record_events else None
-        )
-        self._reset_state()
+        self.log = EventLog(on=record_events)
+        self.structure = Structure(self.alloc, self.stats, self.log)
+        self.evictor = Evictor(self.structure, self.alloc, self.stats, high, low)
+        self.leases = Leases(pool, self.evictor, self.stats, self.log)
 
-    def _reset_state(self) -> None:
-        self.root = RadixNode(ROOT_ID, None, 0, 0, b"", array("i"))
-        self._nodes: dict[int, RadixNode] = {ROOT_ID: self.root}
-        self._next_id = 1
-        self._clock = 0
-        self._heap: list[tuple[int, int, RadixNode]] = []
-        self._leases: set[Lease] = set()  # outstanding: allocated, not yet inserted/released
-        self._inplace: set[int] = set()
+    # -- public state ----------------------------------------------------------------------
+    @property
+    def root(self) -> RadixNode:
+        """The root node (no tokens, no blocks)."""
+        return self.structure.root
 
-    # -- events ----------------------------------------------------------------------------
-    def take_events(self) -> list[ev.AnyEvent]:
-        """Drain the events recorded since the last call, in order (one list swap)."""
+    @property
+    def high(self) -> float:
+        """High watermark: fraction of blocks used past which eviction runs."""
+        return self.evictor.high
+
+    @property
+    def low(self) -> float:
+        """Low watermark: fraction of blocks used that eviction brings use down to."""
+        return self.evictor.low
+
+    def set_watermarks(self, high: float, low: float) -> None:
+        """Set the eviction band: past ``high`` (fraction of blocks used) evict down to ``low``."""
         with self.lock_:
-            out = self._events
-            self._events = []
-            if self._emit is not None:
-                self._emit = self._events.append
-            return out
+            self.evictor.set_watermarks(high, low)
 
-    def emit(self, event: ev.AnyEvent) -> None:
-        """Record a caller's event (a request's start or finish) in order with the tree's own
-        (dropped when events are off)."""
-        with self.lock_:
-            if self._emit is not None:
-                self._emit(event)
+    def live_nodes(self) -> Iterable[RadixNode]:
+        """Every node, the root included (call with ``lock_`` held)."""
+        return self.structure.live_nodes()
 
-    # -- lookup ----------------------------------------------------------------------------
     def node(self, node_id: int) -> RadixNode:
         """The live node with this id; raises ``UnknownNode``."""
         try:
-            return self._nodes[node_id]
+            return self.structure.nodes[node_id]
         except KeyError:
             raise UnknownNode(f"no node {node_id} in the tree") from None
 
     def __len__(self) -> int:
         """Number of nodes, the root excluded."""
-        return len(self._nodes) - 1
+        return len(self.structure) - 1
 
     @property
     def cached_tokens(self) -> int:
         """Tokens held by all nodes."""
-        return sum(n.num_tokens for n in self._nodes.values())
+        return sum(n.num_tokens for n in self.structure.live_nodes())
 
     def request_blocks(self) -> set[int]:
         """Blocks held privately by outstanding leases (allocated, not yet inserted)."""
-        return {b for lease in self._leases for b in lease.table[lease.private_from :]}
+        return self.leases.request_blocks()
+
+    # -- events ----------------------------------------------------------------------------
+    def take_events(self) -> list[ev.AnyEvent]:
+        """Drain the events recorded since the last call, in order (one list swap)."""
+        with self.lock_:
+            return self.log.take()
+
+    def emit(self, event: ev.AnyEvent) -> None:
+        """Record a caller's event (a request's start or finish) in order with the tree's own
+        (dropped when events are off)."""
+        with self.lock_:
+            if self.log.on:
+                self.log.emit(event)
 
     # -- match -----------------------------------------------------------------------------
-    def _descend(self, seq: bytes, node: RadixNode, pos: int) -> tuple[RadixNode, int]:
-        """Follow ``seq`` down from ``node`` (whose path covers ``seq[:pos]``): the deepest node
-        touched (the match may end inside it) and the matched length. No state change."""
-        n = tk.count(seq)
-        while pos < n:
-            child = node.children.get(_first(seq, pos * TOKEN_BYTES)[0])
-            if child is None:
-                break
-            node = child
-            if seq.startswith(child.tokens, pos * TOKEN_BYTES):
-                pos = child.end
-            else:
-                pos += common_units(seq, pos * TOKEN_BYTES, child.tokens)
-                break
-        return node, pos
-
     def _walk(self, seq: bytes) -> tuple[RadixNode, int, array[int]]:
         """Deepest match of ``seq`` from the root: (node, matched length, block table), the
         path stamped with a new access clock on the way down (what ``_touch`` does after)."""
-        self._clock += 1
-        c = self._clock
-        node, pos, n, B = self.root, 0, tk.count(seq), self.B
+        self.evictor.clock += 1
+        c = self.evictor.clock
+        node, pos, n, B = self.structure.root, 0, tk.count(seq), self.B
         node.clock = c
         table = array("i")  # from the root, the deepest node covering a logical block wins
         while pos < n:
@@ -175,25 +176,20 @@ class RadixTree(LeaseMixin, SnapshotMixin):
         return node, pos, table
 
     def _touch(self, node: RadixNode) -> None:
-        self._clock += 1
-        c = self._clock
-        n: RadixNode | None = node
-        while n is not None:
-            n.clock = c
-            n = n.parent
-        if self._emit is not None:
-            self._emit(ev.Access(node.id, c))
+        c = self.evictor.touch(node)
+        if self.log.on:
+            self.log.emit(ev.Access(node.id, c))
 
     def match(self, tokens: TokenSeq) -> MatchResult:
         """Longest cached prefix of ``tokens`` at token granularity; marks the path used (LRU).
 
-        The result's node is not locked: use ``match_and_lock`` when the blocks will be used.
+        The result's node is not pinned: use ``match_and_pin`` when the blocks will be used.
         """
         seq = tk.validated(tokens, self.vocab_limit)
         with self.lock_:
             node, length, table = self._walk(seq)
-            if self._emit is not None:
-                self._emit(ev.Access(node.id, self._clock))
+            if self.log.on:
+                self.log.emit(ev.Access(node.id, self.evictor.clock))
             return MatchResult(length, node, table)
 
     def peek(self, tokens: TokenSeq) -> tuple[RadixNode, int]:
@@ -201,56 +197,77 @@ class RadixTree(LeaseMixin, SnapshotMixin):
         length, changing nothing: no access time, no event (a scheduler ordering its queue)."""
         seq = tk.validated(tokens, self.vocab_limit)
         with self.lock_:
-            return self._descend(seq, self.root, 0)
+            return self.structure.descend(seq, self.structure.root, 0)
 
-    def match_and_lock(self, tokens: TokenSeq) -> MatchResult:
-        """``match`` and ``lock`` of the result's node, atomically."""
+    def match_and_pin(self, tokens: TokenSeq) -> MatchResult:
+        """``match`` and ``pin`` of the result's node, atomically."""
         seq = tk.validated(tokens, self.vocab_limit)
         with self.lock_:
             node, length, table = self._walk(seq)
-            self._lock(node)
-            if self._emit is not None:
-                self._emit(ev.Access(node.id, self._clock))
+            self._pin(node)
+            if self.log.on:
+                self.log.emit(ev.Access(node.id, self.evictor.clock))
             return MatchResult(length, node, table)
 
-    # -- lock ------------------------------------------------------------------------------
-    def _lock(self, node: RadixNode) -> None:
+    # -- pin -------------------------------------------------------------------------------
+    def _pin(self, node: RadixNode) -> None:
         node.pins += 1
-        if self._emit is not None:
-            self._emit(ev.Lock(node.id, 1))
+        if self.log.on:
+            self.log.emit(ev.Pin(node.id, 1))
 
-    def _alive(self, node: RadixNode) -> RadixNode:
-        if not node.alive or self._nodes.get(node.id) is not node:
-            raise UnknownNode(f"node {node.id} is not in the tree")
-        return node
-
-    def lock(self, node: RadixNode) -> None:
-        """Hold a reference on every node of ``node``'s path: none is evicted until unlock.
+    def pin(self, node: RadixNode) -> None:
+        """Hold every node of ``node``'s path: none is evicted until ``unpin``.
 
         The count is kept on ``node`` alone (``pins``), O(1): only leaves are evicted, so
-        a path is safe while its deepest node is pinned; ``RadixNode.lock`` (and the digest,
-        snapshots and events) give the per-node path count."""
+        a path is safe while its deepest node is pinned; ``RadixNode.path_pins`` (and the
+        digest, snapshots and events) give the per-node path count."""
         with self.lock_:
-            self._lock(self._alive(node))
+            self._pin(self.structure.alive(node))
 
-    def unlock(self, node: RadixNode) -> None:
-        """Drop a lock ``lock`` took on this node. ``NotLocked``/``UnknownNode``: tree
+    def unpin(self, node: RadixNode) -> None:
+        """Drop a pin ``pin`` took on this node. ``NotPinned``/``UnknownNode``: tree
         unchanged."""
         with self.lock_:
-            self._alive(node)
+            self.structure.alive(node)
             if node.pins <= 0:
-                raise NotLocked(f"node {node.id} is not locked")
+                raise NotPinned(f"node {node.id} is not pinned")
             node.pins -= 1
-            if self._emit is not None:
-                self._emit(ev.Lock(node.id, -1))
-            self._offer(node)
-            self._maybe_merge(node)
+            if self.log.on:
+                self.log.emit(ev.Pin(node.id, -1))
+            self.evictor.offer(node)
+            self._merge(node)
+
+    def _merge(self, parent: RadixNode) -> None:
+        _, joined = self.structure.merge(parent)
+        if joined is not None:
+            self.evictor.offer(joined)
+
+    # -- leases ----------------------------------------------------------------------------
+    def allocate(self, match: MatchResult, total: int) -> Lease:
+        """Reserve blocks so a request can hold ``total`` positions after its matched prefix.
+
+        The caller must hold a pin on ``match.node`` (``match_and_pin``). Evicts LRU leaves
+        as needed (and down to the low watermark once use passes the high one). The boundary
+        block is reserved in place when its claim ends at the match, else copied (COW).
+        Raises ``PromptTooLarge`` (never fits; the tree is unchanged) or ``PoolExhausted``
+        (retry later): then no block was reserved, but unpinned leaves may already have been
+        evicted on the way -- they were the next victims, and the retry needs their room.
+        """
+        with self.lock_:
+            self.structure.alive(match.node)
+            return self.leases.allocate(match, total)
+
+    def release(self, lease: Lease) -> None:
+        """Abort: return every private block of the lease and undo its in-place reservation."""
+        with self.lock_:
+            if not lease.done:
+                self.leases.finish(lease)
 
     # -- insert ----------------------------------------------------------------------------
     def insert(self, tokens: TokenSeq, lease: Lease) -> InsertResult:
         """Cache ``tokens`` (the request's whole sequence, at most ``lease.total``) using the
         lease's blocks, splitting an edge where it diverges. Consumes the lease: blocks that
-        duplicate what is already cached go back to the free list. Does not unlock."""
+        duplicate what is already cached go back to the free list. Does not unpin."""
         seq = tk.validated(tokens, self.vocab_limit)
         with self.lock_:
             if lease.done:
@@ -261,54 +278,39 @@ class RadixTree(LeaseMixin, SnapshotMixin):
             node, pos = self._descend_from_lease(seq, lease)
             leaf = None
             if pos == n:
-                freed = self._finish_lease(lease)
+                freed = self.leases.finish(lease)
             elif self._extendable(node, pos, lease):
-                leaf = self._extend(seq, node, pos, lease)
-                freed = self._finish_lease(lease, (pos, n), inplace_used=pos % self.B != 0)
+                leaf = self.structure.extend(node, seq, pos, lease.table)
+                freed = self.leases.finish(lease, (pos, n), inplace_used=pos % self.B != 0)
             else:
                 leaf = self._attach(seq, node, pos, lease)
                 used = leaf is not None and leaf.blocks[0] == lease.inplace
-                freed = self._finish_lease(lease, (pos, n) if leaf else None, inplace_used=used)
+                freed = self.leases.finish(lease, (pos, n) if leaf else None, inplace_used=used)
                 if leaf is not None:
-                    self._offer(leaf)
-                    # attached under a node the request did not lock (cached meanwhile): compress
-                    self._maybe_merge(node if leaf.parent is None else leaf.parent)
+                    self.evictor.offer(leaf)
+                    # attached under a node the request did not pin (cached meanwhile): compress
+                    self._merge(node if leaf.parent is None else leaf.parent)
             self._touch(leaf or node)
             self.stats.inserted_tokens += n - pos if leaf else 0
             return InsertResult(leaf, n - pos if leaf else 0, freed)
 
     def _extendable(self, node: RadixNode, pos: int, lease: Lease) -> bool:
         """True when the request continues, at the end of its match, the leaf it alone has
-        locked, and either at a block boundary or in place in that leaf's last block. Then
-        the leaf grows instead of getting a child that the unlock would merge into it (the
+        pinned, and either at a block boundary or in place in that leaf's last block. Then
+        the leaf grows instead of getting a child that the unpin would merge into it (the
         same final state, with one event instead of two and the leaf's id kept)."""
         return (
             node is lease.node
             and node.pins == 1
             and not node.children
             and pos == lease.matched == node.end
-            and node is not self.root
+            and node is not self.structure.root
             and (pos % self.B == 0 or node.blocks[-1] == lease.inplace)
         )
 
-    def _extend(self, seq: bytes, node: RadixNode, pos: int, lease: Lease) -> RadixNode:
-        """Append ``seq[pos:]`` and the lease's blocks for it to ``node`` (see ``_extendable``)."""
-        B, n = self.B, tk.count(seq)
-        j_last = (n - 1) // B
-        new = lease.table[(pos + B - 1) // B : j_last + 1]  # the in-place block is already there
-        tokens = tk.span(seq, pos, n)
-        node.tokens += tokens
-        node.end = n
-        node.blocks = node.blocks + new  # a new array: events may hold the old one
-        self.alloc.set_claim(node.blocks[-1], n - j_last * B)
-        self.stats.extends += 1
-        if self._emit is not None:
-            self._emit(ev.Extend(node.id, tokens, new))
-        return node
-
     def _descend_from_lease(self, seq: bytes, lease: Lease) -> tuple[RadixNode, int]:
         """Where ``seq`` leaves the tree, walking down from the deepest node of the lease's
-        locked path that starts within the match (the path is never evicted, and splits and
+        pinned path that starts within the match (the path is never evicted, and splits and
         merges keep its tokens, so the first ``matched`` tokens are known to be there)."""
         top = lease.node
         while top.start > lease.matched and top.parent is not None:
@@ -317,8 +319,8 @@ class RadixTree(LeaseMixin, SnapshotMixin):
         if k > 0 and not seq.startswith(tk.span(top.tokens, 0, k), top.start * TOKEN_BYTES):
             raise InvalidTokens("insert tokens do not start with the prefix the lease matched")
         if top.parent is None:
-            return self._descend(seq, top, 0)
-        return self._descend(seq, top.parent, top.start)
+            return self.structure.descend(seq, top, 0)
+        return self.structure.descend(seq, top.parent, top.start)
 
     def _attach(self, seq: bytes, node: RadixNode, pos: int, lease: Lease) -> RadixNode | None:
         """Create the leaf ``[pos, n)``; returns None when its boundary block cannot be had."""
@@ -332,68 +334,54 @@ class RadixTree(LeaseMixin, SnapshotMixin):
                 shared = True
             else:
                 assert lease.inplace is not None  # a leaf starts inside a tree block only so
-                copy = self._copy_out(lease.inplace, min(B, n - j_first * B), node)
+                copy = self.leases.copy_out(lease.inplace, min(B, n - j_first * B), node)
                 if copy is None:
                     return None
                 blocks[0] = copy
         if pos < node.end:
-            node = self._split(node, pos - node.start)
-        leaf = RadixNode(NodeId(self._next_id), node, pos, n, tk.span(seq, pos, n), blocks)
-        self._next_id += 1
-        self._nodes[leaf.id] = leaf
-        node.children[_first(seq, pos * TOKEN_BYTES)[0]] = leaf
-        if shared:
-            self.alloc.incref(blocks[0])
-        self.alloc.set_claim(blocks[-1], n - j_last * B)  # the request may have reserved more
-        if self._emit is not None:
-            self._emit(ev.NodeCreated(leaf.id, node.id, pos, leaf.tokens, blocks, shared))
-        return leaf
+            node = self.structure.split(node, pos - node.start)
+        return self.structure.add_leaf(node, seq, pos, blocks, shared=shared)
 
-    # -- split -----------------------------------------------------------------------------
-    def _split(self, node: RadixNode, k: int) -> RadixNode:
-        """Split ``node`` ``k`` tokens in; returns the new prefix (the old id keeps the suffix)."""
-        B, s = self.B, node.start
-        p = s + k
-        first = s // B
-        prefix_blocks = node.blocks[: (p - 1) // B - first + 1]
-        suffix_blocks = node.blocks[p // B - first :]
-        if p % B:
-            self.alloc.incref(suffix_blocks[0])
-        parent = node.parent
-        assert parent is not None
-        prefix = RadixNode(
-            NodeId(self._next_id),
-            parent,
-            s,
-            p,
-            tk.span(node.tokens, 0, k),
-            prefix_blocks,
-            clock=node.clock,
-        )
-        self._next_id += 1
-        self._nodes[prefix.id] = prefix
-        parent.children[_first(node.tokens, 0)[0]] = prefix
-        prefix.children[_first(node.tokens, k * TOKEN_BYTES)[0]] = node
-        node.parent, node.start = prefix, p
-        node.tokens, node.blocks = tk.span(node.tokens, k), suffix_blocks
-        self.stats.splits += 1
-        if self._emit is not None:
-            self._emit(ev.Split(node.id, k, prefix.id, prefix_blocks, suffix_blocks))
-        return prefix
+    # -- evict -----------------------------------------------------------------------------
+    def evict(self, n_tokens: int) -> EvictResult:
+        """Free at least ``n_tokens`` token slots (rounded up to blocks) of LRU unpinned leaves,
+        or as many as can be freed. Pinned paths are never evicted."""
+        if n_tokens < 0:
+            raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
+        with self.lock_:
+            return self.evictor.evict((n_tokens + self.B - 1) // self.B)
 
-    # -- reset -----------------------------------------------------------------------------
+    def lru_order(self, limit: int) -> list[RadixNode]:
+        """The next ``limit`` eviction victims in order (does not change the tree)."""
+        with self.lock_:
+            return self.evictor.order(limit)
+
+    # -- whole tree ------------------------------------------------------------------------
     def reset(self) -> None:
-        """Drop every node and free every block. Raises ``TreeError`` while anything is locked
+        """Drop every node and free every block. Raises ``TreeError`` while anything is pinned
         or a lease is outstanding."""
         with self.lock_:
-            if self._leases or any(n.pins for n in self._nodes.values()):
-                raise TreeError("cannot reset while requests hold locks or blocks")
+            if self.leases or any(n.pins for n in self.structure.live_nodes()):
+                raise TreeError("cannot reset while requests hold pins or blocks")
             self.alloc.reset()
-            self._reset_state()
-            if self._emit is not None:
-                self._emit(ev.Reset())
+            self.structure.clear()
+            self.evictor.clear()
+            self.leases.clear()
+            if self.log.on:
+                self.log.emit(ev.Reset())
 
-    # -- state export ----------------------------------------------------------------------
+    def snapshot(self) -> ev.Snapshot:
+        """The whole state as one event (parents before children)."""
+        with self.lock_:
+            return snapshot_of(self)
+
+    def digest(self) -> str:
+        """A stable hash of the structure: every node's id, parent, span, tokens, blocks, path
+        pins and access clock, and the request-held blocks. Equal for a mirror built from
+        events."""
+        with self.lock_:
+            return digest_of(self)
+
     def check(self) -> None:
         """Verify every invariant (``radixcache.core.invariants``); raises ``InvariantError``."""
         with self.lock_:

@@ -3,8 +3,8 @@
 Life of one request (``requests.Request``)::
 
     submit ─> waiting (policy order) ─admit─> running: prefill chunks ─> decodes ─> finish
-                │                 match_and_lock(prompt[:-1])   │     insert(prompt + out[:-1])
-                │                 allocate(m, len(prompt) + max_new - 1)        unlock(m.node)
+                │                 match_and_pin(prompt[:-1])    │     insert(prompt + out[:-1])
+                │                 allocate(m, len(prompt) + max_new - 1)         unpin(m.node)
                 │                       lpm/dfs-weight: insert(prompt) at the prefill's end
                 └── PromptTooLarge: failed at once (RequestRejected on its handle)
 
@@ -21,9 +21,13 @@ pinned blocks) it unpins its match and retries next step; running requests finis
 meanwhile. With nothing running, it retries without its match, so every request that fits
 the pool is admitted eventually (no deadlock).
 
-Threads: ``submit`` and the commands may be called from any thread. ``step`` runs under the
-engine's step lock (the scheduler thread calls it, or a test does); tree and pool mutations
-happen under the tree's lock (inside the tree), model compute outside it.
+Threads: ``submit`` may be called from any thread (the HTTP front's, a workload's
+follow-up from the stepping thread): it takes ``_queue``, the engine's own lock, which guards
+the request ids and the totals it counts, then the scheduler's queue lock (a leaf).
+Everything else (``step``, the commands, ``take_events``, ``stats``) is called by
+``ServiceLoop`` under its state lock, one thread at a time, as ``CacheService`` says; a test
+may call them from one thread. Tree and pool mutations happen under the tree's lock (inside
+the tree), model compute outside it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -39,15 +44,14 @@ import torch
 from radixcache.core import events as ev
 from radixcache.core import tokens as tk
 from radixcache.core.pool import KVPool
-from radixcache.core.tree import EvictResult, RadixTree
+from radixcache.core.tree import RadixTree
 from radixcache.serving.memory import MemorySource
 from radixcache.serving.model import TinyTransformer
 from radixcache.serving.policy import Policy
 from radixcache.serving.requests import Answers as Answers
 from radixcache.serving.requests import EngineConfig as EngineConfig
 from radixcache.serving.requests import EngineError as EngineError
-from radixcache.serving.requests import EngineMetrics as EngineMetrics
-from radixcache.serving.requests import Request, TokenHook, Totals, feed_workload
+from radixcache.serving.requests import Request, TokenHook, feed_workload
 from radixcache.serving.requests import RequestCancelled as RequestCancelled
 from radixcache.serving.requests import RequestHandle as RequestHandle
 from radixcache.serving.requests import RequestMetrics as RequestMetrics
@@ -60,10 +64,12 @@ from radixcache.serving.requests import percentiles as percentiles
 from radixcache.serving.running import Running
 from radixcache.serving.scheduler import Scheduler
 from radixcache.serving.service import Submitted, check_room
+from radixcache.serving.stats import Stats as Stats
+from radixcache.serving.tree_service import TreeService
 from radixcache.traffic.workloads import Workload
 
 
-class Engine:
+class Engine(TreeService):
     """Serves requests on a ``TinyTransformer`` whose K/V live in a ``KVPool`` indexed by a
     ``RadixTree`` (``engine.tree``). ``start()`` runs the scheduler thread; ``step()`` runs
     one scheduling step synchronously (tests). ``close()`` when done."""
@@ -77,21 +83,16 @@ class Engine:
         self.config = cfg = config or EngineConfig()
         self.model = TinyTransformer(cfg.model, cfg.device)
         self.pool = KVPool(cfg.num_blocks, cfg.block_size, cfg.model.kv_shape(), self.model.device)
-        self.tree = RadixTree(
-            self.pool, high=cfg.high, low=cfg.low, record_events=cfg.record_events
-        )
-        self._memory = memory if memory is not None else MemorySource(device=self.model.device)
-        self._step_lock = threading.Lock()
-        self._queue = threading.Condition()
-        self.scheduler = Scheduler(self.tree, cfg, self._started)
+        tree = RadixTree(self.pool, high=cfg.high, low=cfg.low, record_events=cfg.record_events)
+        TreeService.__init__(
+            self, tree, memory if memory is not None else MemorySource(device=self.model.device),
+            model=f"tiny transformer (layers={cfg.model.n_layers})",
+            device=str(self.model.device), cache=cfg.cache)
+        self._queue = threading.Lock()  # request ids and totals, against submitting threads
+        self.scheduler = Scheduler(tree, cfg, self._started)
         self.running = Running(self.model, self.pool.kv, cfg.max_step_tokens)
         self._events: list[ev.AnyEvent] = []
-        self._events_lock = threading.Lock()
-        self._totals = Totals()
         self._next_id = 0
-        self._paused = False
-        self._generation = 0
-        self._evicted_base = (0, 0, 0)  # tree counters (nodes, tokens, COW) at the last reset
 
     # -- submitting --------------------------------------------------------------------------
     def submit(
@@ -126,10 +127,10 @@ class Engine:
             self._next_id += 1
             req = Request(rid, prompt, max_new_tokens, forced, keep_logits,
                            RequestHandle(rid), time.perf_counter(), on_token=on_token)
-            self._totals.submitted += 1
+            self.totals.submitted += 1
             need = -(-req.total // self.config.block_size)
             if need > self.config.num_blocks:
-                self._totals.rejected += 1
+                self.totals.rejected += 1
             else:
                 self.scheduler.add(req)
         if need > self.config.num_blocks:
@@ -146,106 +147,88 @@ class Engine:
 
     def close(self) -> None:
         """Cancel every unfinished request and close the memory source."""
-        with self._step_lock:
-            self._cancel_all()
-        self._memory.close()
+        self._cancel_all()
+        super().close()
 
     def busy(self) -> bool:
         """True when ``step`` has work: running requests, or waiting ones while not paused."""
-        return bool(self.running) or (bool(self.scheduler) and not self._paused)
+        return bool(self.running) or (bool(self.scheduler) and not self.paused)
 
     # -- one step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
         """Admit what fits, run one batched forward (or two, see the module doc), advance
-        every request in it, finish the done ones. Thread-safe (serialized with other steps
-        and ``reset``); ``ServiceLoop`` calls it and publishes the events it recorded."""
-        with self._step_lock:
-            t0 = time.perf_counter()
-            admitted = self._admit()
-            work = self.running.step()
-            for r in work.prefilled:
-                self._cache_prompt(r)
-            finished = self._finish(self.running.take_done())
-            self._totals.steps += 1
-            self._totals.prefill_tokens += work.prefill_tokens
-            if work.forwards:
-                self._totals.busy_s += time.perf_counter() - t0
+        every request in it, finish the done ones. ``ServiceLoop`` calls it under its state
+        lock and publishes the events it recorded (a test may call it from one thread)."""
+        t0 = time.perf_counter()
+        admitted = self._admit()
+        work = self.running.step()
+        for r in work.prefilled:
+            self._cache_prompt(r)
+        finished = self._finish(self.running.take_done())
+        self.totals.steps += 1
+        self.totals.prefill_tokens += work.prefill_tokens
+        if work.forwards:
+            self.totals.busy_s += time.perf_counter() - t0
         return StepReport(admitted, work.sequences, work.prefill_tokens, work.decode_tokens,
                           work.forwards, finished)
-
-    def set_schedule(self, policy: Policy) -> None:
-        """Order the waiting queue by ``policy`` from the next step on."""
-        with self._step_lock:
-            self.scheduler.set_policy(policy)
 
     # -- events --------------------------------------------------------------------------------
     def _emit(self, event: ev.AnyEvent) -> None:
         """Append an engine event after the tree events recorded so far (keeps their order)."""
         if not self.config.record_events:
             return
-        with self._events_lock:
-            self._events.extend(self.tree.take_events())
-            self._events.append(event)
+        self._events.extend(self.tree.take_events())
+        self._events.append(event)
 
     def take_events(self) -> list[ev.AnyEvent]:
         """Drain every event since the last call, in order: the tree's, ``RequestStart`` /
-        ``RequestFinish``. Thread-safe."""
-        with self._events_lock:
-            out = self._events
-            out.extend(self.tree.take_events())
-            self._events = []
-            return out
-
-    def watermark(self) -> ev.Watermark:
-        """A memory sample now: pool blocks used/total, the marks, NVML device memory if any."""
-        a = self.pool.allocator
-        nbytes = self.pool.kv.numel() * self.pool.kv.element_size()
-        s = self._memory.sample(a.used_count, a.num_blocks, nbytes)
-        return ev.Watermark(a.used_count, a.num_blocks, self.tree.high, self.tree.low,
-                            s.device_used_bytes, s.device_total_bytes, s.nvml_error)
+        ``RequestFinish``."""
+        out = self._events
+        out.extend(self.tree.take_events())
+        self._events = []
+        return out
 
     # -- commands ------------------------------------------------------------------------------
     def pause(self) -> None:
         """Stop admitting requests; running ones go on to finish."""
         with self._queue:
-            self._paused = True
+            super().pause()
         self.scheduler.note_paused()
         self._emit_queue()
 
     def resume(self) -> None:
         """Admit requests again."""
         with self._queue:
-            self._paused = False
-            self._queue.notify_all()
+            super().resume()
 
-    @property
-    def paused(self) -> bool:
-        """True between ``pause()`` and ``resume()``."""
-        return self._paused
+    def depths(self) -> tuple[int, int]:
+        """(waiting, running) requests now."""
+        return len(self.scheduler), len(self.running)
 
-    def set_watermarks(self, high: float, low: float) -> None:
-        """Set the eviction band (fractions of used blocks); ``ValueError`` unless
-        0 < low <= high <= 1."""
-        self.tree.set_watermarks(high, low)
+    def set_schedule(self, policy: Policy) -> None:
+        """Order the waiting queue by ``policy`` from the next step on."""
+        self.scheduler.set_policy(policy)
 
-    def evict(self, tokens: int) -> EvictResult:
-        """Evict at least ``tokens`` tokens of unlocked LRU leaves (or as many as can go)."""
-        return self.tree.evict(tokens)
+    def stats(self) -> Stats:
+        """``TreeService.stats`` and the scheduler's figures: the policy, requests held for
+        sharing or aged so far, and why the waiting ones wait now (``waiting_<reason>``)."""
+        q = self.scheduler.queue().counts()
+        return msgspec.structs.replace(
+            super().stats(), schedule=self.scheduler.policy.value,
+            held_for_sharing=self.scheduler.held, aged=self.scheduler.aged,
+            waiting_order=q[ev.WaitReason.ORDER], waiting_sharing=q[ev.WaitReason.SHARING],
+            waiting_pool=q[ev.WaitReason.POOL], waiting_batch=q[ev.WaitReason.BATCH],
+            waiting_paused=q[ev.WaitReason.PAUSED])
 
     def reset(self) -> int:
         """Cancel every waiting and running request (their handles fail with
         ``RequestCancelled``), then empty the tree, zero the metrics and start a new counter
-        generation; returns how many requests were cancelled. Waits for the step in
-        progress; the pool is entirely free afterwards."""
-        with self._step_lock:
-            cancelled = len(self.running) + len(self.scheduler)
-            self._cancel_all()
-            self._emit_queue()
-            self.tree.reset()
-            self._totals = Totals()
-            self._generation += 1
-            s = self.tree.stats
-            self._evicted_base = (s.evicted_nodes, s.evicted_tokens, s.cow_copies)
+        generation; returns how many requests were cancelled. The pool is entirely free
+        afterwards."""
+        cancelled = len(self.running) + len(self.scheduler)
+        self._cancel_all()
+        self._emit_queue()
+        self.new_generation()
         return cancelled
 
     # -- the rest of the cache service (``serving.service.CacheService``) -----------------------
@@ -258,58 +241,11 @@ class Engine:
         n = len(workload.requests)
         check_room(len(self.scheduler), n)
         self.run_workload(workload)
-        return Submitted(n, self._paused)
+        return Submitted(n, self.paused)
 
-    def snapshot(self) -> ev.Snapshot:
-        """The tree's snapshot (running requests' blocks included)."""
-        return self.tree.snapshot()
-
-    def digest(self) -> str:
-        """The tree's digest."""
-        return self.tree.digest()
-
-    def counters(self) -> ev.Counters:
-        """Counters since start or the last reset (``generation`` counts resets)."""
-        t, s, (nodes0, tokens0, cows0) = self._totals, self.tree.stats, self._evicted_base
-        return ev.Counters(self._generation, t.submitted, t.finished, t.rejected,
-                           t.prompt_tokens, t.hit_tokens, s.evicted_nodes - nodes0,
-                           s.evicted_tokens - tokens0, s.cow_copies - cows0,
-                           len(self.scheduler), len(self.running), self._paused,
-                           self.scheduler.policy.value)
-
-    def metrics(self) -> EngineMetrics:
-        """Running totals and the queue depth now."""
-        t = self._totals
-        return EngineMetrics(
-            t.submitted, t.finished, t.rejected, t.cancelled, len(self.scheduler),
-            len(self.running), t.steps, t.prompt_tokens, t.hit_tokens, t.prefill_tokens,
-            t.output_tokens, t.busy_s,
-            t.hit_tokens / t.prompt_tokens if t.prompt_tokens else 0.0,
-            t.output_tokens / t.busy_s if t.busy_s else 0.0,
-        )
-
-    def stats(self) -> dict[str, float | int | str]:
-        """Flat counters for a ``stats`` command reply: metrics, tree and pool figures."""
-        out: dict[str, float | int | str] = {}
-        m = self.metrics()
-        for name in m.__dataclass_fields__:
-            out[name] = getattr(m, name)
-        s = self.tree.stats
-        out.update(
-            nodes=len(self.tree), used_blocks=self.pool.allocator.used_count,
-            num_blocks=self.pool.num_blocks, splits=s.splits, merges=s.merges,
-            cow_copies=s.cow_copies, evicted_nodes=s.evicted_nodes,
-            evicted_tokens=s.evicted_tokens, paused=int(self._paused),
-            cache="on" if self.config.cache else "off", device=str(self.model.device),
-            schedule=self.scheduler.policy.value, held_for_sharing=self.scheduler.held,
-            aged=self.scheduler.aged,
-            **{f"waiting_{r.name.lower()}": n for r, n in self.scheduler.queue().counts().items()},
-        )
-        return out
-
-    # -- admitting and finishing (the stepping thread, step lock held) -------------------------
+    # -- admitting and finishing (the stepping thread) ----------------------------------------
     def _admit(self) -> int:
-        done = self.scheduler.admit(self.running.requests, paused=self._paused)
+        done = self.scheduler.admit(self.running.requests, paused=self.paused)
         self.running.requests.extend(done.admitted)
         for req, error in done.rejected:
             self._fail(req, error)
@@ -324,8 +260,8 @@ class Engine:
     def _started(self, req: Request) -> None:
         """A request was admitted (match pinned, blocks leased): count it, say so."""
         req.admitted = time.perf_counter()
-        self._totals.prompt_tokens += len(req.prompt)
-        self._totals.hit_tokens += req.computed
+        self.totals.prompt_tokens += len(req.prompt)
+        self.totals.hit_tokens += req.computed
         self._emit(ev.RequestStart(req.id, len(req.prompt), req.computed))
 
     def _cache_prompt(self, r: Request) -> None:
@@ -344,8 +280,8 @@ class Engine:
             return
         assert r.lease is not None and r.match is not None
         self.tree.insert(r.prompt, r.lease)
-        m = self.tree.match_and_lock(r.prompt)
-        self.tree.unlock(r.match.node)
+        m = self.tree.match_and_pin(r.prompt)
+        self.tree.unpin(r.match.node)
         r.match = r.match._replace(node=m.node)  # the hit stays the admission's
         r.lease = self.tree.allocate(m, r.total)
         self._emit(ev.RequestCached(r.id, len(r.prompt)))
@@ -354,8 +290,8 @@ class Engine:
         now = time.perf_counter()
         for r in done:
             self._settle_blocks(r)
-            self._totals.finished += 1
-            self._totals.output_tokens += len(r.output)
+            self.totals.finished += 1
+            self.totals.output_tokens += len(r.output)
             metrics = r.metrics(now)
             self._emit(ev.RequestFinish(r.id, len(r.output), metrics.ttft_ms))
             logits = torch.stack(r.logits) if r.keep_logits else None
@@ -370,14 +306,14 @@ class Engine:
             self.tree.insert(seq, r.lease)
         else:
             self.tree.release(r.lease)
-        self.tree.unlock(r.match.node)
+        self.tree.unpin(r.match.node)
         r.lease = None
 
     def _fail(self, req: Request, error: EngineError) -> None:
         if isinstance(error, RequestRejected):
-            self._totals.rejected += 1
+            self.totals.rejected += 1
         else:
-            self._totals.cancelled += 1
+            self.totals.cancelled += 1
         req.handle.settle(None, error)
 
     def _cancel_all(self) -> None:
@@ -385,7 +321,7 @@ class Engine:
         for r in self.running.take_all():
             assert r.lease is not None and r.match is not None
             self.tree.release(r.lease)
-            self.tree.unlock(r.match.node)
+            self.tree.unpin(r.match.node)
             self._fail(r, RequestCancelled(f"request {r.id} cancelled"))
         for r in self.scheduler.drain():
             self._fail(r, RequestCancelled(f"request {r.id} cancelled before admission"))

@@ -43,8 +43,10 @@ from radixcache.serving.engine import (
     RequestRejected,
     RequestResult,
 )
-from radixcache.serving.prometheus import Counters, Histogram, prometheus_text
+from radixcache.serving.loop import ServiceLoop
+from radixcache.serving.prometheus import Histogram, prometheus_text
 from radixcache.serving.requests import TokenHook
+from radixcache.serving.stats import Stats
 from radixcache.traffic.chattext import TextCodec
 
 MAX_BODY = 1 << 20  # bytes; a 16k-token prompt as text is ~100 KiB
@@ -69,18 +71,18 @@ class Backend(Protocol):
         """Queue one request (thread-safe); ``ValueError`` for a malformed one."""
         ...
 
-    def counters(self) -> Counters:
-        """The engine's counters now."""
+    def stats(self) -> Stats:
+        """The engine's figures now, read between two steps (may wait for one step)."""
         ...
 
 
 class EngineBackend:
-    """An ``Engine`` stepped by someone else's loop (``serve``'s, or ``engine.start()``);
-    ``wake`` tells that loop there is work (``serve`` waits on an event when idle)."""
+    """An ``Engine`` stepped by ``loop`` (``serve``'s): a submit wakes the loop (it waits on
+    an event when idle); figures are read under the loop's state lock."""
 
-    def __init__(self, engine: Engine, wake: Callable[[], None] | None = None) -> None:
+    def __init__(self, engine: Engine, loop: ServiceLoop) -> None:
         self.engine = engine
-        self._wake = wake
+        self._loop = loop
 
     @property
     def vocab_size(self) -> int:
@@ -96,15 +98,13 @@ class EngineBackend:
                on_token: TokenHook | None) -> RequestHandle:
         """``Engine.submit`` then wake the stepping loop."""
         handle = self.engine.submit(prompt, max_new_tokens, on_token=on_token)
-        if self._wake is not None:
-            self._wake()
+        self._loop.wake()
         return handle
 
-    def counters(self) -> Counters:
-        """From ``Engine.metrics`` and the pool's allocator (racy reads of plain ints)."""
-        m, a = self.engine.metrics(), self.engine.pool.allocator
-        return Counters(m.finished, m.prompt_tokens, m.hit_tokens, m.output_tokens,
-                        m.running, m.waiting, a.used_count, a.num_blocks)
+    def stats(self) -> Stats:
+        """``Engine.stats`` between two steps (the loop's state lock: a step's counts are
+        all in or all out)."""
+        return self._loop.stats()
 
 
 def _error(exc: api.ApiError) -> JSONResponse:
@@ -223,10 +223,9 @@ class HttpFront:
 
     async def server_info(self, _request: Request) -> Response:
         """SGLang-style server info with the engine's counters."""
-        c = self.backend.counters()
+        figures = (await asyncio.to_thread(self.backend.stats)).figures()
         return JSONResponse({"model_path": self.model, "version": "radixcache",
-                             "max_total_num_tokens": self.backend.max_context,
-                             **c._asdict()})
+                             "max_total_num_tokens": self.backend.max_context, **figures})
 
     async def model_info(self, _request: Request) -> Response:
         """SGLang's model info."""
@@ -241,7 +240,8 @@ class HttpFront:
 
     async def metrics(self, _request: Request) -> Response:
         """Prometheus text."""
-        text = prometheus_text(self.backend.counters(), self.ttft, self.model)
+        stats = await asyncio.to_thread(self.backend.stats)  # waits for a step, not the loop
+        text = prometheus_text(stats, self.ttft, self.model)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     async def completions(self, request: Request) -> Response:

@@ -32,8 +32,9 @@ from typing import NamedTuple, Protocol
 
 from radixcache.core import events as ev
 from radixcache.core.guard import Guard, ThreadFault
-from radixcache.serving.service import CacheService, Figures, handle
+from radixcache.serving.service import CacheService, handle
 from radixcache.serving.statelock import StateLock
+from radixcache.serving.stats import Figures, Stats
 from radixcache.wire import commands as cmd
 from radixcache.wire.publisher import SnapshotAt
 
@@ -106,6 +107,9 @@ class ServiceLoop:
         self._last_sample = clock()  # the first periodic sample comes one period in
         self._rounds = 0
         self.program_error: str | None = None  # why the idle program stopped
+        # published state, read without the lock: whether the service had work after the
+        # last step or command (set once that step's or command's batch is published)
+        self.working = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -150,8 +154,14 @@ class ServiceLoop:
                     reply = cmd.Ok(reply.message, {**reply.values, **self._stream_figures()})
                 return reply
             self._flush(sample=True)
+            self.working = self.service.busy()
         self._wake.set()
         return reply
+
+    def stats(self) -> Stats:
+        """The service's figures between two steps (waits for the step in progress)."""
+        with self.lock:
+            return self.service.stats()
 
     def sample(self) -> None:
         """Publish a memory and counter sample now (with any events not yet published)."""
@@ -206,6 +216,7 @@ class ServiceLoop:
             due = self._sample_due(stepped=worked)
             if worked or due:
                 self._flush(sample=due)
+            self.working = self.service.busy()
         if not worked and self.config.program and self.program_error is None \
                 and not self.service.paused:
             self._inject_next()

@@ -25,34 +25,13 @@ request computes: only when.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from radixcache.core.nodes import RadixNode
+from radixcache.wire.commands import Policy
 
-
-class Policy(enum.StrEnum):
-    """The scheduling policy (``--schedule``, the ``schedule`` command)."""
-
-    FCFS = "fcfs"
-    LPM = "lpm"
-    DFS_WEIGHT = "dfs-weight"
-
-    @property
-    def cache_aware(self) -> bool:
-        """True for the policies that match waiting requests against the tree (and hold a
-        request for a running request's insert)."""
-        return self is not Policy.FCFS
-
-    @classmethod
-    def parse(cls, word: str) -> Policy:
-        """The policy named ``word``; ``ValueError`` naming the choices otherwise."""
-        try:
-            return cls(word)
-        except ValueError:
-            names = ", ".join(p.value for p in cls)
-            raise ValueError(f"unknown schedule {word!r}: choose one of {names}") from None
+__all__ = ["Candidate", "Policy", "dfs_weight", "ordered"]
 
 
 class Candidate(NamedTuple):

@@ -10,24 +10,12 @@ from __future__ import annotations
 
 import bisect
 import threading
-from typing import NamedTuple
+
+from radixcache.serving.stats import Stats
 
 # vLLM's time_to_first_token_seconds buckets (upper bounds, seconds)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-
-
-class Counters(NamedTuple):
-    """The engine's figures a scrape reports: totals since start (or reset) and gauges now."""
-
-    finished: int
-    prompt_tokens: int  # of admitted requests: the prefix cache's queried tokens
-    hit_tokens: int
-    output_tokens: int
-    running: int
-    waiting: int
-    used_blocks: int
-    num_blocks: int
 
 
 class Histogram:
@@ -62,11 +50,10 @@ def _metric(lines: list[str], name: str, kind: str, doc: str, value: float, labe
     lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {value}"]
 
 
-def prometheus_text(c: Counters, ttft: Histogram, model: str) -> str:
+def prometheus_text(c: Stats, ttft: Histogram, model: str) -> str:
     """The exposition text of one scrape (ends with a newline)."""
     labels = f'model_name="{model}"'
     usage = c.used_blocks / c.num_blocks if c.num_blocks else 0.0
-    hit_rate = c.hit_tokens / c.prompt_tokens if c.prompt_tokens else 0.0
     lines: list[str] = []
     for name, kind, doc, value in (
         ("vllm:prefix_cache_queries_total", "counter",
@@ -82,7 +69,7 @@ def prometheus_text(c: Counters, ttft: Histogram, model: str) -> str:
         ("vllm:kv_cache_usage_perc", "gauge", "KV pool blocks in use (fraction).", usage),
         ("sglang:token_usage", "gauge", "KV pool blocks in use (fraction).", usage),
         ("sglang:cache_hit_rate", "gauge", "Prefix-cache hit rate since start (tokens).",
-         hit_rate),
+         c.hit_rate),
         ("sglang:num_running_reqs", "gauge", "Requests running now.", c.running),
         ("sglang:num_queue_reqs", "gauge", "Requests queued now.", c.waiting),
     ):

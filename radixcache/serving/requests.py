@@ -110,26 +110,6 @@ class RequestResult(NamedTuple):
     logits: torch.Tensor | None
 
 
-@dataclass(frozen=True, slots=True)
-class EngineMetrics:
-    """Running totals since the engine started (or since ``reset``)."""
-
-    submitted: int
-    finished: int
-    rejected: int
-    cancelled: int
-    waiting: int  # queue depth
-    running: int
-    steps: int
-    prompt_tokens: int  # of admitted requests
-    hit_tokens: int
-    prefill_tokens: int  # computed by the model
-    output_tokens: int
-    busy_s: float  # wall time of steps that ran the model
-    hit_rate: float  # hit_tokens / prompt_tokens (0 when none)
-    decode_tokens_per_s: float  # output_tokens / busy_s (0 when idle)
-
-
 class StepReport(NamedTuple):
     """What one ``step`` did."""
 
@@ -209,22 +189,6 @@ class Request:
         assert self.lease is not None
         pos = len(self.prompt) + len(self.output) - 1
         return SeqInput([self.output[-1]], pos, self.lease.table)
-
-
-@dataclass(slots=True)
-class Totals:
-    """The engine's running totals (zeroed by ``reset``)."""
-
-    submitted: int = 0
-    finished: int = 0
-    rejected: int = 0
-    cancelled: int = 0
-    steps: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    prefill_tokens: int = 0
-    output_tokens: int = 0
-    busy_s: float = 0.0
 
 
 class WorkloadRun(NamedTuple):

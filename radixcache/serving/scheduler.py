@@ -225,10 +225,10 @@ class Scheduler:
     def _pin_prefix(self, req: Request) -> MatchResult:
         if not self.config.cache or len(req.prompt) < 2:
             return self._pin_root()
-        return self.tree.match_and_lock(req.prompt[:-1])
+        return self.tree.match_and_pin(req.prompt[:-1])
 
     def _pin_root(self) -> MatchResult:
-        self.tree.lock(self.tree.root)
+        self.tree.pin(self.tree.root)
         return MatchResult(0, self.tree.root, array("i"))
 
     def _allocate(self, m: MatchResult, req: Request, *,
@@ -241,9 +241,9 @@ class Scheduler:
         try:
             return m, self.tree.allocate(m, req.total)
         except PoolExhausted:
-            self.tree.unlock(m.node)
+            self.tree.unpin(m.node)
         except PromptTooLarge:
-            self.tree.unlock(m.node)
+            self.tree.unpin(m.node)
             raise
         if has_running or m.length == 0:
             return None
@@ -251,5 +251,5 @@ class Scheduler:
         try:
             return m, self.tree.allocate(m, req.total)
         except PoolExhausted:
-            self.tree.unlock(m.node)
+            self.tree.unpin(m.node)
             return None

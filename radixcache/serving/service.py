@@ -7,21 +7,20 @@ commands of ``wire.commands`` onto it and words the replies, for every front end
 command socket of ``serve``, the embedded engine of ``inspect``/``demo``, headless ``record``,
 the screenshots and the benchmarks (they all run ``ServiceLoop`` in ``serving.loop``).
 
-Adding a command: one struct in ``wire/commands.py`` (and its word in ``parse_command_line``),
-one method on the protocol and its two implementations, one ``case`` in ``handle`` below.
+Adding a command: one struct in ``wire/commands.py`` (and its row in ``CONTROLS``), one method
+on the protocol and its two implementations, one ``case`` in ``handle`` below (mypy fails
+without it: the match ends in ``assert_never``).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, assert_never
 
 from radixcache.core import events as ev
 from radixcache.core.tree import EvictResult, TreeError
-from radixcache.serving.policy import Policy
+from radixcache.serving.stats import Figures, Stats
 from radixcache.traffic.workloads import Workload, WorkloadError, build_workload
 from radixcache.wire import commands as cmd
-
-Figures = dict[str, float | int | str]
 
 # A command socket is local, but one client could still queue millions of requests (40 floods
 # of 10,000 while paused took 2.4 GB): past this many waiting requests a submit is refused.
@@ -91,7 +90,7 @@ class CacheService(Protocol):
         generation; returns how many requests were cancelled."""
         ...
 
-    def set_schedule(self, policy: Policy) -> None:
+    def set_schedule(self, policy: cmd.Policy) -> None:
         """Order the waiting queue by ``policy`` from the next step on; ``ServiceError`` when
         the service has no scheduler."""
         ...
@@ -125,8 +124,8 @@ class CacheService(Protocol):
         """The cumulative counters since start or the last reset."""
         ...
 
-    def stats(self) -> Figures:
-        """Flat figures for the ``stats`` reply."""
+    def stats(self) -> Stats:
+        """Every figure now (the ``stats`` reply, the heartbeat's counters, ``/metrics``)."""
         ...
 
     def close(self) -> None:
@@ -143,6 +142,17 @@ def handle(service: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
         return cmd.Error(str(exc))
 
 
+def _pause_reply(c: ev.Counters) -> cmd.Ok:
+    """Pause stops admission only: say so when requests are still running (they go on
+    stepping until they finish), so nobody reads "paused" and watches blocks still move."""
+    values: dict[str, float | int | str] = {"running": c.running, "waiting": c.waiting}
+    waiting = f", {c.waiting:,} waiting stay queued" if c.waiting else ""
+    if c.running == 0:
+        return cmd.Ok(f"paused{waiting}", values)
+    return cmd.Ok(f"admission paused: {c.running:,} running requests go on to finish"
+                  f"{waiting} (resume admits them)", values)
+
+
 def _handle(s: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
     match c:
         case cmd.StartWorkload():
@@ -153,7 +163,7 @@ def _handle(s: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
                           {"requests": done.requests})
         case cmd.Pause():
             s.pause()
-            return cmd.Ok("paused")
+            return _pause_reply(s.counters())
         case cmd.Resume():
             s.resume()
             return cmd.Ok("resumed")
@@ -167,12 +177,15 @@ def _handle(s: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
             return cmd.Ok(f"reset: the cache is empty ({n} requests cancelled)",
                           {"cancelled": n})
         case cmd.Stats():
-            return cmd.Ok("stats", s.stats())
+            return cmd.Ok("stats", s.stats().figures())
         case cmd.SetSchedule():
-            s.set_schedule(Policy.parse(c.policy))
+            s.set_schedule(c.policy)
             return cmd.Ok(f"schedule {c.policy}: the waiting queue is ordered by it from the "
                           "next step")
-    return cmd.Error(f"unsupported command {type(c).__name__}")  # TakeSnapshot: the loop's
+        case cmd.TakeSnapshot():  # the loop's: it publishes the snapshot in the stream
+            return cmd.Error(f"unsupported command {type(c).__name__}")
+        case _:
+            assert_never(c)
 
 
 def _evict_reply(r: EvictResult, asked: int) -> cmd.AnyReply:

@@ -98,7 +98,7 @@ def _serve_batch(
         t0 = clock()
         m = tree.match(pb)
         t1 = clock()
-        tree.lock(m.node)
+        tree.pin(m.node)
         t2 = clock()
         if cfg.page_aligned and m.length % B:
             cut = m.length - m.length % B
@@ -117,7 +117,7 @@ def _serve_batch(
         t0 = clock()
         tree.insert(seq, lease)
         t1 = clock()
-        tree.unlock(node)
+        tree.unpin(node)
         t2 = clock()
         t.insert.append(t1 - t0)
         t.unlock.append(t2 - t1)

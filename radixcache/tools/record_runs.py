@@ -148,7 +148,7 @@ def _chain(depth: int) -> list[list[ev.AnyEvent]]:
                                    [i % 64], shared_first=False)
                     for i in range(lo, min(lo + 500, depth + 1))])
     for clock in range(20):
-        out += [[ev.Lock(depth, 1), ev.Access(depth, clock + 1)], [ev.Lock(depth, -1)]]
+        out += [[ev.Pin(depth, 1), ev.Access(depth, clock + 1)], [ev.Pin(depth, -1)]]
     return out
 
 

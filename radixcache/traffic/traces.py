@@ -25,7 +25,7 @@ import random
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, NamedTuple
+from typing import IO, TYPE_CHECKING, NamedTuple, assert_never
 
 import msgspec
 import numpy as np
@@ -207,22 +207,35 @@ class RequestTracker:
     def __init__(self, mirror: Mirror) -> None:
         self.mirror = mirror
         self._prompts: dict[int, int] = {}
-        self._node = -1
+        self._node: int | None = None  # the node of the last Access, once one came
 
     def after(self, e: ev.AnyEvent) -> TokenRequest | None:
         """The request ``e`` finished, if it finished one."""
-        if isinstance(e, ev.Access):
-            self._node = e.node
-        elif isinstance(e, ev.RequestStart):
-            self._prompts[e.req] = e.prompt_tokens
-        elif isinstance(e, ev.RequestFinish) and e.req in self._prompts:
-            p = self._prompts.pop(e.req)
-            node = self.mirror.nodes.get(self._node)
-            if node is None:
-                return None
-            seq = np.frombuffer(path_tokens(node), dtype="<u4")[: p + e.output_tokens - 1]
-            if len(seq) >= p:
-                return TokenRequest(seq[:p].astype(np.uint32), seq.astype(np.uint32))
+        match e:
+            case ev.Access():
+                self._node = e.node
+            case ev.RequestStart():
+                self._prompts[e.req] = e.prompt_tokens
+            case ev.RequestFinish():
+                return self._finished(e)
+            case (ev.NodeCreated() | ev.Extend() | ev.Split() | ev.Merge() | ev.Evict() | ev.Pin()
+                  | ev.BlockAlloc() | ev.BlockFree() | ev.Cow() | ev.Watermark() | ev.Snapshot()
+                  | ev.Reset() | ev.Counters() | ev.Fault() | ev.Digest() | ev.RequestCached()
+                  | ev.Queue()):
+                pass  # no request starts or ends, no path is touched for one (a request's
+                # early prompt insert, before its RequestCached, is followed by its final one)
+            case _:
+                assert_never(e)
+        return None
+
+    def _finished(self, e: ev.RequestFinish) -> TokenRequest | None:
+        p = self._prompts.pop(e.req, None)
+        node = None if self._node is None else self.mirror.nodes.get(self._node)
+        if p is None or node is None:
+            return None
+        seq = np.frombuffer(path_tokens(node), dtype="<u4")[: p + e.output_tokens - 1]
+        if len(seq) >= p:
+            return TokenRequest(seq[:p].astype(np.uint32), seq.astype(np.uint32))
         return None
 
 

@@ -49,12 +49,18 @@ SEED = ParamSpec("seed", 0, 0, 2**32 - 1, "random seed")
 
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
-    """A workload as the command line knows it: positional ``params`` in order, then ``--seed``."""
+    """A workload as the command line knows it: positional ``params`` in order, then ``--seed``;
+    an ``example`` line; ``unit``, where its request count comes from in its own unit (the
+    built parameters and the request count); ``size``, the parameter that scales it to a
+    number of requests (``serve --requests``), if one does."""
 
     name: str
     help: str
     params: tuple[ParamSpec, ...]
     builder: Callable[..., Workload]
+    example: str
+    unit: Callable[[Mapping[str, int], int], str] | None = None
+    size: str | None = None
     count: Callable[[Mapping[str, int]], int] | None = None  # requests, when known up front
 
     @property
@@ -63,9 +69,20 @@ class WorkloadSpec:
         return (*self.params, SEED)
 
     def usage(self) -> str:
-        """One line such as ``tot [depth=3] [branching=4] [--seed N]``."""
-        args = " ".join(f"[{p.name}={p.default}]" for p in self.params)
-        return f"{self.name} {args} [--seed N]"
+        """One line such as ``tot DEPTH BRANCHING [--seed N]``."""
+        return " ".join((self.name, *(p.name.upper() for p in self.params), "[--seed N]"))
+
+    def explain(self, params: Mapping[str, int], requests: int) -> str:
+        """Where ``requests`` comes from, in the workload's unit (``20 conversations (every
+        turn is a request)``, ``tree of thought 1 + 4 + 16 + 64``)."""
+        if self.unit is None:
+            return f"{requests:,} {self.name} requests"
+        return self.unit(params, requests)
+
+
+def _tot_unit(p: Mapping[str, int], _: int) -> str:
+    b, d = p["branching"], p["depth"]
+    return "tree of thought " + " + ".join(f"{b ** i:,}" for i in range(d + 1))
 
 
 WORKLOADS: Mapping[str, WorkloadSpec] = MappingProxyType(
@@ -75,6 +92,9 @@ WORKLOADS: Mapping[str, WorkloadSpec] = MappingProxyType(
             "ShareGPT multi-turn conversations (synthetic when the dataset is not installed)",
             (ParamSpec("conversations", 20, 1, 1000, "conversations to replay"),),
             chat,
+            "chat 20",
+            lambda p, _: f"{p['conversations']:,} conversations (every turn is a request)",
+            size="conversations",
         ),
         "system": WorkloadSpec(
             "system",
@@ -84,6 +104,10 @@ WORKLOADS: Mapping[str, WorkloadSpec] = MappingProxyType(
                 ParamSpec("system_tokens", 512, 8, 16384, "tokens of the shared system prompt"),
             ),
             system,
+            "system 50",
+            lambda p, n: f"{p['users']:,} users' first questions + {n - p['users']:,} second "
+            "questions",
+            size="users",
         ),
         "tot": WorkloadSpec(
             "tot",
@@ -93,19 +117,25 @@ WORKLOADS: Mapping[str, WorkloadSpec] = MappingProxyType(
                 ParamSpec("branching", 4, 1, 100, "children per node"),
             ),
             tot,
-            lambda p: tot_request_count(p["depth"], p["branching"]),
+            "tot 3 4",
+            _tot_unit,
+            count=lambda p: tot_request_count(p["depth"], p["branching"]),
         ),
         "fork": WorkloadSpec(
             "fork",
             "speculative branches leaving one prompt inside blocks (copy-on-write)",
             (ParamSpec("branches", 8, 1, 1000, "branches off the base prompt"),),
             fork,
+            "fork 8",
+            lambda p, _: f"1 base + {p['branches']:,} branches",
         ),
         "flood": WorkloadSpec(
             "flood",
             "unique random prompts with no shared prefix, to force eviction",
             (ParamSpec("requests", 500, 1, MAX_REQUESTS, "prompts"),),
             flood,
+            "flood 500",
+            size="requests",
         ),
     }
 )

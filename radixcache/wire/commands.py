@@ -15,9 +15,17 @@ engine answers ``Error``. Replies are ``["ok", message, {name: number|string}]``
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import NamedTuple
+
 import msgspec
 
 MAX_COMMAND_BYTES = 64 * 1024
+# The command socket reads frames up to this size, so a command over ``MAX_COMMAND_BYTES`` is
+# read and answered with an error; ZeroMQ drops a larger frame with its connection unanswered.
+MAX_COMMAND_READ_BYTES = 1024 * 1024
 
 
 class Command(msgspec.Struct, tag_field="cmd", array_like=True, forbid_unknown_fields=True):
@@ -60,11 +68,34 @@ class Stats(Command, tag="stats"):
     """Reply with the engine's counters."""
 
 
-class SetSchedule(Command, tag="schedule"):
-    """Order the waiting queue by ``policy`` (``fcfs``, ``lpm``, ``dfs-weight``) from the next
-    step on."""
+class Policy(enum.StrEnum):
+    """A scheduling policy, as ``schedule`` and ``--schedule`` name it (``serving.policy``
+    orders the waiting queue by it)."""
 
-    policy: str
+    FCFS = "fcfs"
+    LPM = "lpm"
+    DFS_WEIGHT = "dfs-weight"
+
+    @property
+    def cache_aware(self) -> bool:
+        """True for the policies that match waiting requests against the tree (and hold a
+        request for a running request's insert)."""
+        return self is not Policy.FCFS
+
+    @classmethod
+    def parse(cls, word: str) -> Policy:
+        """The policy named ``word``; ``ValueError`` naming the choices otherwise."""
+        try:
+            return cls(word)
+        except ValueError:
+            names = ", ".join(p.value for p in cls)
+            raise ValueError(f"unknown schedule {word!r}: choose one of {names}") from None
+
+
+class SetSchedule(Command, tag="schedule"):
+    """Order the waiting queue by ``policy`` from the next step on."""
+
+    policy: Policy
 
 
 class TakeSnapshot(Command, tag="snapshot"):
@@ -134,36 +165,84 @@ def decode_reply(data: bytes) -> AnyReply:
         raise CommandError(f"not a reply: {exc}") from None
 
 
+class Control(NamedTuple):
+    """A control word as a person types it: ``usage`` (``evict TOKENS``), an ``example``, what
+    it ``does`` (the help line), and ``build``, which makes the command from the words after
+    it or raises ``CommandError`` with the message to show."""
+
+    usage: str
+    example: str
+    does: str
+    build: Callable[[list[str]], AnyCommand]
+
+    @property
+    def word(self) -> str:
+        """The word that starts it."""
+        return self.usage.split()[0]
+
+    def usage_line(self) -> str:
+        """``usage`` with its example: what a mistake is answered with."""
+        return f"{self.usage} (e.g. {self.example})"
+
+
+def _bare(command: AnyCommand) -> Callable[[list[str]], AnyCommand]:
+    def build(rest: list[str]) -> AnyCommand:
+        if rest:
+            raise CommandError(f"{type(command).__struct_config__.tag} takes no arguments")
+        return command
+    return build
+
+
+def _evict(rest: list[str]) -> AnyCommand:
+    if len(rest) != 1 or not (rest[0].isascii() and rest[0].isdigit()):
+        raise CommandError(f"usage: {CONTROLS['evict'].usage_line()}")
+    return Evict(int(rest[0]))
+
+
+def _watermark(rest: list[str]) -> AnyCommand:
+    try:
+        high, low = (float(w) for w in rest)
+    except ValueError:
+        raise CommandError(f"usage: {CONTROLS['watermark'].usage_line()}") from None
+    if not 0 < low <= high <= 1:
+        raise CommandError("watermark needs 0 < LOW <= HIGH <= 1, e.g. watermark 0.9 0.8")
+    return SetWatermark(high, low)
+
+
+def _schedule(rest: list[str]) -> AnyCommand:
+    if len(rest) != 1:
+        raise CommandError(f"usage: {CONTROLS['schedule'].usage_line()}")
+    try:
+        return SetSchedule(Policy.parse(rest[0]))
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
+# The control words, in the order help lists them. A first word that is none of these names a
+# workload (``traffic.workloads.WORKLOADS``).
+CONTROLS: Mapping[str, Control] = MappingProxyType({c.word: c for c in (
+    Control("evict TOKENS", "evict 4096", "evict at least TOKENS tokens of LRU leaves", _evict),
+    Control("watermark HIGH LOW, fractions of the pool", "watermark 0.9 0.8",
+            "evict past HIGH down to LOW", _watermark),
+    Control("pause", "pause", "stop admitting requests", _bare(Pause())),
+    Control("resume", "resume", "admit requests again", _bare(Resume())),
+    Control("reset", "reset", "empty the cache", _bare(Reset())),
+    Control("stats", "stats", "the engine's counters", _bare(Stats())),
+    Control("snapshot", "snapshot", "publish a keyframe", _bare(TakeSnapshot())),
+    Control("schedule fcfs|lpm|dfs-weight", "schedule lpm",
+            "order the waiting queue by this policy", _schedule),
+)})
+
+
 def parse_command_line(line: str) -> AnyCommand:
     """A command typed by a person (``chat 20``, ``evict 4096``, ``watermark 0.9 0.8``, ``pause``).
 
-    A first word that is not a control word names a workload. Raises ``CommandError``.
+    A first word that is not a control word (``CONTROLS``) names a workload. Raises
+    ``CommandError`` with the message to show.
     """
     words = line.split()
     if not words:
         raise CommandError("empty command")
     head, rest = words[0].lower(), words[1:]
-    simple: dict[str, AnyCommand] = {
-        "pause": Pause(), "resume": Resume(), "reset": Reset(), "stats": Stats(),
-        "snapshot": TakeSnapshot(),
-    }
-    try:
-        if head in simple:
-            if rest:
-                raise CommandError(f"{head} takes no arguments")
-            return simple[head]
-        if head == "evict":
-            (tokens,) = rest
-            return Evict(int(tokens))
-        if head == "watermark":
-            high, low = rest
-            return SetWatermark(float(high), float(low))
-        if head == "schedule":
-            (policy,) = rest
-            return SetSchedule(policy)
-    except ValueError as exc:
-        if isinstance(exc, CommandError):
-            raise
-        raise CommandError(f"usage: evict TOKENS | watermark HIGH LOW | schedule POLICY "
-                           f"({exc})") from None
-    return StartWorkload(head, rest)
+    control = CONTROLS.get(head)
+    return control.build(rest) if control is not None else StartWorkload(head, rest)

@@ -15,21 +15,18 @@ from __future__ import annotations
 import enum
 from array import array
 from collections.abc import Iterable, Iterator
+from typing import assert_never
 
 import msgspec
 
 from radixcache.core import events as ev
+from radixcache.core.kinds import tag
 from radixcache.wire.recording import Keyframe
 
 JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
 JsonObj = dict[str, JsonValue]
 _PID = 1
 _TREE_TID, _REQ_TID = 1, 2
-
-
-def kind_of(e: ev.AnyEvent) -> str:
-    """The event's wire tag (``split``, ``evict``, ...)."""
-    return str(type(e).__struct_config__.tag)
 
 
 def _value(v: object) -> JsonValue:
@@ -48,7 +45,7 @@ def _value(v: object) -> JsonValue:
 
 def event_json(batch: ev.Batch, e: ev.AnyEvent) -> JsonObj:
     """One event as a JSON object with its batch's seq, epoch and ts."""
-    out: JsonObj = {"seq": batch.seq, "epoch": batch.epoch, "ts": batch.ts, "kind": kind_of(e)}
+    out: JsonObj = {"seq": batch.seq, "epoch": batch.epoch, "ts": batch.ts, "kind": tag(e)}
     for f in e.__struct_fields__:
         out[f] = _value(getattr(e, f))
     return out
@@ -64,22 +61,6 @@ def jsonl_lines(items: Iterable[ev.Batch | Keyframe]) -> Iterator[str]:
             continue
         for e in item.events:
             yield enc.encode(event_json(item, e)).decode()
-
-
-def _instant(e: ev.AnyEvent) -> JsonObj | None:
-    """The args of an instant event, or None for kinds that are not drawn as instants."""
-    match e:
-        case ev.Split():
-            return {"node": e.node, "offset": e.offset, "prefix": e.prefix}
-        case ev.Merge():
-            return {"parent": e.parent, "child": e.child}
-        case ev.Evict():
-            return {"node": e.node, "tokens": e.tokens, "blocks_freed": len(e.freed)}
-        case ev.Cow():
-            return {"src": e.src, "dst": e.dst, "slots": e.slots}
-        case ev.Reset():
-            return {}
-    return None
 
 
 def perfetto_events(items: Iterable[ev.Batch | Keyframe]) -> Iterator[JsonObj]:
@@ -101,27 +82,46 @@ def perfetto_events(items: Iterable[ev.Batch | Keyframe]) -> Iterator[JsonObj]:
 
 def _trace_event(e: ev.AnyEvent, ts: float) -> Iterator[JsonObj]:
     base: JsonObj = {"pid": _PID, "ts": ts}
-    if isinstance(e, ev.RequestStart):
-        yield {**base, "tid": _REQ_TID, "ph": "b", "cat": "request", "id": e.req,
-               "name": f"req {e.req}",
-               "args": {"prompt_tokens": e.prompt_tokens, "hit_tokens": e.hit_tokens}}
-    elif isinstance(e, ev.RequestFinish):
-        yield {**base, "tid": _REQ_TID, "ph": "e", "cat": "request", "id": e.req,
-               "name": f"req {e.req}",
-               "args": {"output_tokens": e.output_tokens, "ttft_ms": e.ttft_ms}}
-    elif isinstance(e, ev.Watermark):
-        yield {**base, "ph": "C", "name": "pool",
-               "args": {"used_blocks": e.used_blocks, "total_blocks": e.total_blocks}}
-    elif isinstance(e, ev.RequestCached):  # inside its request's span
-        yield {**base, "tid": _REQ_TID, "ph": "n", "cat": "request", "id": e.req,
-               "name": "prompt cached", "args": {"prompt_tokens": e.prompt_tokens}}
-    elif isinstance(e, ev.Queue):  # a counter track: how many wait, and why
-        yield {**base, "ph": "C", "name": "queue",
-               "args": {r.value: n for r, n in e.counts().items()}}
-    elif (args := _instant(e)) is not None:
-        # named by kind so Perfetto groups them ("split", "cow"); the details are in args
-        yield {**base, "tid": _TREE_TID, "ph": "i", "s": "t", "cat": kind_of(e),
-               "name": kind_of(e), "args": args}
+    req: JsonObj = {**base, "tid": _REQ_TID}
+    match e:
+        case ev.RequestStart():
+            yield {**req, "ph": "b", "cat": "request", "id": e.req, "name": f"req {e.req}",
+                   "args": {"prompt_tokens": e.prompt_tokens, "hit_tokens": e.hit_tokens}}
+        case ev.RequestFinish():
+            yield {**req, "ph": "e", "cat": "request", "id": e.req, "name": f"req {e.req}",
+                   "args": {"output_tokens": e.output_tokens, "ttft_ms": e.ttft_ms}}
+        case ev.Watermark():
+            yield {**base, "ph": "C", "name": "pool",
+                   "args": {"used_blocks": e.used_blocks, "total_blocks": e.total_blocks}}
+        case ev.Split():
+            yield _instant(e, base, {"node": e.node, "offset": e.offset, "prefix": e.prefix})
+        case ev.Merge():
+            yield _instant(e, base, {"parent": e.parent, "child": e.child})
+        case ev.Evict():
+            yield _instant(e, base, {"node": e.node, "tokens": e.tokens,
+                                     "blocks_freed": len(e.freed)})
+        case ev.Cow():
+            yield _instant(e, base, {"src": e.src, "dst": e.dst, "slots": e.slots})
+        case ev.Reset():
+            yield _instant(e, base, {})
+        case ev.RequestCached():  # inside its request's span
+            yield {**req, "ph": "n", "cat": "request", "id": e.req, "name": "prompt cached",
+                   "args": {"prompt_tokens": e.prompt_tokens}}
+        case ev.Queue():  # a counter track: how many wait, and why
+            yield {**base, "ph": "C", "name": "queue",
+                   "args": {r.value: n for r, n in e.counts().items()}}
+        case (ev.NodeCreated() | ev.Extend() | ev.Pin() | ev.Access() | ev.BlockAlloc()
+              | ev.BlockFree() | ev.Snapshot() | ev.Digest() | ev.Counters() | ev.Fault()):
+            pass  # not drawn: the jsonl export has them
+        case _:
+            assert_never(e)
+
+
+def _instant(e: ev.AnyEvent, base: JsonObj, args: JsonObj) -> JsonObj:
+    """An instant on the tree track, named by kind so Perfetto groups them ("split", "cow");
+    the details are in ``args``."""
+    return {**base, "tid": _TREE_TID, "ph": "i", "s": "t", "cat": tag(e), "name": tag(e),
+            "args": args}
 
 
 def perfetto_json(items: Iterable[ev.Batch | Keyframe]) -> bytes:

@@ -7,17 +7,19 @@ refcounts and the few extra marks the inspector draws (COW copies, just evicted)
 
 from __future__ import annotations
 
+import heapq
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from radixcache.core import events as ev
+from radixcache.core.kinds import exhaustive
 from radixcache.core.snapshot import structure_digest
 from radixcache.wire.validate import Malformed, MirrorError, check_event, check_snapshot
 
-__all__ = ["Malformed", "Mirror", "MirrorError", "MirrorNode", "MirrorStats"]
+__all__ = ["Malformed", "Mirror", "MirrorError", "MirrorNode", "MirrorStats", "is_victim",
+           "next_victims"]
 
 _first = struct.Struct("<I").unpack_from
 
@@ -72,6 +74,20 @@ class MirrorStats:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+def is_victim(n: MirrorNode) -> bool:
+    """What the engine may evict: an unpinned leaf other than the root."""
+    return not n.children and n.lock == 0 and n.parent is not None
+
+
+def next_victims(mirror: Mirror, limit: int) -> list[tuple[MirrorNode, int]]:
+    """The next ``limit`` eviction victims in the engine's order (unpinned leaves by last
+    access, then id: ``RadixTree.lru_order``), each with its clock as read, in O(n log k).
+    It reads one atomic copy of the node table, so the ingest thread may keep applying; a
+    caller that did not hold the feed's lock re-checks each (``is_victim``, same clock)."""
+    leaves = [(n, n.clock) for n in list(mirror.nodes.values()) if is_victim(n)]
+    return heapq.nsmallest(limit, leaves, key=lambda p: (p[1], p[0].id))
+
+
 class Mirror:
     """A tree rebuilt from events. Not thread-safe: one thread applies, then readers read."""
 
@@ -85,10 +101,7 @@ class Mirror:
         self.version = 0  # bumped on every applied event, never rewound (the UI redraws on change)
         self.seq = 0  # the batch being applied (``apply_batch``; a feed applying event by event
         # sets it) or the snapshot's seq (set by the loader)
-        # called after every applied event, and after a snapshot load with the snapshot: the
-        # stream analysis of the inspector (``radixcache.analysis.follow``) sees each event
-        # at the state right after it. An ``Evict`` leaves its node in ``last_evicted``.
-        self.after_event: Callable[[ev.AnyEvent], None] | None = None
+        self._watchers: list[Callable[[ev.AnyEvent], None]] = []  # see ``watch``
         self._reset(block_size, num_blocks)
 
     def _reset(self, block_size: int, num_blocks: int) -> None:
@@ -116,17 +129,27 @@ class Mirror:
         """Blocks with a reference."""
         return sum(1 for r in self.ref if r)
 
-    def lru(self, limit: int) -> list[MirrorNode]:
-        """The next eviction victims in order: unlocked leaves by (last access, id)."""
-        leaves = [
-            n for n in self.nodes.values() if n is not self.root and not n.children and n.lock == 0
-        ]
-        leaves.sort(key=lambda n: (n.clock, n.id))
-        return leaves[:limit]
-
     def digest(self) -> str:
         """The same hash as ``RadixTree.digest`` over the mirrored state."""
-        return structure_digest(self.nodes.values(), self.request_blocks)
+        nodes = self.nodes.values()
+        return structure_digest(nodes, self.request_blocks, {n.id: n.lock for n in nodes})
+
+    # -- watchers --------------------------------------------------------------------------
+    def watch(self, watcher: Callable[[ev.AnyEvent], None]) -> None:
+        """Call ``watcher`` after every applied event, and after a snapshot load with the
+        snapshot, in the applying thread: it sees each event at the state right after it
+        (an ``Evict`` leaves its node in ``last_evicted``). Watchers run in the order they
+        were added; the stream analysis (``radixcache.analysis.follow``) is one."""
+        self._watchers.append(watcher)
+
+    def unwatch(self, watcher: Callable[[ev.AnyEvent], None]) -> None:
+        """Stop calling ``watcher`` (nothing happens when it is not watching)."""
+        if watcher in self._watchers:
+            self._watchers.remove(watcher)
+
+    def watching(self, watcher: Callable[[ev.AnyEvent], None]) -> bool:
+        """True while ``watcher`` is called."""
+        return watcher in self._watchers
 
     # -- applying --------------------------------------------------------------------------
     def apply_batch(self, batch: ev.Batch) -> None:
@@ -148,18 +171,19 @@ class Mirror:
     def _apply(self, e: ev.AnyEvent) -> None:
         self.stats.events += 1
         self.version += 1
+        handler = _HANDLERS[type(e)]  # every kind has one (``exhaustive``): a KeyError is a bug
         try:
-            _HANDLERS[type(e)](self, e)
+            handler(self, e)
         except (IndexError, KeyError) as exc:
             raise MirrorError(f"{type(e).__name__} does not fit the mirror: {exc!r}") from exc
-        if self.after_event is not None:
-            self.after_event(e)
+        for watcher in self._watchers:
+            watcher(e)
 
     def _access(self, e: ev.Access) -> None:
         self._path(self.node(e.node), "clock", e.clock)
         self.clock = e.clock
 
-    def _lock_event(self, e: ev.Lock) -> None:
+    def _pin_event(self, e: ev.Pin) -> None:
         self._lock(self.node(e.node), e.delta)
 
     def _alloc(self, e: ev.BlockAlloc) -> None:
@@ -218,8 +242,8 @@ class Mirror:
         self._load(s)
         if seq is not None:
             self.seq = seq
-        if self.after_event is not None:
-            self.after_event(s)
+        for watcher in self._watchers:
+            watcher(s)
 
     def _load(self, s: ev.Snapshot) -> None:
         check_snapshot(s)
@@ -303,7 +327,7 @@ class Mirror:
         grand = p.parent
         if grand is None or c.parent is not p:
             raise MirrorError(f"bad merge of {e.parent} into {e.child}")
-        if e.dropped is not None and e.dropped >= 0:  # schema 2 wrote -1 for none
+        if e.dropped is not None:
             self.ref[e.dropped] -= 1
             c.blocks = p.blocks[:-1] + c.blocks
         else:
@@ -330,10 +354,11 @@ class Mirror:
 
 
 # One handler per event kind: a dict lookup instead of a chain of isinstance tests.
-_HANDLERS: Mapping[type, Callable[[Mirror, Any], None]] = MappingProxyType(
+_HANDLERS: Mapping[type, Callable[[Mirror, Any], None]] = exhaustive(
+    "wire.mirror",
     {
         ev.Access: Mirror._access,
-        ev.Lock: Mirror._lock_event,
+        ev.Pin: Mirror._pin_event,
         ev.NodeCreated: Mirror._create,
         ev.Extend: Mirror._extend,
         ev.Split: Mirror._split,

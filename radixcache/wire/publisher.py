@@ -20,6 +20,7 @@ See docs/wire-format.md.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -28,6 +29,7 @@ from typing import NamedTuple
 
 import msgspec
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from radixcache.core import events as ev
 from radixcache.core.guard import Guard
@@ -77,6 +79,8 @@ class PublisherStats(NamedTuple):
     commands: int
     bad_requests: int
     snapshots_refused: int
+    commands_too_large: int  # read and refused: over MAX_COMMAND_BYTES
+    command_connections_dropped: int  # closed without one readable command (see _on_monitor)
 
 
 class _Pending(NamedTuple):
@@ -123,8 +127,11 @@ class Publisher:
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.SNDHWM, hwm)
         self._pub.setsockopt(zmq.LINGER, 0)
-        self._control = self._router()
-        self._command = self._router()
+        self._control = self._router(MAX_CONTROL_BYTES)
+        self._command = self._router(cmd.MAX_COMMAND_READ_BYTES)
+        self._command.setsockopt(zmq.RCVHWM, 64)  # frames of up to 1 MiB: 64 MiB a peer at most
+        self._monitor = self._command.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._said: set[int] = set()  # fds of command connections that sent a readable command
         self.endpoints = Endpoints(
             bind(self._pub, endpoints.events, policy),
             bind(self._control, endpoints.control, policy),
@@ -139,9 +146,9 @@ class Publisher:
         # (the vLLM-format translator hangs here, off the engine's time)
         self.tap: Callable[[list[ev.AnyEvent]], None] | None = None
 
-    def _router(self) -> zmq.Socket[bytes]:
+    def _router(self, max_bytes: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_CONTROL_BYTES)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)  # ZeroMQ drops a larger frame's connection
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
         return sock
@@ -182,7 +189,8 @@ class Publisher:
         self._thread.join(timeout)
 
     def _close_sockets(self) -> None:
-        for sock in (self._pub, self._control, self._command):
+        self._command.disable_monitor()
+        for sock in (self._pub, self._control, self._command, self._monitor):
             sock.close(linger=0)
         remove_ipc_files(self.endpoints)
 
@@ -203,13 +211,16 @@ class Publisher:
         poller = zmq.Poller()
         poller.register(self._control, zmq.POLLIN)
         poller.register(self._command, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         while True:
             stopping = self._stopping.is_set()
-            for sock, _ in poller.poll(POLL_MS):
-                if sock is self._control:
-                    self._serve_control()
-                else:
-                    self._serve_command()
+            ready = dict(poller.poll(POLL_MS))
+            if self._control in ready:
+                self._serve_control()
+            ended = self._on_monitor()
+            if self._command in ready or ended:
+                self._serve_commands()
+            self._count_dropped(ended)  # after every command it sent was read
             self._drain()
             if stopping:
                 return
@@ -299,15 +310,58 @@ class Publisher:
         self._control.send_multipart([*head, b"end", req, u64(last)])
         self._counts["replays_served"] += 1
 
-    def _serve_command(self) -> None:
-        head, body = split_request(self._command.recv_multipart())
+    def _serve_commands(self) -> None:
+        """Answer every command waiting on the command socket."""
+        while True:
+            try:
+                frames = self._command.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._serve_command(frames)
+
+    def _serve_command(self, frames: list[zmq.Frame]) -> None:
+        with contextlib.suppress(zmq.ZMQError):  # no fd: junk read as a ZMTP 1.0 peer
+            self._said.add(frames[-1].get(zmq.SRCFD))
+        head, body = split_request([f.bytes for f in frames])
         self._counts["commands"] += 1
         try:
             if len(body) != 1:
                 raise cmd.CommandError(f"expected one frame, got {len(body)}")
-            reply = self._commands(cmd.decode_command(body[0]))
+            if len(body[0]) > cmd.MAX_COMMAND_BYTES:
+                self._counts["commands_too_large"] += 1
+            command = cmd.decode_command(body[0])
+            reply = self._commands(command)
         except cmd.CommandError as exc:
             self._counts["bad_requests"] += 1
             reply = cmd.Error(str(exc))
+        else:
+            if isinstance(command, cmd.Stats) and isinstance(reply, cmd.Ok):
+                reply = cmd.Ok(reply.message, {**reply.values, **self._socket_figures()})
         self._command.send_multipart([*head, cmd.encode_reply(reply)])
+
+    def _socket_figures(self) -> dict[str, float | int | str]:
+        """What the command socket refused, for the ``stats`` reply."""
+        c = self._counts
+        return {"commands_too_large": c["commands_too_large"],
+                "command_connections_dropped": c["command_connections_dropped"]}
+
+    def _on_monitor(self) -> list[int]:
+        """The fds of the command connections that ended since the last call."""
+        ended: list[int] = []
+        while True:
+            try:
+                ended.append(int(recv_monitor_message(self._monitor, zmq.NOBLOCK)["value"]))
+            except zmq.Again:
+                return ended
+
+    def _count_dropped(self, ended: list[int]) -> None:
+        """Count the ended connections that never sent a readable command (called after every
+        command they sent was read): ZeroMQ drops a connection whose frame is over
+        ``MAX_COMMAND_READ_BYTES`` before we see the frame (a peer that connects and sends
+        nothing counts too: they look the same)."""
+        for fd in ended:
+            if fd in self._said:
+                self._said.discard(fd)  # the fd may serve a new connection next
+            else:
+                self._counts["command_connections_dropped"] += 1
 

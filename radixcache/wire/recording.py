@@ -23,70 +23,38 @@ never ends) and files over ``MAX_FILE_BYTES``.
 from __future__ import annotations
 
 import contextlib
-import enum
 import os
 import stat
-import struct
-import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import NamedTuple
 
 import msgspec
 
 from radixcache.core import events as ev
 from radixcache.wire.mirror import Mirror, MirrorError
+from radixcache.wire.recformat import (
+    ENC,
+    FORMAT_VERSION,
+    FRAME,
+    MAGIC,
+    MAX_FRAME_BYTES,
+    PRELUDE,
+    TAIL,
+    TAIL_MAGIC,
+    Keyframe,
+    KeyframeRef,
+    Kind,
+    RecordHeader,
+    RecordingError,
+    RecordingWriteError,
+)
+from radixcache.wire.recwriter import RecordingWriter
 from radixcache.wire.validate import Malformed, decode_batch
 
-MAGIC = b"RADIXREC"
-FORMAT_VERSION = 1
-TAIL_MAGIC = b"RCXTAIL\0"
-MAX_FRAME_BYTES = 256 * 1024 * 1024
 MAX_FILE_BYTES = 64 * 1024**3  # the reader refuses larger files (it streams; this bounds a scan)
-_PRELUDE = struct.Struct("<8sHH")
-_FRAME = struct.Struct("<IBI")
-_TAIL = struct.Struct("<Q8s")
-
-
-class Kind(enum.IntEnum):
-    """Frame kinds."""
-
-    HEADER = 1
-    BATCH = 2
-    KEYFRAME = 3
-    INDEX = 4
-
-
-class RecordHeader(msgspec.Struct, array_like=True, frozen=True):
-    """Who recorded what: format and schema versions, engine name and config."""
-
-    format_version: int
-    schema_version: int
-    engine: str
-    config: dict[str, str | int | float]
-    created: float
-
-
-class Keyframe(msgspec.Struct, array_like=True, frozen=True):
-    """The whole state after ``events_before`` recorded events (at ``seq`` of ``epoch``)."""
-
-    seq: int
-    epoch: int
-    events_before: int
-    snapshot: ev.Snapshot
-
-
-class KeyframeRef(msgspec.Struct, array_like=True, frozen=True):
-    """Where a keyframe lies in the file."""
-
-    offset: int
-    seq: int
-    events_before: int
-
-
-class RecordingError(Exception):
-    """The file is not a readable recording at all (empty, wrong magic, future version)."""
+_PRELUDE, _FRAME, _TAIL, _ENC = PRELUDE, FRAME, TAIL, ENC
 
 
 class Damage(NamedTuple):
@@ -121,68 +89,6 @@ def mirror_snapshot(mirror: Mirror) -> ev.Snapshot:
     return ev.Snapshot(mirror.block_size, mirror.num_blocks, nodes, mirror.clock,
                        max(mirror.nodes) + 1, sorted(mirror.request_blocks),
                        mirror.high, mirror.low)
-
-
-class RecordingWriter:
-    """Appends frames to a new file. Call ``write_keyframe`` first and whenever
-    ``needs_keyframe``; ``close()`` writes the index and tail."""
-
-    def __init__(
-        self, path: str | os.PathLike[str], config: dict[str, str | int | float], *,
-        engine: str = "radixcache", keyframe_every: int = 50_000,
-    ) -> None:
-        self.path = Path(path)
-        self.keyframe_every = keyframe_every
-        self.events = 0
-        self.batches = 0
-        self._since_keyframe = 0
-        self._index: list[KeyframeRef] = []
-        self._f: BinaryIO = open(self.path, "wb")  # noqa: SIM115 - closed by close()
-        self._f.write(_PRELUDE.pack(MAGIC, FORMAT_VERSION, 0))
-        header = RecordHeader(FORMAT_VERSION, ev.SCHEMA_VERSION, engine, config, time.time())
-        self._frame(Kind.HEADER, _ENC.encode(header))
-
-    def _frame(self, kind: Kind, payload: bytes) -> int:
-        if len(payload) > MAX_FRAME_BYTES:
-            raise ValueError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME_BYTES}")
-        offset = self._f.tell()
-        crc = zlib.crc32(payload, zlib.crc32(bytes([kind])))
-        self._f.write(_FRAME.pack(len(payload), kind, crc))
-        self._f.write(payload)
-        return offset
-
-    @property
-    def needs_keyframe(self) -> bool:
-        """True when ``keyframe_every`` events were written since the last keyframe."""
-        return not self._index or self._since_keyframe >= self.keyframe_every
-
-    def write_batch(self, batch: ev.Batch, encoded: bytes | None = None) -> None:
-        """Append one batch (``encoded``: its wire bytes when the caller has them)."""
-        self._frame(Kind.BATCH, encoded if encoded is not None else ev.encode_batch(batch))
-        self.events += len(batch.events)
-        self.batches += 1
-        self._since_keyframe += len(batch.events)
-
-    def write_keyframe(self, seq: int, epoch: int, snapshot: ev.Snapshot) -> None:
-        """Append the full state valid after the batches written so far."""
-        frame = Keyframe(seq, epoch, self.events, snapshot)
-        offset = self._frame(Kind.KEYFRAME, _ENC.encode(frame))
-        self._index.append(KeyframeRef(offset, seq, self.events))
-        self._since_keyframe = 0
-
-    def close(self) -> None:
-        """Write the keyframe index and the tail, and close the file."""
-        if self._f.closed:
-            return
-        offset = self._frame(Kind.INDEX, _ENC.encode(self._index))
-        self._f.write(_TAIL.pack(offset, TAIL_MAGIC))
-        self._f.close()
-
-    def __enter__(self) -> RecordingWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class RecordingReader:
@@ -301,31 +207,28 @@ class RecordingReader:
         ``RecordingError`` when no keyframe before ``events`` can be read."""
         refs = [k for k in self.keyframes() if k.events_before <= events]
         mirror = Mirror()
-        count, at = 0, (-1, -1)
-        for ref in reversed(refs):
-            count, at = self._load_keyframe(mirror, ref.offset)
-            if count >= 0:
-                break
-        if count < 0 or not refs:
+        loaded = next((k for ref in reversed(refs)
+                       if (k := self._load_keyframe(mirror, ref.offset)) is not None), None)
+        if loaded is None:
             where = f" ({self.damage.reason} at byte {self.damage.offset})" if self.damage else ""
             raise RecordingError(f"{self.path}: no readable keyframe at or before event "
                                  f"{events}{where}")
-        return mirror, self._play(mirror, refs[-1].offset, count, at, events)
+        return mirror, self._play(mirror, refs[-1].offset, *loaded, events)
 
     def play_all(self) -> tuple[Mirror, int]:
         """A mirror after every batch of the file, played from the first keyframe (every
         Digest event checked on the way; ``damage`` says where a batch did not fit). Returns
         (mirror, events applied); raises ``RecordingError`` when the first keyframe is bad."""
         mirror = Mirror()
-        count, at = self._load_keyframe(mirror, self._first)
-        if count < 0:
+        loaded = self._load_keyframe(mirror, self._first)
+        if loaded is None:
             raise RecordingError(f"{self.path}: first keyframe unreadable "
                                  f"({self.damage.reason if self.damage else ''})")
-        return mirror, self._play(mirror, self._first, count, at, 2**62)
+        return mirror, self._play(mirror, self._first, *loaded, 2**62)
 
-    def _load_keyframe(self, mirror: Mirror, offset: int) -> tuple[int, tuple[int, int]]:
-        """Load the keyframe at ``offset``: (events before it, (epoch, seq)); (-1, ...) and
-        ``damage`` set when it cannot be read or loaded."""
+    def _load_keyframe(self, mirror: Mirror, offset: int) -> tuple[int, tuple[int, int]] | None:
+        """Load the keyframe at ``offset``: (events before it, (epoch, seq)); None, and
+        ``damage`` set, when it cannot be read or loaded."""
         frame = self._read_frame(offset)
         try:
             if isinstance(frame, Damage):
@@ -336,7 +239,7 @@ class RecordingReader:
             mirror.load_snapshot(k.snapshot)
         except (RecordingError, msgspec.DecodeError, Malformed) as exc:
             self.damage = Damage(offset, f"bad keyframe: {exc}")
-            return -1, (-1, -1)
+            return None
         return k.events_before, (k.epoch, k.seq)
 
     def _play(self, mirror: Mirror, start: int, count: int, at: tuple[int, int],
@@ -378,3 +281,8 @@ def _open_regular(path: Path, max_bytes: int) -> tuple[int, int]:
     except OSError as exc:
         raise RecordingError(f"{path}: {exc.strerror or exc}") from None
     return fd, os.fstat(fd).st_size
+
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "MAX_FILE_BYTES", "MAX_FRAME_BYTES", "TAIL_MAGIC", "Damage",
+           "Keyframe", "KeyframeRef", "Kind", "Record", "RecordHeader", "RecordingError",
+           "RecordingReader", "RecordingWriteError", "RecordingWriter", "mirror_snapshot"]

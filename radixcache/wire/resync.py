@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from radixcache.core import events as ev
 from radixcache.wire.endpoints import from_u64
 from radixcache.wire.validate import MAX_INT, Malformed
 
@@ -32,7 +33,20 @@ class SubscriberStats:
     requests: int = 0  # snapshot and replay requests sent
     buffer_dropped: int = 0  # live batches not buffered (byte cap), recovered by replay later
     reconnects: int = 0  # event socket re-made after a silence (an oversized frame kills it)
+    seq_backwards: int = 0  # live frames whose seq did not grow within an epoch: resynced
+    replay_fallbacks: int = 0  # snapshots asked after MAX_REPLAY_ASKS fruitless replays
     internal_errors: int = 0  # exceptions that are bugs of ours, not of the input (must stay 0)
+
+    def count_batch(self, batch: ev.Batch, digests: int) -> str:
+        """Count an applied batch that checked ``digests`` Digest events; returns the last
+        digest value it carried when it checked any, else ""."""
+        self.batches += 1
+        self.events += len(batch.events)
+        if not digests:
+            return ""
+        self.digest_checks += digests
+        self.digest_ok = self.digest_checks
+        return next(e.value for e in reversed(batch.events) if type(e) is ev.Digest)
 
 
 class State(enum.Enum):
@@ -99,6 +113,27 @@ class Backoff:
     def reset(self) -> None:
         """The stream recovered."""
         self._failures = 0
+
+
+class LiveOrder:
+    """The (epoch, seq) of the last frame read from the event socket. A PUB delivers one
+    connection's frames in order and every batch (heartbeats too) takes the next seq, so a
+    seq that does not grow within an epoch is an engine that numbers over: never a duplicate
+    to drop in silence (those come from replies to a replay, not from the PUB)."""
+
+    def __init__(self) -> None:
+        self.last: tuple[int, int] | None = None
+
+    def went_back(self, epoch: int, seq: int) -> int | None:
+        """The seq this frame came after when it went backwards, else None; remembers it."""
+        last, self.last = self.last, (epoch, seq)
+        if last is not None and last[0] == epoch and seq <= last[1]:
+            return last[1]
+        return None
+
+    def forget(self) -> None:
+        """A new event socket: its first frame may come before the old one's last."""
+        self.last = None
 
 
 class Held(NamedTuple):

@@ -4,23 +4,20 @@ Joining: subscribe to the PUB first and buffer, then ask for a snapshot; batches
 the snapshot's seq are dropped, the rest applied in order. Afterwards::
 
     batch.seq == last + 1        apply
-    batch.seq <= last            duplicate, ignore
+    batch.seq <= last            replayed twice: ignore; a live seq that did not grow: snapshot
     batch.seq >  last + 1        gap: buffer live batches, ask replay from last + 1
     replay says "too-old"        ask a fresh snapshot
-    replay ends short of the gap ask a fresh snapshot
+    replay ends short of the gap ask a fresh snapshot (so do 3 replays that bring nothing)
     batch.epoch != epoch         the engine restarted: ask a fresh snapshot
     a Digest event disagrees     (or any event does not fit the mirror) ask a fresh snapshot
     malformed frame or reply     count it in ``malformed``, keep it in ``last_error``, go on
 
-It never dies of its input: every frame goes through ``radixcache.wire.validate`` before it
-touches the mirror. Requests are paced by exponential backoff (``backoff_s`` doubling up to
-``backoff_cap_s``), so a peer that cannot close a gap gets a few requests a second, not
-thousands; one that stays out of sync for ``sync_deadline_s`` is reported ``unsyncable`` in
-``status()``. While not live, batches wait as raw bytes in a buffer capped in bytes
-(``MAX_BUFFER_BYTES``); what it drops is recovered by replay once live.
-
-All of it runs in one thread (``run``), which owns the sockets and the mirror; readers of the
-mirror take ``lock``. ``stop()`` makes ``run`` return within ~50 ms.
+It never dies of its input: every frame goes through ``radixcache.wire.validate`` first.
+Requests are paced by exponential backoff (``backoff_s`` doubling up to ``backoff_cap_s``): a
+peer that cannot close a gap gets a few requests a second, not thousands; one out of sync for
+``sync_deadline_s`` is ``unsyncable`` in ``status()``. While not live, batches wait as raw
+bytes, at most ``MAX_BUFFER_BYTES``; what is dropped is recovered by replay once live. One
+thread (``run``) owns the sockets and the mirror; readers of the mirror take ``lock``.
 """
 
 from __future__ import annotations
@@ -43,6 +40,7 @@ from radixcache.wire.resync import (
     HashDrop,
     Held,
     HeldBatches,
+    LiveOrder,
     State,
     SubscriberStats,
     SubscriberStatus,
@@ -51,12 +49,13 @@ from radixcache.wire.resync import (
 )
 from radixcache.wire.security import ClientCurve, client_curve
 
-__all__ = ["MAX_BUFFER_BYTES", "HashDrop", "State", "Subscriber", "SubscriberStats",
-           "SubscriberStatus", "drop_one_percent"]
+__all__ = ["MAX_BUFFER_BYTES", "MAX_REPLAY_ASKS", "HashDrop", "State", "Subscriber",
+           "SubscriberStats", "SubscriberStatus", "drop_one_percent"]
 
 SnapshotHook = Callable[[int, int, ev.Snapshot], None]
 MAX_BUFFER_BYTES = 32 * 1024 * 1024  # raw batches held while a snapshot or replay is pending
 _LIVE_BUDGET_S = 0.02  # time one poll round may spend on live frames (stop() stays prompt)
+MAX_REPLAY_ASKS = 3  # replays in a row that bring no batch: then a snapshot is asked instead
 
 
 class Subscriber:
@@ -90,24 +89,22 @@ class Subscriber:
         self.lock = threading.Lock()
         self.stats = SubscriberStats()
         self.state = State.WAIT_SNAPSHOT
-        self.epoch = 0
-        self.seq = 0
-        self.last_digest = ""
-        self.last_error = ""
+        self.epoch, self.seq = 0, 0
+        self.last_digest, self.last_error = "", ""
         self.synced = threading.Event()  # set once the first snapshot is applied
         self._drop, self._on_batch, self._on_snapshot = drop, on_batch, on_snapshot
         self._timeout = request_timeout_s
         self._backoff, self._deadline = Backoff(backoff_s, backoff_cap_s), sync_deadline_s
-        self._silence = silence_s
-        self._heard = time.monotonic()
+        self._silence, self._heard = silence_s, time.monotonic()
+        # monotonic time of the last frame on either socket: the evidence the engine is alive
+        self.last_frame = 0.0  # (``_heard`` restarts on a reconnect, this never does)
         self._poller = zmq.Poller()
         self._held = HeldBatches(MAX_BUFFER_BYTES)
-        self._req_ids = itertools.count(1)
-        self._req_id = 0  # the last request id sent (tags held batches)
-        self._req = b""  # the request whose answer we wait for (b"": none)
-        self._sent_at = -1e9
-        self._next_at = 0.0
-        self._replay_from = 0
+        # the last request id sent (tags held batches); the request awaiting an answer (b"": none)
+        self._req_ids, self._req_id, self._req = itertools.count(1), 0, b""
+        self._sent_at, self._next_at, self._replay_from = -1e9, 0.0, 0
+        self._replay_asks = 0  # replays asked since one last brought a batch (or a snapshot)
+        self._order = LiveOrder()
         self._out_since: float | None = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -151,14 +148,13 @@ class Subscriber:
                 ready = dict(self._poller.poll(50))
                 self._guarded(ready)
         finally:
-            if self._sub is not None:
-                self._sub.close(linger=0)
-            self._dealer.close(linger=0)
+            for sock in (self._sub, self._dealer):
+                if sock is not None:
+                    sock.close(linger=0)
 
     def _connect_events(self) -> None:
         """(Re)make the SUB socket. ZeroMQ drops a connection that delivers a frame over
-        MAXMSGSIZE and, measured with libzmq 4.3.5, never reconnects it: without this the
-        mirror would freeze at the last good batch with no word."""
+        MAXMSGSIZE and (libzmq 4.3.5) never reconnects it: the mirror would freeze silently."""
         if self._sub is not None:
             self._poller.unregister(self._sub)
             self._sub.close(linger=0)
@@ -168,10 +164,10 @@ class Subscriber:
         connect(self._sub, self.endpoints.events)
         self._poller.register(self._sub, zmq.POLLIN)
         self._heard = time.monotonic()
+        self._order.forget()
 
     def _check_silence(self) -> None:
-        """No frame at all (an engine sends heartbeats) for ``silence_s``: re-make the event
-        socket, and when live ask for what we may have missed."""
+        """No frame (engines send heartbeats) for ``silence_s``: remake the SUB, replay if live."""
         if time.monotonic() - self._heard < self._silence:
             return
         self.stats.reconnects += 1
@@ -188,9 +184,8 @@ class Subscriber:
         return sock
 
     def _guarded(self, ready: dict[zmq.Socket[bytes], int]) -> None:
-        """One poll round. Input errors are handled where they arise; anything else is a bug
-        of ours: counted, kept as the last error, and cured by a snapshot rather than by
-        letting the thread die (the mirror would freeze with no word)."""
+        """One poll round. Input errors are handled where they arise; anything else is our bug:
+        counted, kept as last_error, cured by a snapshot (a dead thread freezes the mirror)."""
         try:
             if self._dealer in ready:
                 self._on_control()
@@ -227,6 +222,12 @@ class Subscriber:
             self._ask(self.state, self._replay_from)
         if now < self._next_at:
             return
+        if self.state is State.WAIT_REPLAY and self._replay_asks >= MAX_REPLAY_ASKS:
+            self.stats.replay_fallbacks += 1
+            self.last_error = (f"{self._replay_asks} replays from seq {self._replay_from} "
+                               f"brought nothing: asking for a snapshot")
+            self.state = State.WAIT_SNAPSHOT
+        self._replay_asks += self.state is State.WAIT_REPLAY
         self._req_id = next(self._req_ids)
         self._req, self._sent_at = u64(self._req_id), now
         self.stats.requests += 1
@@ -236,8 +237,8 @@ class Subscriber:
             self._request([b"replay", self._req, u64(self._replay_from)])
 
     def _request(self, frames: list[bytes]) -> None:
-        """Send without blocking: a DEALER with no peer (e.g. its CURVE handshake was refused)
-        would block ``send`` forever; an unsent request is sent again after the timeout."""
+        """Send without blocking (a DEALER with no peer, e.g. CURVE refused, blocks forever);
+        an unsent request is sent again after the timeout."""
         assert self._dealer is not None
         with contextlib.suppress(zmq.Again):
             self._dealer.send_multipart(frames, zmq.NOBLOCK)
@@ -252,25 +253,26 @@ class Subscriber:
                 data = self._sub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._heard = time.monotonic()
+            self._heard = self.last_frame = time.monotonic()
             try:
                 self._live_frame(data)
             except Malformed as exc:
                 self._malformed(exc)
 
     def _live_frame(self, data: bytes) -> None:
-        if self.state is not State.LIVE:
-            head = validate.decode_head(data)
-            if not (self._drop is not None and self._drop(head.seq)):
-                self._hold(head.epoch, head.seq, data)
-            else:
-                self.stats.dropped_by_hook += 1
-            return
-        batch = validate.decode_batch(data)
-        if self._drop is not None and self._drop(batch.seq):
+        live = self.state is State.LIVE
+        head = validate.decode_batch(data) if live else validate.decode_head(data)
+        if (last := self._order.went_back(head.epoch, head.seq)) is not None:
+            self.stats.seq_backwards += 1
+            self._resync()  # what was held came from the old numbering
+            self.last_error = (f"the engine's seq went backwards in epoch {head.epoch}: "
+                               f"{head.seq} after {last}; resyncing from a snapshot")
+        if self._drop is not None and self._drop(head.seq):
             self.stats.dropped_by_hook += 1
-            return
-        self._handle(batch, data)
+        elif live and self.state is State.LIVE and isinstance(head, ev.Batch):
+            self._handle(head, data)
+        else:
+            self._hold(head.epoch, head.seq, data)
 
     def _hold(self, epoch: int, seq: int, data: bytes) -> None:
         self._held.limit = MAX_BUFFER_BYTES  # read at each call (tests lower it)
@@ -284,6 +286,7 @@ class Subscriber:
                 frames = self._dealer.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            self.last_frame = time.monotonic()
             if len(frames) < 2 or not self._req or frames[1] != self._req:
                 continue  # a late answer to a request we gave up on, or garbage
             try:
@@ -299,6 +302,7 @@ class Subscriber:
             batch = validate.decode_batch(rest[0])
             if batch.epoch == self.epoch and batch.seq == self.seq + 1:
                 self.stats.replayed_batches += 1
+                self._replay_asks = 0
                 self._apply(batch)
         elif kind == b"end" and self.state is State.WAIT_REPLAY and len(rest) == 1:
             self._on_end(u63(rest[0]))
@@ -319,7 +323,7 @@ class Subscriber:
                 self.mirror.load_snapshot(snapshot, seq)
         if self.epoch and epoch != self.epoch:
             self.stats.epochs += 1
-        self.epoch, self.seq = epoch, seq
+        self.epoch, self.seq, self._replay_asks = epoch, seq, 0
         self.stats.snapshots += 1
         self.synced.set()
         if self._on_snapshot is not None:
@@ -339,6 +343,7 @@ class Subscriber:
         for h in self._held.drop_ahead(self._req_id, epoch, last):
             self._malformed(Malformed(f"batch {h.epoch}/{h.seq} ahead of the engine's "
                                       f"{epoch}/{last}"))
+            self._order.last = (epoch, last)  # the honest frames go on from the engine's seq
 
     def _go_live(self) -> None:
         """Apply the held live batches in order (they may reveal another gap)."""
@@ -353,7 +358,8 @@ class Subscriber:
                 for rest in pending[i + 1:]:
                     self._hold(rest.epoch, rest.seq, rest.data)
                 return
-        self._backoff.reset()  # recovered: the next gap is asked about at once
+        if not self._replay_asks:  # recovered: the next gap is asked about at once
+            self._backoff.reset()
 
     def _handle(self, batch: ev.Batch, data: bytes) -> None:
         if batch.epoch != self.epoch:
@@ -375,22 +381,15 @@ class Subscriber:
         try:
             with self.lock:
                 self.mirror.apply_batch(batch)  # a Digest event that disagrees raises here
-        except Malformed as exc:  # nothing of it applied, but its seq is lost: resync
-            self._malformed(exc)
+        except MirrorError as exc:  # nothing of it applied, but its seq is lost: resync
+            if isinstance(exc, Malformed):
+                self._malformed(exc)
+            else:
+                self.last_error = f"out of sync at seq {batch.seq}: {exc}"
             self._resync()
             return
-        except MirrorError as exc:
-            self.last_error = f"out of sync at seq {batch.seq}: {exc}"
-            self._resync()
-            return
-        if self.mirror.stats.digest_checks != checks:
-            self.stats.digest_checks += self.mirror.stats.digest_checks - checks
-            self.stats.digest_ok = self.stats.digest_checks
-            self.last_digest = next(e.value for e in reversed(batch.events)
-                                    if type(e) is ev.Digest)
-        self.seq = batch.seq
-        self.stats.batches += 1
-        self.stats.events += len(batch.events)
+        digest = self.stats.count_batch(batch, self.mirror.stats.digest_checks - checks)
+        self.seq, self.last_digest = batch.seq, digest or self.last_digest
         if self._on_batch is not None:
             self._on_batch(batch)
 

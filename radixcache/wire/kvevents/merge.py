@@ -51,7 +51,7 @@ class Health(NamedTuple):
     def line(self) -> str:
         """One line for a header, ``tree`` or ``stats``."""
         if self.sync is Sync.COMPLETE:
-            return "complete"
+            return f"complete as far as seen ({self.reason})" if self.reason else "complete"
         return f"{self.sync.value} since seq {self.since_seq}: {self.reason}"
 
 
@@ -62,7 +62,6 @@ class MergeLimits:
     pending_bytes: int = 64 * 1024 * 1024
     replay_timeout_s: float = 3.0
     idle_s: float = 1.0
-    quiet_s: float = 2.0
     backoff_max_s: float = 8.0
 
 
@@ -113,7 +112,6 @@ class SeqMerger:
         self._reply_first: int | None = None
         self._lost: tuple[int, str] | None = None
         self._unanswered_since: float | None = None
-        self._last_live = now
         self._last_heard = now
         self._confirmed = link is None
         self._backoff = self.limits.idle_s
@@ -131,7 +129,7 @@ class SeqMerger:
         if self._last_live_seq is not None and seq < self._last_live_seq:
             self._restart()
         self._last_live_seq = seq
-        self._last_live = self._last_heard = now
+        self._last_heard = now
         self._backoff = self.limits.idle_s
         self._insert(seq, payload, now)
 
@@ -197,20 +195,26 @@ class SeqMerger:
         self._lost = None
 
     def health(self, now: float) -> Health:
-        """Complete, catching up (a replay will fill the hole) or incomplete, with the reason."""
+        """Incomplete only on evidence of a loss: a hole that nothing filled, or one that waits
+        on a replay endpoint that stays silent. Quiet is not loss (vLLM and SGLang send no
+        heartbeat): a stream with no hole is complete as far as it was seen, and a missing or
+        silent replay endpoint only adds that a lost last batch would go unseen."""
         nxt = self.last_seq + 1
         if self._lost is not None:
             return Health(Sync.INCOMPLETE, *self._lost)
         silent = self._silent_for(now)
-        if silent is not None:
-            return Health(Sync.INCOMPLETE, nxt, f"replay endpoint silent for {silent:.0f} s")
-        if self._link is None and now - self._last_live >= self.limits.quiet_s:
-            return Health(Sync.INCOMPLETE, nxt,
-                          f"no replay endpoint and no batch for {now - self._last_live:.0f} s")
-        if self._pending or not self._confirmed:
+        quiet = f"replay endpoint silent for {silent:.0f} s" if silent is not None else ""
+        if self._pending:
+            if quiet:
+                return Health(Sync.INCOMPLETE, nxt, quiet)
             return Health(Sync.CATCHING_UP, nxt,
                           f"waiting for a replay, {len(self._pending):,} batches held back")
-        return Health(Sync.COMPLETE, None, "")
+        if not self._confirmed and not quiet:
+            return Health(Sync.CATCHING_UP, nxt, "waiting for a replay, 0 batches held back")
+        note = quiet or ("no replay endpoint" if self._link is None else "")
+        if self.stats.applied == 0 and note:  # nothing seen, nothing confirmed
+            return Health(Sync.CATCHING_UP, nxt, f"no batch yet ({note})")
+        return Health(Sync.COMPLETE, None, note)
 
     def _silent_for(self, now: float) -> float | None:
         asked = self._unanswered_since

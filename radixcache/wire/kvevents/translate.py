@@ -7,6 +7,7 @@ its tokens), so a router that matches vLLM's block hashes can match ours (docs/k
 from __future__ import annotations
 
 import hashlib
+from typing import assert_never
 
 from radixcache.core import events as ev
 from radixcache.wire.kvevents.codec import AllBlocksCleared, BlockRemoved, BlockStored, WireEvent
@@ -66,8 +67,12 @@ class KVTranslator:
                     self._restart(e, out)
                 case ev.Digest():
                     pass  # the mirror's digest check is not needed here
+                case (ev.Pin() | ev.Access() | ev.BlockAlloc() | ev.BlockFree() | ev.Cow()
+                      | ev.Watermark() | ev.RequestStart() | ev.RequestFinish() | ev.Counters()
+                      | ev.Fault() | ev.RequestCached() | ev.Queue()):
+                    self.mirror.apply(e)  # no full block is stored or removed
                 case _:
-                    self.mirror.apply(e)
+                    assert_never(e)
         return out
 
     def _keep(self, node: int, hashes: list[int]) -> None:

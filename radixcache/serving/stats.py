@@ -1,0 +1,102 @@
+"""The figures of a running cache: ``Totals`` (what a service counts as it goes) and ``Stats``
+(one typed answer to ``stats``, the same fields for the engine and the tree driver).
+
+``Stats`` is the only place these figures are named. The heartbeat's ``Counters`` event
+(``Stats.counters``), the ``stats`` command's reply (``Stats.figures``) and ``/metrics``
+(``serving.prometheus``) are all read from it, so the embedded and the served cache answer
+with the same keys. Adding a figure: one field below (with a default when only one
+implementation knows it) and where it is counted; every reply carries it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from radixcache.core import events as ev
+
+Figures = dict[str, float | int | str]
+
+
+@dataclass(slots=True)
+class Totals:
+    """Running totals since start or the last reset (a service zeroes them on ``reset``)."""
+
+    submitted: int = 0
+    finished: int = 0
+    rejected: int = 0
+    cancelled: int = 0
+    steps: int = 0
+    prompt_tokens: int = 0  # of admitted requests
+    hit_tokens: int = 0  # served from the cache
+    prefill_tokens: int = 0  # computed (the engine's model) or inserted (the driver)
+    output_tokens: int = 0
+    busy_s: float = 0.0  # wall time of steps that did work
+
+
+class Stats(msgspec.Struct, frozen=True, kw_only=True):
+    """A running cache's figures now. Counts are since start or since the ``generation``-th
+    reset (0: never reset); ``waiting``, ``running``, ``paused`` and the pool figures are
+    gauges. Tree figures (``splits`` ...) count the same way."""
+
+    generation: int
+    submitted: int
+    finished: int
+    rejected: int
+    cancelled: int
+    waiting: int
+    running: int
+    paused: bool
+    steps: int
+    prompt_tokens: int
+    hit_tokens: int
+    prefill_tokens: int
+    output_tokens: int
+    busy_s: float
+    nodes: int
+    used_blocks: int
+    num_blocks: int
+    splits: int
+    merges: int
+    cow_copies: int
+    evicted_nodes: int
+    evicted_tokens: int
+    cache: str  # "on", or "off" (the engine computes every prompt from scratch)
+    model: str
+    device: str
+    # the scheduler's (``serving.scheduler``); the tree driver serves in arrival order
+    schedule: str = "fcfs"  # the policy: fcfs, lpm, dfs-weight
+    held_for_sharing: int = 0  # requests held for a running request's insert, so far
+    aged: int = 0  # requests that waited the aging bound, so far
+    waiting_order: int = 0  # the waiting requests now, by why they wait
+    waiting_sharing: int = 0
+    waiting_pool: int = 0
+    waiting_batch: int = 0
+    waiting_paused: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """``hit_tokens / prompt_tokens`` (0 when none)."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """``output_tokens / busy_s`` (0 when idle)."""
+        return self.output_tokens / self.busy_s if self.busy_s else 0.0
+
+    def figures(self) -> Figures:
+        """The ``stats`` reply's values: every field, ``paused`` as 0/1 and the two rates
+        (the keys old clients read, of both implementations, are all there)."""
+        out: Figures = {k: int(v) if isinstance(v, bool) else v
+                        for k, v in msgspec.structs.asdict(self).items()}
+        out["hit_rate"] = self.hit_rate
+        out["decode_tokens_per_s"] = self.decode_tokens_per_s
+        return out
+
+    def counters(self) -> ev.Counters:
+        """The heartbeat's ``Counters`` event of these figures."""
+        return ev.Counters(self.generation, self.submitted, self.finished, self.rejected,
+                           self.prompt_tokens, self.hit_tokens, self.evicted_nodes,
+                           self.evicted_tokens, self.cow_copies, self.waiting, self.running,
+                           self.paused, self.schedule)

@@ -1,0 +1,96 @@
+"""What a newcomer sees first and where the cursor is (issue 21): the replay's first screen,
+the selected row always on screen, CJK previews that never cut a column."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from inspector.app import InspectorApp
+from inspector.replay import ReplaySource, load_recording
+from inspector.shots import record_demo
+from radixcache.core import events as ev
+from tests.helpers.pilot import ManualSource, app_for, sync, tokens, wait_until
+
+SIZE = (150, 44)
+
+
+def _replay(path: Path) -> InspectorApp:
+    rec = load_recording(record_demo(path, requests=30))
+    return InspectorApp(ReplaySource(rec), flash_s=0, frame_interval=0.02)
+
+
+@sync
+async def test_the_replay_first_screen_labels_what_it_draws(tmp_path: Path) -> None:
+    app = _replay(tmp_path / "tot.rcx")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, app.caught_up)
+        await pilot.pause(0.2)  # several frames with nothing new: nothing may go stale
+        blocks = app.blocks
+        k = blocks.per_cell
+        legend = str(blocks.border_subtitle)
+        assert (f"1 cell = {k:,} blocks" in legend) == (k > 1), (k, legend)
+        assert app.panes.stats.border_title == "stats · seen here"
+
+
+def _children(src: ManualSource, n: int, text: list[int] | None = None) -> None:
+    """``n`` one-block children of the root (node ids 1..n), first tokens distinct."""
+    events: list[ev.AnyEvent] = []
+    for i in range(1, n + 1):
+        ids = text if text is not None else [100 + i]
+        events += [ev.BlockAlloc([i]), ev.NodeCreated(i, 0, 0, tokens(1000 + i, *ids), [i],
+                                                       shared_first=False)]
+    src.push(events)
+
+
+def _visible(app: InspectorApp) -> range:
+    tree = app.tree_pane
+    top = tree.scroll_offset.y
+    return range(top, top + tree.scrollable_content_region.height)
+
+
+@sync
+async def test_the_selected_row_is_always_on_screen() -> None:
+    src = ManualSource(num_blocks=128)
+    app = app_for(src)
+    async with app.run_test(size=SIZE) as pilot:
+        _children(src, 51)
+        await wait_until(pilot, lambda: len(app.tree_pane.rows) == 52 and app.caught_up())
+        tree = app.tree_pane
+        await pilot.press("end")
+        assert tree.cursor == 51 and tree.cursor in _visible(app)
+        await pilot.press("home", "pagedown", "pagedown")
+        assert tree.cursor == 40 and tree.cursor in _visible(app)
+        await pilot.press("pageup")
+        assert tree.cursor == 20 and tree.cursor in _visible(app)
+
+
+class _Cjk:
+    """Preview words two cells wide each (as Chinese or Japanese text is)."""
+
+    def text(self, tokens: object) -> str:
+        return "你好世界缓存前缀树" * 4
+
+
+@sync
+async def test_cjk_previews_never_cut_the_right_hand_columns() -> None:
+    src = ManualSource(num_blocks=2_400)
+    app = app_for(src)
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.tree_pane.vocab = _Cjk()
+        events: list[ev.AnyEvent] = [ev.BlockAlloc([5]), ev.NodeCreated(
+            2290, 0, 0, tokens(7, 8, 9), [5], shared_first=False)]
+        src.push(events)
+        await wait_until(pilot, lambda: len(app.tree_pane.rows) == 2 and app.caught_up())
+        tree = app.tree_pane
+        rows = {}
+        for width in (100, 70, 46, 44):
+            await pilot.resize_terminal(width, 30)
+            await pilot.pause(0.05)
+            line = tree.render_line(1)
+            assert line.cell_length == tree.size.width
+            rows[tree.size.width] = line.text.rstrip()
+        # columns that do not fit go whole (age, blocks, pins, then the id), never cut
+        assert rows == {48: '  · [3] "你好世…"  b5           r0    0s n2290',
+                        29: '  · [3] "你好…"  r0  n2290',
+                        18: '  · [3] "你好…"',
+                        17: '  · [3] "你好…"'}
