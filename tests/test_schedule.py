@@ -219,3 +219,22 @@ def test_a_schema_3_heartbeat_without_schedule_still_reads() -> None:
     batch = ev.decode_batch(msgspec.msgpack.encode(old))
     assert batch.events == [ev.Counters(0, 5, 4, 0, 100, 60, 0, 0, 0, 1, 0, False)]
     assert batch.events[0].schedule is None  # type: ignore[union-attr]
+
+
+def test_an_early_insert_of_a_prompt_already_cached_copies_its_boundary_block() -> None:
+    """Two equal 20-token prompts (under the sharing threshold) prefill in the same step; the
+    second one's early insert finds the first's prompt cached and continued in place in its
+    last block, so its decode lease copies that block's 4 prompt slots (COW). Under fcfs both
+    insert at the finish, the second a duplicate of the first: no copy. Same answers."""
+    outputs = []
+    for policy in (Policy.FCFS, Policy.LPM):
+        engine = _engine(policy)
+        prompt = _words(9, 20)
+        a, b = engine.submit(prompt, 4), engine.submit(prompt, 4)
+        while not (a.done() and b.done()):
+            engine.step()
+        engine.tree.check()
+        outputs.append((a.result().tokens, b.result().tokens, engine.tree.stats.cow_copies))
+    (fa, fb, fcows), (la, lb, lcows) = outputs
+    assert (la, lb) == (fa, fb) and fa == fb
+    assert (fcows, lcows) == (0, 1)
