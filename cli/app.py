@@ -17,6 +17,7 @@ from types import MappingProxyType
 import typer
 from typer.models import DefaultPlaceholder
 
+from cli.lazy import BenchCommands, LazyGroup, RootCommands, command_name
 from radixcache import __version__
 
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
@@ -32,13 +33,17 @@ app = typer.Typer(
     context_settings=HELP_OPTIONS,
     rich_markup_mode="rich",
     no_args_is_help=True,
+    cls=RootCommands,
 )
 bench_app = typer.Typer(
     help="Benchmarks: each prints a table, or one JSON object with --json.",
+    epilog="[bold]Example:[/]  radixcache bench cli --json",
     context_settings=HELP_OPTIONS,
     no_args_is_help=True,
     rich_markup_mode="rich",
+    cls=BenchCommands,
 )
+RootCommands.typer_app, BenchCommands.typer_app = app, bench_app
 app.add_typer(bench_app, name="bench", rich_help_panel="Benchmarks")
 
 RUN, INSPECT, DATA, BENCH, DIAG = "Run", "Inspect", "Data", "Benchmarks", "Diagnostics"
@@ -85,14 +90,6 @@ def _root(
     """radixcache: see and steer a radix KV cache."""
 
 
-def command_name(info: typer.models.CommandInfo) -> str:
-    """The name a registered command is invoked by (Typer derives it from the function)."""
-    if info.name:
-        return info.name
-    assert info.callback is not None
-    return info.callback.__name__.lower().replace("_", "-")
-
-
 def _given(value: str | DefaultPlaceholder | None) -> str | None:
     """A setting as given to ``app.command(...)``; None when left at Typer's default."""
     return None if isinstance(value, DefaultPlaceholder) else value
@@ -127,3 +124,6 @@ def finish_help() -> None:
     _finish(app.registered_commands, "")
     app.registered_commands.sort(key=_panel_rank)  # stable: keeps registration order in a panel
     _finish(bench_app.registered_commands, "bench ")
+
+
+LazyGroup.finish = staticmethod(finish_help)

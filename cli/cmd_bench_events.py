@@ -27,11 +27,12 @@ def bench_events(
     late_join_nodes: int = typer.Option(100_000, help="Tree size for the late-join test."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     drop: float = typer.Option(0.0, help="With --verify-every-batch: the fraction of batches "
-                                         "the subscriber drops (deterministic hash of the seq)."),
+                                         "lost on the way to the subscriber (a deterministic "
+                                         "hash of the seq picks them)."),
     verify_every_batch: bool = typer.Option(False, help="Instead of the figures above: publish "
-                                            "until --min-events, drop --drop of the batches at "
-                                            "the subscriber, and compare the mirror digest with "
-                                            "the tree's after every applied batch."),
+                                            "until --min-events, lose --drop of the batches on "
+                                            "the way to the subscriber, and compare the mirror "
+                                            "digest with the tree's after every applied batch."),
     min_events: int = typer.Option(1_000_000, help="With --verify-every-batch: events to run."),
     publishers: int = typer.Option(1, min=1, max=64, help="Instead of the figures above: N "
                                    "engine streams followed by one process (fan-in)."),

@@ -28,14 +28,14 @@ from cli.options import (
 )
 from inspector.sources import DatasetWords
 from radixcache.serving.policy import Policy
-from radixcache.traffic.workloads import Vocabulary, WorkloadError
+from radixcache.traffic.workloads import Vocabulary, Workload, WorkloadError
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.export import jsonl_lines, perfetto_json
 from radixcache.wire.kvevents.pubsub import KVEventsClient
 from radixcache.wire.kvevents.report import follow_lines
 from radixcache.wire.mirror import Mirror
 from radixcache.wire.recorder import LiveRecorder
-from radixcache.wire.recording import Damage, RecordingReader, RecordingWriter
+from radixcache.wire.recording import CaptureNote, Damage, RecordingReader, RecordingWriter
 from radixcache.wire.security import ClientCurve, CurveError
 from radixcache.wire.subscriber import Subscriber
 from radixcache.wire.treeview import Line, TokenText, node_label, preview, walk
@@ -98,12 +98,8 @@ def record(
     from radixcache.serving.engine import Answers, Engine
     from radixcache.serving.server import record_service
 
-    try:
-        w = sized_workload(workload, workload_args, requests)
-    except WorkloadError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--workload") from None
-    n = min(requests, len(w.requests))
-    w = dataclasses.replace(w, requests=w.requests[:n])
+    w = _first_requests(workload, workload_args, requests)
+    n = len(w.requests)
     engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value),
                                   schedule))
     header: dict[str, str | int | float] = {
@@ -122,18 +118,47 @@ def record(
                   f"{time.perf_counter() - t0:.1f} s")
 
 
+def _first_requests(workload: str, args: str, requests: int) -> Workload:
+    """The workload's first ``requests`` requests; a bad one is a usage error (exit 2)."""
+    try:
+        w = sized_workload(workload, args, requests)
+    except WorkloadError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--workload") from None
+    return dataclasses.replace(w, requests=w.requests[:requests])
+
+
 def _record_live(endpoint: str, out: Path, seconds: float, every: int,
                  curve: ClientCurve | None) -> None:
     rec = LiveRecorder(Endpoints.from_events(endpoint), out, keyframe_every=every, curve=curve)
     r = rec.run_for(seconds)
+    if r.failed:
+        raise CliError(r.failed)
     if not r.synced:
         why = f": {r.last_error}" if r.last_error else " (down, or it needs these --curve-keys)"
         raise CliError(f"no snapshot from {endpoint} in {seconds:g} s{why}")
-    if r.malformed or r.resyncs:
-        _warn(f"warning: {r.malformed} malformed frames, {r.resyncs} resyncs; "
-                  f"last: {r.last_error}")
+    note = r.note
+    assert note is not None  # synced and written: the recorder wrote its note
     console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches, "
-                  f"{r.keyframes} keyframes")
+                  f"{r.keyframes} keyframes (seq {note.first_seq:,} to {note.last_seq:,})")
+    if not note.complete:
+        _warn(f"warning: incomplete capture (noted in the file): {capture_losses(note)}")
+
+
+def capture_losses(note: CaptureNote) -> str:
+    """What a live capture could not get, in one line."""
+    state = {"live": "in sync", "snapshot": "waiting for a snapshot",
+             "replay": "waiting for a replay"}.get(note.state, note.state)
+    parts = [f"ended {state}" + (f", out of sync for {note.out_of_sync_s:.1f} s of "
+                                 f"{note.seconds:g} s" if note.state != "live" else "")]
+    for count, what in ((note.gaps, "gaps"), (note.too_old, "gaps older than the ring"),
+                        (note.malformed, "malformed frames"), (note.resyncs, "resyncs"),
+                        (note.seq_backwards, "seqs going backwards"),
+                        (note.buffer_dropped, "batches dropped while waiting")):
+        if count:
+            parts.append(f"{count} {what}")
+    if note.last_error:
+        parts.append(f"last: {note.last_error}")
+    return "; ".join(parts)
 
 
 @app.command()
@@ -146,7 +171,7 @@ def export(
     if format not in ("jsonl", "perfetto"):
         raise typer.BadParameter("jsonl or perfetto", param_hint="--format")
     with RecordingReader(file) as reader:
-        items = [r.item for r in reader.records()]
+        items = [r.item for r in reader.fitting_records()]  # nothing that `tree` refuses
         damage = reader.damage
     if format == "jsonl":
         target = out or file.with_suffix(".jsonl")

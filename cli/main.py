@@ -1,11 +1,12 @@
-"""Entry point of the `radixcache` console script: imports every command module.
+"""Entry point of the `radixcache` console script. A command's module is imported when the
+command runs (``cli.lazy``): `radixcache --help` imports none of them.
 
 Exit codes: 0 ok; 1 a runtime error, printed as one line ``error: <reason>`` on stderr
 (``RADIXCACHE_DEBUG=1`` re-raises it with its traceback); 2 a usage error (Click).
 
-Importing this must not import torch (tests/test_cli_version.py checks it): the command
-modules import the engine, model and pool inside the commands that use them, so ``--help``
-and ``--version`` start fast.
+Importing this must not import torch (tests/test_cli_version.py checks it), and the command
+modules import the engine, model and pool inside the commands that use them, so a command's
+own ``--help`` starts fast too.
 """
 
 from __future__ import annotations
@@ -13,41 +14,29 @@ from __future__ import annotations
 import os
 import sys
 
-import cli.cmd_bench_events
-import cli.cmd_bench_tree
-import cli.cmd_bench_whatif
-import cli.cmd_cluster
-import cli.cmd_demo
-import cli.cmd_doctor
-import cli.cmd_engine
-import cli.cmd_inspect
-import cli.cmd_recordings
-import cli.cmd_soak
-import cli.cmd_stream
-import cli.cmd_whatif  # noqa: F401
-from cli.app import CliError, app, finish_help
-from radixcache.core.blocks import PoolError
-from radixcache.core.tokens import InvalidTokens
-from radixcache.core.tree import TreeError
-from radixcache.serving.service import ServiceError
-from radixcache.tools.demo import DemoError
-from radixcache.traffic.sharegpt import DatasetUnavailable
-from radixcache.traffic.workloads import WorkloadError
-from radixcache.wire.endpoints import EndpointError
-from radixcache.wire.mirror import MirrorError
-from radixcache.wire.recording import RecordingError
-from radixcache.wire.security import CurveError
+from cli.app import CliError, app
 
-finish_help()
 
-# Failures a user can cause (a bad file, a busy port, a dataset not installed, a bad value):
-# reported in one line. Anything else is a bug and keeps its traceback.
-# Only the project's own error types: a ValueError or OSError that reaches here was not
-# expected by the command that raised it, so it is a bug and shows its traceback.
-RUNTIME_ERRORS: tuple[type[BaseException], ...] = (
-    CliError, TreeError, PoolError, DatasetUnavailable, RecordingError, MirrorError,
-    ServiceError, WorkloadError, CurveError, EndpointError, DemoError, InvalidTokens,
-)
+def runtime_errors() -> tuple[type[BaseException], ...]:
+    """Failures a user can cause (a bad file, a busy port, a dataset not installed, a bad
+    value): reported in one line. Anything else is a bug and keeps its traceback. Only the
+    project's own error types: a ValueError or OSError that reaches here was not expected by
+    the command that raised it, so it is a bug and shows its traceback. Imported only when
+    something failed (the command that raised one has imported its module already)."""
+    from radixcache.core.blocks import PoolError
+    from radixcache.core.tokens import InvalidTokens
+    from radixcache.core.tree import TreeError
+    from radixcache.serving.service import ServiceError
+    from radixcache.tools.demo import DemoError
+    from radixcache.traffic.sharegpt import DatasetUnavailable
+    from radixcache.traffic.workloads import WorkloadError
+    from radixcache.wire.endpoints import EndpointError
+    from radixcache.wire.mirror import MirrorError
+    from radixcache.wire.recording import RecordingError
+    from radixcache.wire.security import CurveError
+
+    return (CliError, TreeError, PoolError, DatasetUnavailable, RecordingError, MirrorError,
+            ServiceError, WorkloadError, CurveError, EndpointError, DemoError, InvalidTokens)
 
 
 def reason(exc: BaseException) -> str:
@@ -60,8 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI on ``argv`` (default ``sys.argv[1:]``); always ends in ``SystemExit``."""
     try:
         app(args=argv, prog_name="radixcache")
-    except RUNTIME_ERRORS as exc:
-        if os.environ.get("RADIXCACHE_DEBUG") == "1":
+    except Exception as exc:
+        if not isinstance(exc, runtime_errors()) or os.environ.get("RADIXCACHE_DEBUG") == "1":
             raise
         print(f"error: {reason(exc)}", file=sys.stderr)
         sys.exit(1)

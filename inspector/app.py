@@ -106,12 +106,12 @@ class InspectorApp(App[None]):
 
     @property
     def messages(self) -> list[str]:
-        """Every message shown above the command line, oldest first."""
-        return self.commands.messages
+        """The last messages shown above the command line, oldest first."""
+        return list(self.commands.messages)
 
     @property
-    def replies(self) -> list[object]:
-        """Every reply the source sent back, oldest first."""
+    def replies(self) -> int:
+        """Replies the source sent back so far."""
         return self.commands.replies
 
     # -- layout ----------------------------------------------------------------------------
@@ -233,7 +233,8 @@ class InspectorApp(App[None]):
         return self.painter.req_per_s
 
     def caught_up(self) -> bool:
-        """True when every batch the feed received is on screen (tests wait for this)."""
+        """True when every batch the feed received is on screen (the screenshots, the bench
+        and the tests wait for this)."""
         return self.feed.idle() and self.layout.settled()
 
     def slow_tick(self) -> None:

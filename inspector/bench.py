@@ -250,9 +250,9 @@ async def _commands(app: InspectorApp, count: int) -> list[float]:
     """Type ``count`` commands one after another, each after the previous reply."""
     replies = app.commands
     for i in range(count):
-        want = len(replies.replies) + 1
+        want = replies.replies + 1
         replies.submit(COMMANDS[i % len(COMMANDS)])
-        while len(replies.replies) < want:
+        while replies.replies < want:
             await asyncio.sleep(0.005)
     return list(replies.command_ms)
 

@@ -40,6 +40,7 @@ from inspector.words import CLUSTER, cluster_words
 from radixcache.wire.fleet import Fleet, FleetNode, FleetTree
 
 if TYPE_CHECKING:
+    from radixcache.serving.supervisor import RouterState
     from radixcache.traffic.workloads import TokenText, Workload
 
 TREE_ROWS = 300
@@ -58,6 +59,14 @@ class ClusterControls(Protocol):
 
     def restart(self, rank: int) -> None:
         """Start replica ``rank`` again and wait until it answers."""
+        ...
+
+    def restart_router(self) -> None:
+        """Stop the router and start it again; returns once it answers."""
+        ...
+
+    def router_state(self) -> RouterState:
+        """What the cluster's supervisor says of the router (restarts, rotation)."""
         ...
 
 
@@ -273,9 +282,20 @@ class ClusterApp(App[int | None]):
             else:
                 t.append("● up" if self.router_up else "✕ DOWN",
                          "green" if self.router_up else "bold red")
+            t.append(self._router_note())
             t.append(" · ")
         t.append(f"{self.duplicated:,} tokens duplicated")
         return t
+
+    def _router_note(self) -> str:
+        """The supervisor's word on the router: restarts, what it does next, who is out."""
+        if self.controls is None:
+            return ""
+        st = self.controls.router_state()
+        out = ", ".join(str(r) for r in st.out_of_rotation)
+        return "".join([f" ({st.note})" if st.note else "",
+                        f" · restarted {st.restarts}x" if st.restarts else "",
+                        f" · not routing to {out}" if out else ""])
 
     # -- keys and commands -------------------------------------------------------------------
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
@@ -322,22 +342,31 @@ class ClusterApp(App[int | None]):
 
     def _fault(self, words: list[str]) -> None:
         if self.controls is None:
-            self.say("error: this screen did not start the replicas (radixcache cluster does)")
+            self.say("error: this screen did not start the cluster (radixcache cluster does)")
+            return
+        controls = self.controls
+        if words == ["restart", "router"]:
+            self._start("restart router", controls.restart_router)
             return
         if len(words) != 2 or not words[1].isdigit() or int(words[1]) >= len(self.views):
             self.say(f"error: usage: {words[0]} RANK (0..{len(self.views) - 1})")
             return
-        rank, controls = int(words[1]), self.controls
+        rank = int(words[1])
         action = controls.kill if words[0] == "kill" else controls.restart
-        self.say(f"{words[0]} replica {rank} ...")
-        self.run_worker(lambda: self._done(action, rank, words[0]), thread=True)
+        self._start(f"{words[0]} replica {rank}", lambda: action(rank))
 
-    def _done(self, action: Callable[[int], None], rank: int, verb: str) -> None:
-        try:
-            action(rank)
-            self.call_from_thread(self.say, f"{verb} replica {rank}: done")
-        except RuntimeError as exc:
-            self.call_from_thread(self.say, f"error: {exc}")
+    def _start(self, what: str, action: Callable[[], None]) -> None:
+        """Say ``what`` is under way, run ``action`` off the UI thread, then say how it ended."""
+        self.say(f"{what} ...")
+
+        def run() -> None:
+            try:
+                action()
+                self.call_from_thread(self.say, f"{what}: done")
+            except RuntimeError as exc:
+                self.call_from_thread(self.say, f"error: {exc}")
+
+        self.run_worker(run, thread=True)
 
     # one per ``inspector.words.CLUSTER`` (a test checks)
     WORDS: ClassVar[Mapping[str, Callable[[ClusterApp, list[str]], None]]] = {

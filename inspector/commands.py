@@ -23,9 +23,12 @@ from inspector.widgets.command_line import CommandLine, Parsed, parse
 from inspector.widgets.event_log import KINDS, NOISY, EventLog
 from radixcache.wire import commands as cmd
 
+MESSAGES_KEPT = 100  # the last messages shown, newest last
+
 
 class CommandReplies:
-    """Messages and replies of one app; ``command_ms`` the time from enter to reply."""
+    """Messages and replies of one app: the last ``MESSAGES_KEPT`` messages shown, how many
+    replies came back, and ``command_ms``, the time from enter to reply."""
 
     def __init__(self, app: App[None], source: Source, show_help: Callable[[], None],
                  explain: Callable[[int], None]) -> None:
@@ -33,8 +36,8 @@ class CommandReplies:
         self.source = source
         self.show_help = show_help
         self.explain = explain
-        self.messages: list[str] = []
-        self.replies: list[object] = []
+        self.messages: deque[str] = deque(maxlen=MESSAGES_KEPT)
+        self.replies = 0
         self.command_ms: deque[float] = deque(maxlen=10_000)
 
     def submit(self, value: str) -> None:
@@ -62,7 +65,7 @@ class CommandReplies:
 
     def _replied(self, line: str, parsed: Parsed, reply: cmd.AnyReply, t0: float) -> None:
         self.command_ms.append((time.perf_counter() - t0) * 1000)
-        self.replies.append(reply)
+        self.replies += 1
         if isinstance(reply, cmd.Error):
             self.say(f"✗ {line}: {reply.message}", error=True)
             return

@@ -50,7 +50,6 @@ class EmbeddedSource:
         self.clock = clock
         self.recording = recording
         self.keyframe_every = keyframe_every
-        self.sent: list[cmd.AnyCommand] = []
         self.loop: ServiceLoop | None = None
         self._feed: Feed | None = None
         self._text = DatasetWords()
@@ -124,7 +123,6 @@ class EmbeddedSource:
 
     def send(self, command: cmd.AnyCommand) -> cmd.AnyReply:
         """Run ``command`` through the loop's handler (between two steps) and reply."""
-        self.sent.append(command)
         if self.loop is None:
             return cmd.Error("the embedded engine is not running")
         with self._count_lock:

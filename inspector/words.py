@@ -57,7 +57,7 @@ LOCAL = _table((
 ))
 CLUSTER = _table((
     Word("kill RANK", "kill 1", "stop replica RANK (the router routes around it)"),
-    Word("restart RANK", "restart 1", "start replica RANK again"),
+    Word("restart RANK|router", "restart 1", "start replica RANK, or the router, again"),
     Word("quit", "quit", "leave; what `radixcache cluster` started stops"),
 ))
 

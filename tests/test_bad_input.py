@@ -301,10 +301,10 @@ def test_recording_future_version_empty_and_foreign_files(tmp_path):
     _record(path, 2)
     original = path.read_bytes()
     data = bytearray(original)
-    struct.pack_into("<H", data, 8, 2)
+    struct.pack_into("<H", data, 8, 3)
     path.write_bytes(data)
-    with pytest.raises(RecordingError, match="format version 2 is newer than this reader "
-                                             r"\(reads up to 1\); upgrade radixcache"):
+    with pytest.raises(RecordingError, match="format version 3 is newer than this reader "
+                                             r"\(reads up to 2\); upgrade radixcache"):
         RecordingReader(path)
     path.write_bytes(b"")
     with pytest.raises(RecordingError, match="empty file"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,12 +16,14 @@ from typer.testing import CliRunner
 
 import cli.cmd_demo as demo_mod
 from cli.app import PANELS, app, bench_app, command_name
+from cli.lazy import COMMANDS, load_all
 from cli.main import main
 from radixcache import __version__
 from radixcache.tools.demo import DemoError
 from radixcache.traffic.workloads import build_workload
 
 RUNNER = CliRunner()
+load_all()  # every command registered, so the walks below see them all
 
 
 def _command_paths() -> list[list[str]]:
@@ -40,6 +43,34 @@ def _command_paths() -> list[list[str]]:
 def _leaf_paths() -> list[list[str]]:
     group_paths: list[list[str]] = [[], ["bench"]]
     return [p for p in _command_paths() if p not in group_paths]
+
+
+def test_the_lazy_table_says_what_each_module_registers() -> None:
+    """``radixcache --help`` lists commands from ``cli.lazy.COMMANDS`` without importing
+    their modules: the table names each command's module, panel and first help paragraph."""
+    found: dict[str, tuple[str, str, str]] = {}
+    for prefix, typer_app in (("", app), ("bench ", bench_app)):
+        for info in typer_app.registered_commands:
+            cmd = typer.main.get_command_from_info(info, pretty_exceptions_short=True,
+                                                   rich_markup_mode="rich")
+            first = " ".join((cmd.help or "").split("\n\n")[0].split())
+            panel = info.rich_help_panel
+            assert info.callback is not None
+            found[prefix + command_name(info)] = (
+                info.callback.__module__, "" if isinstance(panel, DefaultPlaceholder) else panel,
+                first)
+    assert found == dict(COMMANDS)
+
+
+def test_root_help_imports_no_command_module() -> None:
+    code = ("import sys; from cli.main import main\n"
+            "try: main(['--help'])\n"
+            "except SystemExit: pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('cli.cmd_')), "
+            "'numpy' in sys.modules, 'zmq' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=120)
+    assert done.stderr.strip().splitlines()[-1] == "[] False False"
 
 
 def test_the_walk_finds_the_commands_registered_today() -> None:

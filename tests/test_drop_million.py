@@ -1,10 +1,11 @@
 """`bench events --drop 0.01 --verify-every-batch` at ~20,000 events: the mirror digest equals
-the tree's after every applied batch, with 1% of batches dropped at the subscriber."""
+the tree's after every applied batch, with 1% of batches lost on the way to the subscriber
+(``tools.lossy.LossyHop``)."""
 
 from __future__ import annotations
 
 from radixcache.tools.bench_events import verify_drops
-from radixcache.wire.subscriber import HashDrop
+from radixcache.tools.lossy import HashDrop
 
 
 def test_hash_drop_is_deterministic_and_near_the_fraction() -> None:

@@ -73,3 +73,70 @@ def test_cli_record_export_and_kv_tree(tmp_path):
         pub.close()
     assert res.exit_code == 0, res.output
     assert res.output.rstrip().splitlines()[-1] == "live blocks: 2"
+
+
+# -- issue 24 item 7: export writes nothing that `tree` rejects; format version 0 ---------------
+def _crafted(path) -> int:
+    """A recording whose second batch decodes but does not fit (an unknown node); returns
+    that batch's offset."""
+    from radixcache.wire.recording import RecordingReader, RecordingWriter
+
+    with RecordingWriter(path, {}) as w:
+        w.write_keyframe(0, 5, SNAP)
+        w.write_batch(BATCHES[1])
+        w.write_batch(ev.Batch(2, 5, 101.0, "t", [ev.Evict(99, 1, [3])]))
+    return [r.offset for r in RecordingReader(path).records()][-1]
+
+
+def test_export_stops_where_tree_stops_and_says_so(tmp_path, capsys):
+    import pytest
+
+    from cli.main import main
+
+    path = tmp_path / "crafted.rcx"
+    bad = _crafted(path)
+    with pytest.raises(SystemExit) as info:
+        main(["export", str(path), "--out", str(tmp_path / "x.jsonl")])
+    out = capsys.readouterr()
+    assert info.value.code in (0, None)
+    warning = f"warning: stopped at byte {bad:,}: batch seq 2 does not fit: unknown node 99"
+    assert out.err.splitlines() == [warning]
+    kinds = [json.loads(x)["kind"] for x in (tmp_path / "x.jsonl").read_text().splitlines()]
+    assert kinds == ["keyframe", "rstart", "create", "wm"]  # was: the evict of node 99 too
+    with pytest.raises(SystemExit):
+        main(["tree", str(path)])
+    assert capsys.readouterr().err.splitlines() == [warning]  # the same place, the same words
+
+
+def test_format_version_0_is_refused(tmp_path):
+    import struct
+
+    import pytest
+
+    from radixcache.wire.recording import RecordingError, RecordingReader
+
+    path = tmp_path / "v0.rcx"
+    _crafted(path)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<H", data, 8, 0)
+    path.write_bytes(bytes(data))
+    with pytest.raises(RecordingError, match=r"format version 0 is not one this reader knows "
+                                             r"\(1 to 2\)$"):
+        RecordingReader(path)
+
+
+def test_a_format_1_file_is_read_as_before(tmp_path):
+    """Format 2 only added the note frame: a file that says 1 reads the same."""
+    import struct
+
+    from radixcache.wire.recording import RecordingReader
+
+    path = tmp_path / "v1.rcx"
+    _crafted(path)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<H", data, 8, 1)
+    path.write_bytes(bytes(data))
+    with RecordingReader(path) as reader:
+        items = [r.item for r in reader.records()]
+        assert reader.capture_note() is None and reader.damage is None
+    assert items == [Keyframe(0, 5, 0, SNAP), BATCHES[1], items[2]] and len(items) == 3

@@ -93,3 +93,39 @@ def test_a_writer_that_cannot_write_its_index_keeps_every_batch(tmp_path):
     with RecordingReader(path) as reader:
         mirror, events = reader.play_all()
     assert (events, reader.damage, sorted(mirror.nodes)) == (1, None, [0, 1])
+
+
+def test_the_live_recorder_on_a_full_disk_stops_and_keeps_the_file_readable(tmp_path):
+    """The live recorder (`record --from`) stops at the write that failed and keeps what it
+    wrote readable (the limit is set once it has synced: this process's files may not grow
+    past 20 KB more while the engine floods)."""
+    from radixcache.wire.recorder import LiveRecorder
+    from tests.helpers.stream import drive, make_source, prompts, serving, wait_for
+
+    source = make_source(num_blocks=256, digest_every=4)
+    out = tmp_path / "live.rcx"
+    with serving(source) as pub:
+        rec = LiveRecorder(pub.endpoints, out).start()
+        assert rec.subscriber.wait_synced(30)
+        limit = out.stat().st_size + 20_000
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+        try:
+            reqs = prompts(400, seed=3)
+            for i in range(0, 400, 2):
+                drive(source, reqs[i:i + 2], per_step=2)
+                if rec.failed is not None:
+                    break
+            assert wait_for(lambda: rec.failed is not None, 30)
+            result = rec.stop()
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            signal.signal(signal.SIGXFSZ, old)
+    assert result.failed.startswith(f"{out}: File too large: the file holds the first ")
+    assert result.note is None  # nothing more was written after the failure
+    with RecordingReader(out) as reader:
+        _, events = reader.play_all()
+        assert reader.damage is None
+    assert out.stat().st_size <= limit
+    assert result.failed == f"{out}: File too large: the file holds the first {events:,} events"

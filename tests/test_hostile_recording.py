@@ -4,6 +4,7 @@ and `tree FILE` report damage instead of printing a partial tree (items 5, 7, 8)
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -210,3 +211,44 @@ def test_record_from_a_dead_port_fails_on_stderr(tmp_path, capsys):
     assert (code, out) == (1, "")
     assert err.startswith("error: no snapshot from tcp://127.0.0.1:9 in 0.3 s")
     assert not (tmp_path / "x.rcx").exists()
+
+
+# -- issue 24 item 4: a stream it cannot sync is said so, on stderr and in the file ------------
+def test_record_from_a_stream_with_a_gap_never_replayed_says_what_it_missed(tmp_path, capsys):
+    from radixcache.serving.cluster import free_port_run
+    from tests.helpers.hostile import TreeFeed
+
+    engine, feed = FakeEngine(free_port_run(3)), TreeFeed()
+    out = tmp_path / "gap.rcx"
+    stop = threading.Event()
+
+    def peer() -> None:
+        engine.wait_subscribed()
+        ident, (_, req) = engine.request()
+        engine.reply(ident, *feed.snapshot_frames(req))
+        feed.batch()  # seq 1 is lost ...
+        engine.publish(feed.batch())  # ... seq 2 arrives, and no replay ever answers
+        while not stop.is_set():
+            engine.no_request(0.1)
+
+    thread = threading.Thread(target=peer)
+    thread.start()
+    try:
+        code, stdout, err = run_cli(["record", "--from", engine.endpoints.events,
+                                     "--seconds", "1.5", "--out", str(out)], capsys)
+    finally:
+        stop.set()
+        thread.join()
+        engine.close()
+    assert code == 0
+    assert " ".join(stdout.split()) == f"wrote {out}: 0 events in 0 batches, 1 keyframes " \
+                                        f"(seq 0 to 0)"  # (the console wraps long lines)
+    # was: a recording of 0 batches and not a word
+    assert re.fullmatch(r"warning: incomplete capture \(noted in the file\): ended waiting for "
+                        r"a replay, out of sync for \d+\.\d s of 1\.5 s; 1 gaps\n", err), err
+    with RecordingReader(out) as reader:
+        note = reader.capture_note()
+        assert reader.header.format_version == 2
+    assert note is not None
+    assert (note.batches, note.events, note.gaps, note.state, note.complete) == (
+        0, 0, 1, "replay", False)

@@ -64,7 +64,7 @@ async def test_every_pane_agrees_with_the_mirror_at_100_frames_under_a_50k_flood
         sent = 0
         while check.checked < 100 or not wanted <= kinds:
             assert check.checked < 3_000, f"kinds seen: {sorted(kinds)}"
-            if len(app.replies) == sent:  # the next workload once the previous one is queued
+            if app.replies == sent:  # the next workload once the previous one is queued
                 app.commands.submit(WORKLOADS[sent % len(WORKLOADS)])
                 sent += 1
             # keys as the terminal driver posts them (pilot.press waits for an idle screen,
@@ -164,7 +164,7 @@ async def test_the_engines_counters_are_shown_since_start_then_since_reset() -> 
         src.reply = cmd.Ok("system: 55 requests queued (engine paused) (synthetic)",
                            {"requests": 55})
         await type_line(pilot, "system 50")
-        await wait_until(pilot, lambda: len(app.replies) == 1)
+        await wait_until(pilot, lambda: app.replies == 1)
         assert app.messages[-1] == ("✓ system: 55 requests queued (engine paused) (synthetic); "
                                     "50 users' first questions + 5 second questions")
 

@@ -28,7 +28,7 @@ def _app() -> tuple[InspectorApp, LocalSource]:
 
 async def _tot(app: InspectorApp, src: LocalSource, pilot) -> None:  # type: ignore[no-untyped-def]
     await type_line(pilot, "tot 2 3")
-    await wait_until(pilot, lambda: len(app.replies) == 1 and src.idle() and app.caught_up())
+    await wait_until(pilot, lambda: app.replies == 1 and src.idle() and app.caught_up())
     await pilot.press("escape", "down", "down")
     await pilot.pause(0.1)
 

@@ -294,3 +294,23 @@ def test_full_trace_counts_and_fingerprint(tmp_path: Path) -> None:
     assert calls == []  # served from the disk cache, nothing decoded
     assert fingerprint(warm.requests) == sg.FULL_TRACE_FINGERPRINT
     print(f"full trace: cold {cold:.1f} s, warm {warm_s:.2f} s")
+
+
+def test_the_preview_words_are_built_once_then_read_from_the_cache(tmp_path: Path) -> None:
+    """``tree FILE`` and the inspector name ShareGPT ids from this table: built from the
+    dataset the first time (a minute, the whole file in memory), then read back (1.9 MB)."""
+    from radixcache.traffic.sharegpt import load_words, word_id
+
+    data = tmp_path / "sharegpt.json"
+    data.write_text(json.dumps([
+        {"id": "a", "conversations": [{"from": "human", "value": "hello world"},
+                                      {"from": "gpt", "value": "hi there"}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "later words"}]}]))
+    cache = tmp_path / "cache"
+    ids = [word_id(w) for w in ("hello", "world", "there", "later")]
+    assert load_words(1, data, cache).decode(ids) == "hello world there ?"
+    [cached] = cache.glob("*.words-1.json")
+    assert sorted(json.loads(cached.read_text()).values()) == ["hello", "hi", "there", "world"]
+    cached.write_text(json.dumps({str(ids[3]): "cached"}))  # a hit reads the table only
+    assert load_words(1, data, cache).decode(ids) == "? ? ? cached"
+    assert load_words(None, data, cache).decode(ids) == "hello world there later"

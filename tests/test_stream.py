@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import zmq
 
+from radixcache.tools.lossy import HashDrop, LossyHop
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
 from radixcache.wire.endpoints import BindPolicy, Endpoints, check_bind
 from radixcache.wire.publisher import Publisher, SnapshotAt
-from radixcache.wire.subscriber import Subscriber, drop_one_percent
+from radixcache.wire.subscriber import Subscriber
 from tests.helpers.stream import Relay, caught_up, drive, make_source, prompts, serving, wait_for
 
 
@@ -33,22 +34,22 @@ def test_late_joiner_converges_by_snapshot():
 
 def test_one_percent_dropped_batches_are_replayed():
     source = make_source(digest_every=8)
-    with serving(source) as pub:
-        sub = Subscriber(pub.endpoints, drop=drop_one_percent).start()
+    hook = HashDrop(0.01)
+    with serving(source) as pub, LossyHop(pub.endpoints, hook) as hop:
+        sub = Subscriber(hop.endpoints).start()
         try:
             assert sub.wait_synced(5)
             requests = prompts(1500, seed=5)
             drive(source, requests)
             assert wait_for(caught_up(sub, pub))
-            dropped = sum(drop_one_percent(s) for s in range(2, pub.seq + 1))
             with sub.lock:
                 assert sub.mirror.digest() == source.tree.digest()
-            # the hook sees only live batches: those a pending replay already covers (and the
-            # first seqs, before the join) never reach it, so it drops at most ``dropped``
-            assert 1 <= sub.stats.dropped_by_hook <= dropped
-            # a drop while a replay is pending is covered by that replay: not a gap of its own
-            assert 1 <= sub.stats.gaps <= sub.stats.dropped_by_hook
-            assert sub.stats.replayed_batches >= sub.stats.dropped_by_hook
+            # every seq the hash picks is lost on the wire and replayed
+            assert sorted(hook.dropped) == [s for s in range(1, pub.seq + 1) if hook(s)]
+            assert len(hook.dropped) >= 1
+            # a loss while a replay is pending is covered by that replay: not a gap of its own
+            assert 1 <= sub.stats.gaps <= len(hook.dropped)
+            assert sub.stats.replayed_batches >= len(hook.dropped)
             assert sub.stats.snapshots == 1
             assert sub.stats.resyncs == 0
         finally:
@@ -57,8 +58,8 @@ def test_one_percent_dropped_batches_are_replayed():
 
 def test_gap_older_than_ring_takes_a_fresh_snapshot():
     source = make_source()
-    with serving(source, ring=4) as pub:
-        sub = Subscriber(pub.endpoints, drop=lambda seq: 20 <= seq < 30).start()
+    with serving(source, ring=4) as pub, LossyHop(pub.endpoints, lambda seq: 20 <= seq < 30) as hop:
+        sub = Subscriber(hop.endpoints).start()
         try:
             assert sub.wait_synced(5)
             drive(source, prompts(60, seed=4))

@@ -91,7 +91,7 @@ def test_over_a_live_engine_the_curve_covers_the_stream_since_the_inspector_join
                              and recorder.subscriber.synced.is_set())
             joined = app.feed.follow.since
             await type_line(pilot, "chat 6 --seed 3")
-            await wait_until(pilot, lambda: len(app.replies) == 1)
+            await wait_until(pilot, lambda: app.replies == 1)
             await wait_until(pilot, settled, timeout=20)
             await pilot.press("escape", "w")
             recorder.stop()

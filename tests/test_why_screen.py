@@ -26,7 +26,7 @@ def _body(app: InspectorApp) -> str:
 async def _served(app: InspectorApp, pilot, line: str) -> None:  # type: ignore[no-untyped-def]
     """Type a workload command and wait until it is served and on screen."""
     await type_line(pilot, line)
-    await wait_until(pilot, lambda: len(app.replies) == 1 and app.source.idle()  # type: ignore[attr-defined]
+    await wait_until(pilot, lambda: app.replies == 1 and app.source.idle()  # type: ignore[attr-defined]
                      and app.caught_up())
 
 
@@ -89,9 +89,26 @@ async def test_why_on_the_command_line_and_its_mistakes() -> None:
         await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
         assert _body(app).startswith("request 999: not seen since seq 0 ")
         await pilot.press("escape")
+        await type_line(pilot, "filter create")
         await pilot.press("escape", "e", "up", "enter")  # the newest entry is not a request
         assert app.messages[-1].startswith("✗ select a request event (rstart or rfinish")
 
 
 def test_each_cause_has_its_colour() -> None:
     assert set(STYLES) == set(Cause)
+
+
+@sync
+async def test_the_default_filter_shows_what_enter_explains() -> None:
+    """``e``, ``up``, Enter on the default filter: the newest entry is a request's finish
+    (its insert comes first), and the why screen opens on it."""
+    app = InspectorApp(LocalSource(1024, clock=lambda: T0, memory=MemorySource(nvml=NoNvml())),  # type: ignore[arg-type]
+                       flash_s=0, frame_interval=0.02)
+    async with app.run_test(size=SIZE) as pilot:
+        await _served(app, pilot, "fork 3")
+        await pilot.press("escape", "e", "up")
+        picked = app.query_one(EventLog).selected
+        assert picked is not None and isinstance(picked.event, ev.RequestFinish)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
+        assert _body(app).startswith(f"request {picked.event.req}, admitted in batch ")

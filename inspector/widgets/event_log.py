@@ -20,8 +20,9 @@ from radixcache.core.kinds import TAGS, exhaustive
 
 KINDS = tuple(TAGS[k] for k in ALL_KINDS if k not in UNLOGGED)  # the kinds the log can show
 NOISY = frozenset({"wm", "counters", "queue"})  # heartbeats: `filter all` leaves them out
+# rfinish: one line per request, and the one Enter explains (the why screen needs a request)
 DEFAULT_KINDS = frozenset(
-    {"create", "extend", "split", "merge", "evict", "cow", "snapshot", "reset"}
+    {"create", "extend", "split", "merge", "evict", "cow", "rfinish", "snapshot", "reset"}
 )
 _COLORS = {"split": "#e5c07b", "merge": "#61afef", "evict": "#e06c75", "cow": "#c792ea",
            "create": "#98c379", "extend": "#98c379"}

@@ -35,6 +35,55 @@ class InvalidTokens(ValueError):
     """Token ids that are not a non-empty run of integers inside the vocabulary."""
 
 
+class InvalidSpan(ValueError):
+    """Token counts, block counts and sizes that disagree: a span claiming more (or fewer)
+    tokens than its blocks hold, a hash id outside 64 bits."""
+
+
+# Block hash ids as the engines send them: SGLang an int64, vLLM a uint64 (or bytes).
+HASH_MIN, HASH_MAX = -(2**63), 2**64 - 1
+
+
+def blocks_spanned(start: int, tokens: int, block_size: int) -> int:
+    """How many blocks positions ``[start, start + tokens)`` touch: block ``i`` holds
+    ``[i * block_size, (i + 1) * block_size)``; a span that starts mid-block shares it."""
+    return (start + tokens - 1) // block_size - start // block_size + 1 if tokens > 0 else 0
+
+
+def check_span(start: int, tokens: int, blocks: int, block_size: int) -> None:
+    """Raise ``InvalidSpan`` unless ``blocks`` blocks of ``block_size`` hold exactly the
+    ``tokens`` tokens from position ``start`` (at least one): the rule of a radix node's span
+    (the tree's ``check()`` asserts it) and of a trace request's hash ids (``input_length``
+    tokens in blocks of ``block_size``, the last one partial). Checked before anything is
+    allocated for the span, so a node of 16M tokens on 1 block costs nothing."""
+    if block_size < 1:
+        raise InvalidSpan(f"block size {block_size}")
+    if start < 0:
+        raise InvalidSpan(f"position {start}")
+    if tokens < 1:
+        raise InvalidSpan(f"a span of {tokens} tokens")
+    want = blocks_spanned(start, tokens, block_size)
+    if blocks != want:
+        raise InvalidSpan(f"{tokens:,} tokens from position {start:,} need {want:,} blocks of "
+                          f"{block_size:,}, not {blocks:,}")
+
+
+def check_full_blocks(tokens: int, blocks: int, block_size: int) -> None:
+    """Raise ``InvalidSpan`` unless ``tokens`` fill ``blocks`` whole blocks of ``block_size``:
+    the rule of a KV event (vLLM and SGLang publish full blocks only), so no block of 0
+    tokens."""
+    if block_size < 1 or tokens != blocks * block_size:
+        raise InvalidSpan(f"{tokens:,} tokens for {blocks:,} blocks of {block_size:,}: want "
+                          f"{blocks * block_size:,}")
+
+
+def check_hash_id(value: int) -> None:
+    """Raise ``InvalidSpan`` unless ``value`` is a 64-bit block hash id, signed (SGLang) or
+    unsigned (vLLM): ``[-2**63, 2**64)``."""
+    if not HASH_MIN <= value <= HASH_MAX:
+        raise InvalidSpan(f"hash id {value} outside 64 bits")
+
+
 def count(run: bytes) -> int:
     """How many tokens ``run`` holds."""
     return len(run) // TOKEN_BYTES

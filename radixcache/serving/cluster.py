@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from radixcache.core.procs import parent_death_signal
+from radixcache.serving.supervisor import RouterState, Supervisor, router_workers
 
 ROUTER_EXE = "sglang-router"
 ROUTER_VERSION = "0.3.2"
@@ -134,6 +135,7 @@ class Cluster:
         self.router_port = config.router_port or free_port_run(1)
         self._procs: dict[int, _Proc] = {}
         self._router: _Proc | None = None
+        self.supervisor = Supervisor(self)  # started once everything answers
 
     @property
     def router_url(self) -> str:
@@ -153,16 +155,34 @@ class Cluster:
                 self._procs[r.rank] = self._spawn_replica(r)
             for r in self.replicas:
                 self._wait(self._procs[r.rank], f"{r.url}/health")
-            self._router = self._spawn("router", self._router_argv(exe))
-            self._wait(self._router, f"{self.router_url}/health")
+            self.start_router(self.replica_urls())
         except BaseException:
             self.close()
             raise
+        self.supervisor.start()
         return self
 
-    def _router_argv(self, exe: str) -> list[str]:
+    def replica_urls(self) -> list[str]:
+        """Each rank's HTTP front, by rank."""
+        return [r.url for r in self.replicas]
+
+    def start_router(self, workers: list[str]) -> None:
+        """Start the router with ``workers`` and wait until it answers and lists every one of
+        them (it registers them in the background after its ``/health`` answers)."""
+        exe = shutil.which(ROUTER_EXE)
+        if exe is None:
+            raise ClusterError(f"{ROUTER_EXE} is not installed: {INSTALL_HINT}")
+        self._router = router = self._spawn("router", self._router_argv(exe, workers))
+        self._wait(router, f"{self.router_url}/health")
+        deadline = time.monotonic() + self.config.startup_s
+        while not set(workers) <= set(router_workers(self.router_url) or ()):
+            if router.popen.poll() is not None or time.monotonic() > deadline:
+                raise ClusterError(f"router did not register its {len(workers)} workers")
+            time.sleep(0.05)
+
+    def _router_argv(self, exe: str, workers: list[str]) -> list[str]:
         return [exe, "launch", "--host", "127.0.0.1", "--port", str(self.router_port),
-                "--worker-urls", *(r.url for r in self.replicas),
+                "--worker-urls", *workers,
                 "--policy", str(self.config.policy),
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port_run(1)),
                 "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
@@ -218,8 +238,31 @@ class Cluster:
         """True while the router process runs."""
         return self._router is not None and self._router.popen.poll() is None
 
+    def router_state(self) -> RouterState:
+        """The supervisor's word on the router (restarts, what it does next, the rotation)."""
+        return self.supervisor.state()
+
+    def router_exit(self) -> int | None:
+        """The router's exit status (None while it runs or before it started)."""
+        return None if self._router is None else self._router.popen.poll()
+
+    def restart_router(self, timeout: float = 60.0) -> None:
+        """Stop the router and have the supervisor start it again at once; returns when it
+        answers. Raises ``ClusterError`` when it is not back within ``timeout`` seconds."""
+        if self._router is not None and self._router.popen.poll() is None:
+            self._router.popen.terminate()
+            self._router.popen.wait()
+        self.supervisor.restart_now()
+        deadline = time.monotonic() + timeout
+        while not self.supervisor.state().up or not self.router_alive():
+            if time.monotonic() > deadline:
+                raise ClusterError(f"router not back after {timeout:g} s: "
+                                   f"{self.supervisor.state().note}")
+            time.sleep(0.05)
+
     def close(self) -> None:
         """Stop the router and every replica (SIGTERM, then SIGKILL after 5 s)."""
+        self.supervisor.stop()
         procs = [*self._procs.values(), *([self._router] if self._router else [])]
         for p in procs:
             if p.popen.poll() is None:

@@ -26,11 +26,12 @@ from radixcache.core.pool import KVPool
 from radixcache.core.tree import RadixTree
 from radixcache.serving.driver import TreeDriver, serve_request
 from radixcache.serving.loop import LoopConfig, ServiceLoop
+from radixcache.tools.lossy import HashDrop, LossyHop
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.mirror import Mirror
 from radixcache.wire.publisher import Publisher, SnapshotAt
-from radixcache.wire.subscriber import HashDrop, Subscriber
+from radixcache.wire.subscriber import Subscriber
 
 
 class _Stream:
@@ -284,9 +285,10 @@ def _catch_up(sub: Subscriber, source: _Stream, digests: dict[int, str]) -> None
 def verify_drops(min_events: int, drop: float, per_step: int = 16,
                  ring: int = 1 << 15) -> DropCheck:
     """Drive chat requests through a tree (no model) until ``min_events`` events were published,
-    recording the tree's digest for each batch's seq; a subscriber on 127.0.0.1 drops the
-    batches ``HashDrop(drop)`` picks, recovers them (replay, or a snapshot when too old), and
-    after every batch it applies compares its mirror's digest with the recorded one."""
+    recording the tree's digest for each batch's seq; a subscriber behind a ``LossyHop`` that
+    leaves out the batches ``HashDrop(drop)`` picks recovers them (replay, or a snapshot when
+    too old), and after every batch it applies compares its mirror's digest with the recorded
+    one."""
     source = _Stream(4096, ring=ring, heartbeat_s=1e9,
                      hwm=1 << 17)  # no heartbeats: every seq has a digest
     pub = source.pub
@@ -298,9 +300,9 @@ def verify_drops(min_events: int, drop: float, per_step: int = 16,
         counts.equal += sub.mirror.digest() == digests.get(batch.seq)
         counts.recovered += batch.seq in hook.dropped
 
-    sub = Subscriber(pub.endpoints, Mirror(16, 4096), drop=hook, on_batch=on_batch)
     t0 = time.perf_counter()
-    with pub:
+    with pub, LossyHop(pub.endpoints, hook) as hop:
+        sub = Subscriber(hop.endpoints, Mirror(16, 4096), on_batch=on_batch)
         sub.start()
         if not sub.wait_synced(10):
             raise RuntimeError("the subscriber did not sync")
@@ -317,6 +319,6 @@ def verify_drops(min_events: int, drop: float, per_step: int = 16,
     seconds = time.perf_counter() - t0
     st = sub.stats
     events = source.events
-    return DropCheck(events, pub.seq, counts.checked, counts.equal, st.dropped_by_hook,
+    return DropCheck(events, pub.seq, counts.checked, counts.equal, len(hook.dropped),
                      counts.recovered, st.replayed_batches, st.gaps, st.snapshots,
                      round(seconds, 2), round(events / seconds))

@@ -82,6 +82,8 @@ class LoadConfig(NamedTuple):
     model: str = "radixcache-tiny"
     seed: int = 0
     timeout_s: float = 300.0
+    # a refused connection reached no server (a router restarting): sent again for this long
+    connect_retry_s: float = 30.0
 
 
 @dataclass(slots=True)
@@ -138,6 +140,20 @@ async def _post(client: httpx.AsyncClient, run: _Run, prompt: list[int],
     return run.codec.encode("".join(text)), cached, (first - t0) * 1e3
 
 
+async def _post_retrying(client: httpx.AsyncClient, run: _Run, prompt: list[int],
+                         max_tokens: int) -> tuple[list[int], int, float]:
+    """``_post``, sent again every 0.1 s while the connection is refused (nothing was sent:
+    a router being restarted), for at most ``connect_retry_s``."""
+    give_up = time.perf_counter() + run.config.connect_retry_s
+    while True:
+        try:
+            return await _post(client, run, prompt, max_tokens)
+        except httpx.ConnectError:
+            if time.perf_counter() > give_up:
+                raise
+            await asyncio.sleep(0.1)
+
+
 async def _one(client: httpx.AsyncClient, run: _Run, i: int, due: float) -> None:
     r = run.workload.requests[i]
     if r.after is not None:
@@ -147,7 +163,7 @@ async def _one(client: httpx.AsyncClient, run: _Run, i: int, due: float) -> None
     cap = min(r.max_new_tokens or run.config.max_tokens, run.config.max_tokens)
     t0 = time.perf_counter()
     try:
-        out, cached, ttft = await _post(client, run, prompt, cap)
+        out, cached, ttft = await _post_retrying(client, run, prompt, cap)
         reply = Reply(i, None, len(prompt), cached, out, ttft,
                       (time.perf_counter() - t0) * 1e3)
         run.sent[i] = prompt + out

@@ -245,3 +245,32 @@ def load_trace(
         fingerprint=arrays.fingerprint if full else fingerprint(requests),
         source=source,
     )
+
+
+def load_words(conversations: int | None = None, path: Path | None = None,
+               cache_dir: Path | None = None) -> Detokenizer:
+    """A detokenizer that knows every word of the first ``conversations`` ShareGPT records
+    (all of them: None; at most ``WORD_VOCAB`` ids, so about 1 MB).
+
+    Built from the dataset once (seconds, and the whole file's records in memory) and cached
+    beside the trace as one JSON object of id -> word, keyed like it; later loads take tens
+    of milliseconds. Raises ``DatasetUnavailable``."""
+    detok = Detokenizer()
+    with dataset_file(path) as found:
+        stem = _cache_stem(found, cache_dir or default_cache_dir())
+        cached = stem.with_name(f"{stem.name}.words-{conversations or 'all'}.json")
+        with suppress(OSError, ValueError, TypeError, AttributeError):
+            words = json.loads(cached.read_text(encoding="utf-8"))
+            detok.learn({int(k): str(v) for k, v in words.items()})
+            return detok
+        records, _ = decode_records(found.read_bytes())
+    for record in records[:conversations]:
+        for _, message in record_messages(record):
+            detok.add_text(message)
+    del records
+    with suppress(OSError):
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(detok.learned()), encoding="utf-8")
+        os.replace(tmp, cached)
+    return detok

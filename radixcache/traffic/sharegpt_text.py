@@ -318,6 +318,15 @@ class Detokenizer:
         for w in _WORD_RE.findall(text):
             words.setdefault(word_id(w), w)
 
+    def learned(self) -> dict[int, str]:
+        """Every id -> word learned from text (the special names left out)."""
+        return {i: w for i, w in self._words.items() if i not in SPECIAL_NAMES}
+
+    def learn(self, words: dict[int, str]) -> None:
+        """Take ``words`` (a ``learned()`` table) as if their texts had been added."""
+        for i, w in words.items():
+            self._words.setdefault(i, w)
+
     @classmethod
     def from_conversations(cls, convs: Sequence[ConversationText]) -> Detokenizer:
         """A detokenizer that knows every word of ``convs``."""

@@ -12,7 +12,7 @@ import msgspec
 from radixcache.core import events as ev
 
 MAGIC = b"RADIXREC"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 added the capture note (kind 5); version 1 files are read as ever
 TAIL_MAGIC = b"RCXTAIL\0"
 MAX_FRAME_BYTES = 256 * 1024 * 1024
 PRELUDE = struct.Struct("<8sHH")
@@ -27,6 +27,30 @@ class Kind(enum.IntEnum):
     BATCH = 2
     KEYFRAME = 3
     INDEX = 4
+    NOTE = 5  # format 2: what a live capture got and what it could not (before the index)
+
+
+class CaptureNote(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """What a live capture (``record --from``) got of the stream and what it could not: the
+    events and batches written, the seqs they span, and the losses its subscriber counted.
+    ``complete`` is True when it ended in sync with nothing lost."""
+
+    seconds: float
+    events: int
+    batches: int
+    keyframes: int
+    first_seq: int
+    last_seq: int
+    state: str  # live | snapshot | replay: where the subscriber was at the end
+    out_of_sync_s: float
+    gaps: int
+    too_old: int
+    malformed: int
+    resyncs: int
+    seq_backwards: int
+    buffer_dropped: int
+    last_error: str
+    complete: bool
 
 
 class RecordHeader(msgspec.Struct, array_like=True, frozen=True):

@@ -13,19 +13,28 @@ applied it twice.)
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import NamedTuple
 
 from radixcache.core import events as ev
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.mirror import Mirror
-from radixcache.wire.recording import RecordingWriter, mirror_snapshot
+from radixcache.wire.recording import (
+    CaptureNote,
+    RecordingWriteError,
+    RecordingWriter,
+    mirror_snapshot,
+)
 from radixcache.wire.security import ClientCurve
-from radixcache.wire.subscriber import Subscriber
+from radixcache.wire.subscriber import State, Subscriber
+
+STOP_WAIT_S = 1.0
 
 
 class RecordResult(NamedTuple):
-    """What a live recording got: ``synced`` False means nothing was written."""
+    """What a live recording got: ``synced`` False means nothing was written; ``note`` is
+    what the file's capture note says (None without a file); ``failed`` a write error."""
 
     synced: bool
     events: int
@@ -34,6 +43,8 @@ class RecordResult(NamedTuple):
     malformed: int
     resyncs: int
     last_error: str
+    note: CaptureNote | None = None
+    failed: str = ""
 
 
 class LiveRecorder:
@@ -48,25 +59,44 @@ class LiveRecorder:
         self.source = endpoints.events
         self.writer: RecordingWriter | None = None
         self.keyframes = 0
+        self.seqs: tuple[int, int] | None = None  # first and last seq written
+        self.failed: RecordingWriteError | None = None
+        self._lock = threading.Lock()  # the subscriber's thread writes, stop() closes
+        self._closed = False
+        self._seconds = 0.0
         self.mirror = Mirror()
         self.subscriber = Subscriber(endpoints, self.mirror, on_batch=self._on_batch,
                                      on_snapshot=self._on_snapshot, curve=curve,
                                      request_timeout_s=request_timeout_s)
 
     def _on_snapshot(self, epoch: int, seq: int, snapshot: ev.Snapshot) -> None:
-        if self.writer is None:
-            self.writer = RecordingWriter(self.path, {"source": self.source},
-                                          keyframe_every=self.keyframe_every)
-        self.writer.write_keyframe(seq, epoch, snapshot)
-        self.keyframes += 1
+        with self._lock:
+            if self._closed or self.failed is not None:
+                return
+            try:
+                if self.writer is None:
+                    self.writer = RecordingWriter(self.path, {"source": self.source},
+                                                  keyframe_every=self.keyframe_every)
+                self.writer.write_keyframe(seq, epoch, snapshot)
+            except RecordingWriteError as exc:  # a full disk: the file keeps what it has
+                self.failed = exc
+                return
+            self.keyframes += 1
 
     def _on_batch(self, batch: ev.Batch) -> None:
-        writer = self.writer
-        assert writer is not None  # a batch is applied only after a snapshot was loaded
-        writer.write_batch(batch)
-        if writer.needs_keyframe:
-            writer.write_keyframe(batch.seq, batch.epoch, mirror_snapshot(self.mirror))
-            self.keyframes += 1
+        with self._lock:
+            writer = self.writer
+            if self._closed or self.failed is not None or writer is None:
+                return
+            try:
+                writer.write_batch(batch)
+                first = batch.seq if self.seqs is None else self.seqs[0]
+                self.seqs = (first, batch.seq)
+                if writer.needs_keyframe:
+                    writer.write_keyframe(batch.seq, batch.epoch, mirror_snapshot(self.mirror))
+                    self.keyframes += 1
+            except RecordingWriteError as exc:
+                self.failed = exc
 
     def start(self) -> LiveRecorder:
         """Start following the engine (the subscriber's thread); returns self."""
@@ -74,21 +104,43 @@ class LiveRecorder:
         return self
 
     def stop(self) -> RecordResult:
-        """Stop following and close the file (index and tail written)."""
+        """Stop following and close the file: the capture note, the index and the tail. Waits
+        at most ``STOP_WAIT_S`` for the subscriber's thread (busy with a huge snapshot, say):
+        what it has not written by then is left out, and the note says so."""
         sub = self.subscriber
-        sub.stop()
-        w = self.writer
-        if w is not None:
-            w.close()
+        sub.stop(timeout=STOP_WAIT_S)
+        with self._lock:
+            self._closed = True
+            w, note = self.writer, None
+            if w is not None and self.failed is None:
+                note = self._note(w)
+                try:
+                    w.write_note(note)
+                    w.close()
+                except RecordingWriteError as exc:
+                    self.failed = exc
         return RecordResult(w is not None, w.events if w else 0, w.batches if w else 0,
                             self.keyframes, sub.stats.malformed, sub.stats.resyncs,
-                            sub.last_error)
+                            sub.last_error, note, str(self.failed or ""))
+
+    def _note(self, w: RecordingWriter) -> CaptureNote:
+        sub, s = self.subscriber, self.subscriber.stats
+        status = sub.status()
+        first, last = self.seqs or (sub.seq, sub.seq)
+        lost = s.gaps + s.malformed + s.resyncs + s.seq_backwards + s.buffer_dropped
+        return CaptureNote(self._seconds, w.events, w.batches, self.keyframes, first, last,
+                           status.state.value, status.out_of_sync_s, s.gaps, s.too_old,
+                           s.malformed, s.resyncs, s.seq_backwards, s.buffer_dropped,
+                           sub.last_error, status.state is State.LIVE and not lost)
 
     def run_for(self, seconds: float) -> RecordResult:
-        """Record for ``seconds``, then stop and close the file."""
+        """Record for ``seconds`` (less when a write fails), then stop and close the file."""
+        self._seconds = seconds
         self.start()
+        deadline = time.monotonic() + seconds
         try:
-            time.sleep(seconds)
+            while self.failed is None and (left := deadline - time.monotonic()) > 0:
+                time.sleep(min(left, 0.05))
         finally:
             result = self.stop()
         return result

@@ -8,6 +8,7 @@ Layout (integers little-endian)::
               kind 2 batch     the Batch msgpack, exactly as on the wire
               kind 3 keyframe  Keyframe(seq, epoch, events_before, Snapshot)
               kind 4 index     [KeyframeRef(offset, seq, events_before), ...]
+              kind 5 note      CaptureNote: what a live capture got and could not (format 2)
     tail      u64 offset of the index frame | b"RCXTAIL\\0"               16 bytes (on close)
 
 The first frame after the header is a keyframe; another follows every ``keyframe_every``
@@ -43,6 +44,7 @@ from radixcache.wire.recformat import (
     PRELUDE,
     TAIL,
     TAIL_MAGIC,
+    CaptureNote,
     Keyframe,
     KeyframeRef,
     Kind,
@@ -75,6 +77,7 @@ _ENC = msgspec.msgpack.Encoder(enc_hook=ev.enc_hook)
 _HEADER = msgspec.msgpack.Decoder(RecordHeader)
 _KEYFRAME = msgspec.msgpack.Decoder(Keyframe)
 _INDEX = msgspec.msgpack.Decoder(list[KeyframeRef])
+_NOTE = msgspec.msgpack.Decoder(CaptureNote)
 
 
 def mirror_snapshot(mirror: Mirror) -> ev.Snapshot:
@@ -128,17 +131,20 @@ class RecordingReader:
         return os.pread(self._fd, n, offset)
 
     def _read_prelude(self) -> tuple[RecordHeader, int]:
-        prelude = self._pread(_PRELUDE.size, 0)
+        prelude = self._pread(PRELUDE.size, 0)
         if not prelude:
             raise RecordingError(f"{self.path}: empty file")
-        if len(prelude) < _PRELUDE.size or prelude[:8] != MAGIC:
+        if len(prelude) < PRELUDE.size or prelude[:8] != MAGIC:
             raise RecordingError(f"{self.path}: not a radixcache recording (bad magic)")
-        _, version, _ = _PRELUDE.unpack(prelude)
+        _, version, _ = PRELUDE.unpack(prelude)
+        if version < 1:
+            raise RecordingError(f"{self.path}: format version {version} is not one this reader "
+                                 f"knows (1 to {FORMAT_VERSION})")
         if version > FORMAT_VERSION:
             raise RecordingError(
                 f"{self.path}: format version {version} is newer than this reader "
                 f"(reads up to {FORMAT_VERSION}); upgrade radixcache")
-        frame = self._read_frame(_PRELUDE.size)
+        frame = self._read_frame(PRELUDE.size)
         if isinstance(frame, Damage) or frame[0] != Kind.HEADER:
             raise RecordingError(f"{self.path}: unreadable header")
         try:
@@ -148,13 +154,13 @@ class RecordingReader:
 
     def _read_frame(self, offset: int) -> tuple[Kind, bytes, int] | Damage:
         """(kind, payload, next offset) or the damage at ``offset``."""
-        head = self._pread(_FRAME.size, offset)
-        if len(head) < _FRAME.size:
+        head = self._pread(FRAME.size, offset)
+        if len(head) < FRAME.size:
             return Damage(offset, "truncated frame header")
-        length, kind, crc = _FRAME.unpack(head)
+        length, kind, crc = FRAME.unpack(head)
         if length > MAX_FRAME_BYTES:
             return Damage(offset, f"frame length {length} exceeds the {MAX_FRAME_BYTES} limit")
-        start = offset + _FRAME.size
+        start = offset + FRAME.size
         if start + length > self.size:  # checked before reading: no allocation of `length`
             return Damage(offset, f"truncated frame: {length} bytes announced, "
                                   f"{self.size - start} present")
@@ -179,6 +185,9 @@ class RecordingReader:
             kind, payload, nxt = frame
             if kind == Kind.INDEX:
                 return
+            if kind == Kind.NOTE:
+                offset = nxt
+                continue
             try:
                 item = decode_batch(payload) if kind == Kind.BATCH else _KEYFRAME.decode(payload)
             except (msgspec.DecodeError, Malformed) as exc:
@@ -187,10 +196,42 @@ class RecordingReader:
             yield Record(offset, item)
             offset = nxt
 
+    def capture_note(self) -> CaptureNote | None:
+        """The note a live capture wrote before its index (None: none, or not readable)."""
+        offset = self._first
+        while offset < self.size:
+            frame = self._read_frame(offset)
+            if isinstance(frame, Damage) or frame[0] == Kind.INDEX:
+                return None
+            if frame[0] == Kind.NOTE:
+                with contextlib.suppress(msgspec.DecodeError):
+                    return _NOTE.decode(frame[1])
+                return None
+            offset = frame[2]
+        return None
+
+    def fitting_records(self) -> Iterator[Record]:
+        """``records()`` that also fit the state before them, as ``tree`` and replay read
+        them: each keyframe loads and each batch applies to a mirror; stops with ``damage`` at
+        the first that does not (what an export may write)."""
+        mirror = Mirror()
+        for rec in self.records():
+            try:
+                if isinstance(rec.item, Keyframe):
+                    mirror.load_snapshot(rec.item.snapshot)
+                else:
+                    mirror.apply_batch(rec.item)
+            except MirrorError as exc:
+                what = ("bad keyframe" if isinstance(rec.item, Keyframe)
+                        else f"batch seq {rec.item.seq} does not fit")
+                self.damage = Damage(rec.offset, f"{what}: {exc}")
+                return
+            yield rec
+
     def keyframes(self) -> list[KeyframeRef]:
         """The keyframe index: from the tail when the file was closed, else by scanning."""
-        if self.size >= _TAIL.size + self._first:
-            offset, magic = _TAIL.unpack(self._pread(_TAIL.size, self.size - _TAIL.size))
+        if self.size >= TAIL.size + self._first:
+            offset, magic = TAIL.unpack(self._pread(TAIL.size, self.size - TAIL.size))
             if magic == TAIL_MAGIC and offset < self.size:
                 frame = self._read_frame(offset)
                 if not isinstance(frame, Damage) and frame[0] == Kind.INDEX:
@@ -283,6 +324,22 @@ def _open_regular(path: Path, max_bytes: int) -> tuple[int, int]:
     return fd, os.fstat(fd).st_size
 
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "MAX_FILE_BYTES", "MAX_FRAME_BYTES", "TAIL_MAGIC", "Damage",
-           "Keyframe", "KeyframeRef", "Kind", "Record", "RecordHeader", "RecordingError",
-           "RecordingReader", "RecordingWriteError", "RecordingWriter", "mirror_snapshot"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "MAX_FILE_BYTES",
+    "MAX_FRAME_BYTES",
+    "TAIL_MAGIC",
+    "CaptureNote",
+    "Damage",
+    "Keyframe",
+    "KeyframeRef",
+    "Kind",
+    "Record",
+    "RecordHeader",
+    "RecordingError",
+    "RecordingReader",
+    "RecordingWriteError",
+    "RecordingWriter",
+    "mirror_snapshot",
+]

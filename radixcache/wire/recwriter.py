@@ -19,6 +19,7 @@ from radixcache.wire.recformat import (
     PRELUDE,
     TAIL,
     TAIL_MAGIC,
+    CaptureNote,
     Keyframe,
     KeyframeRef,
     Kind,
@@ -108,6 +109,10 @@ class RecordingWriter:
         offset = self._frame(Kind.KEYFRAME, ENC.encode(frame))
         self._index.append(KeyframeRef(offset, seq, self.events))
         self._since_keyframe = 0
+
+    def write_note(self, note: CaptureNote) -> None:
+        """Append what a live capture got and could not (read back by ``capture_note``)."""
+        self._frame(Kind.NOTE, ENC.encode(note))
 
     def close(self) -> None:
         """Write the keyframe index and the tail, and close the file. Raises

@@ -1,11 +1,10 @@
 """The subscriber's state and recovery parts: its counters and status, request pacing
 (``Backoff``), the live batches held while a snapshot or replay is pending (``HeldBatches``,
-capped in bytes), and the deterministic drop hooks its tests and benches use."""
+capped in bytes). Losses for tests and benches happen on the wire (``tools.lossy``)."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -27,7 +26,6 @@ class SubscriberStats:
     malformed: int = 0
     too_old: int = 0
     resyncs: int = 0
-    dropped_by_hook: int = 0
     digest_checks: int = 0
     digest_ok: int = 0
     requests: int = 0  # snapshot and replay requests sent
@@ -69,28 +67,6 @@ class SubscriberStatus(NamedTuple):
     unsyncable: bool
 
 
-DropHook = Callable[[int], bool]
-
-
-def drop_one_percent(seq: int) -> bool:
-    """A deterministic pseudo-random 1% of seqs (a test hook): multiplicative hashing."""
-    return (seq * 2654435761) % 2**32 % 100 == 0
-
-
-class HashDrop:
-    """A deterministic pseudo-random ``fraction`` of seqs (a test hook): multiplicative hashing
-    of the seq into [0, 2**32), dropped below ``fraction * 2**32``. Records what it dropped."""
-
-    def __init__(self, fraction: float) -> None:
-        self.threshold = int(fraction * 2**32)
-        self.dropped: set[int] = set()
-
-    def __call__(self, seq: int) -> bool:
-        """True when ``seq`` is to be dropped (and remembered in ``dropped``)."""
-        if (seq * 2654435761) % 2**32 < self.threshold:
-            self.dropped.add(seq)
-            return True
-        return False
 
 
 class Backoff:

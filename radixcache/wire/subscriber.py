@@ -36,21 +36,18 @@ from radixcache.wire.endpoints import Endpoints, connect, gc_paused, u64
 from radixcache.wire.mirror import Malformed, Mirror, MirrorError
 from radixcache.wire.resync import (
     Backoff,
-    DropHook,
-    HashDrop,
     Held,
     HeldBatches,
     LiveOrder,
     State,
     SubscriberStats,
     SubscriberStatus,
-    drop_one_percent,
     u63,
 )
 from radixcache.wire.security import ClientCurve, client_curve
 
-__all__ = ["MAX_BUFFER_BYTES", "MAX_REPLAY_ASKS", "HashDrop", "State", "Subscriber",
-           "SubscriberStats", "SubscriberStatus", "drop_one_percent"]
+__all__ = ["MAX_BUFFER_BYTES", "MAX_REPLAY_ASKS", "State", "Subscriber", "SubscriberStats",
+           "SubscriberStatus"]
 
 SnapshotHook = Callable[[int, int, ev.Snapshot], None]
 MAX_BUFFER_BYTES = 32 * 1024 * 1024  # raw batches held while a snapshot or replay is pending
@@ -71,7 +68,6 @@ class Subscriber:
         endpoints: Endpoints,
         mirror: Mirror | None = None,
         *,
-        drop: DropHook | None = None,
         request_timeout_s: float = 2.0,
         on_batch: Callable[[ev.Batch], None] | None = None,
         on_snapshot: SnapshotHook | None = None,
@@ -92,7 +88,7 @@ class Subscriber:
         self.epoch, self.seq = 0, 0
         self.last_digest, self.last_error = "", ""
         self.synced = threading.Event()  # set once the first snapshot is applied
-        self._drop, self._on_batch, self._on_snapshot = drop, on_batch, on_snapshot
+        self._on_batch, self._on_snapshot = on_batch, on_snapshot
         self._timeout = request_timeout_s
         self._backoff, self._deadline = Backoff(backoff_s, backoff_cap_s), sync_deadline_s
         self._silence, self._heard = silence_s, time.monotonic()
@@ -267,9 +263,7 @@ class Subscriber:
             self._resync()  # what was held came from the old numbering
             self.last_error = (f"the engine's seq went backwards in epoch {head.epoch}: "
                                f"{head.seq} after {last}; resyncing from a snapshot")
-        if self._drop is not None and self._drop(head.seq):
-            self.stats.dropped_by_hook += 1
-        elif live and self.state is State.LIVE and isinstance(head, ev.Batch):
+        if live and self.state is State.LIVE and isinstance(head, ev.Batch):
             self._handle(head, data)
         else:
             self._hold(head.epoch, head.seq, data)

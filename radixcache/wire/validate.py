@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from radixcache.core import events as ev
+from radixcache.core import tokens
 from radixcache.core.kinds import exhaustive
 
 # A pool the mirror allocates one int per block for: 4M blocks of 16 tokens is 64M tokens
@@ -139,17 +140,18 @@ def check_snapshot(s: ev.Snapshot) -> None:
     if not s.nodes or s.nodes[0].node != 0 or s.nodes[0].parent != -1:
         raise Malformed("snapshot does not start with the root (node 0, parent -1)")
     firsts: set[tuple[int, bytes]] = set()
-    seen = {0}
+    ends = {0: 0}  # node -> the position its span ends at
     for st in s.nodes[1:]:
-        _node_state(st, s.num_blocks, seen)
+        _node_state(st, s.num_blocks, ends)
+        _span(st, s.block_size, ends[st.parent])
         key = (st.parent, st.tokens[:4])
         if key in firsts:
             raise Malformed(f"snapshot node {st.node}: a sibling starts with the same token")
         firsts.add(key)
-        seen.add(st.node)
+        ends[st.node] = st.start + tokens.count(st.tokens)
 
 
-def _node_state(st: ev.NodeState, num_blocks: int, seen: set[int]) -> None:
+def _node_state(st: ev.NodeState, num_blocks: int, seen: Mapping[int, int]) -> None:
     what = f"snapshot node {st.node}"
     _int(st.node, "node id", 1)
     if st.node in seen:
@@ -161,6 +163,17 @@ def _node_state(st: ev.NodeState, num_blocks: int, seen: set[int]) -> None:
     _int(st.clock, f"{what} clock")
     _tokens(st.tokens, what)
     _blocks(st.blocks, num_blocks, what)
+
+
+def _span(st: ev.NodeState, block_size: int, parent_end: int) -> None:
+    """A node continues its parent and holds exactly its blocks' tokens (``check_span``)."""
+    if st.start != parent_end:
+        raise Malformed(f"snapshot node {st.node} starts at {st.start}, its parent ends at "
+                        f"{parent_end}")
+    try:
+        tokens.check_span(st.start, tokens.count(st.tokens), len(st.blocks), block_size)
+    except tokens.InvalidSpan as exc:
+        raise Malformed(f"snapshot node {st.node}: {exc}") from None
 
 
 def check_event(e: ev.AnyEvent, num_blocks: int) -> None:

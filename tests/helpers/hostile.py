@@ -31,13 +31,15 @@ def encode(obj: object) -> bytes:
 class FakeEngine:
     """A hostile or broken engine: the test decides every frame it sends."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
+        """On random ports, or on ``port`` and ``port + 1`` (what a CLI given only the event
+        endpoint connects to)."""
         ctx = zmq.Context.instance()
         self.pub: zmq.Socket[bytes] = ctx.socket(zmq.XPUB)
         self.router: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
-        for s in (self.pub, self.router):
+        for i, s in enumerate((self.pub, self.router)):
             s.setsockopt(zmq.LINGER, 0)
-            s.bind("tcp://127.0.0.1:*")
+            s.bind(f"tcp://127.0.0.1:{port + i}" if port else "tcp://127.0.0.1:*")
         events = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
         control = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
         self.endpoints = Endpoints(events, control, "tcp://127.0.0.1:9")

@@ -22,6 +22,8 @@ from typing import NamedTuple
 
 import msgspec
 
+from radixcache.core.tokens import InvalidSpan, check_full_blocks, check_hash_id
+
 MEDIUM_GPU = "GPU"
 BlockHash = int | bytes
 _MAX_HASH_BYTES = 64
@@ -149,6 +151,11 @@ def _hash(value: object) -> BlockHash:
         raise KVEventsError(f"a block hash must be bytes or an integer, got {type(value).__name__}")
     if isinstance(value, bytes) and not 0 < len(value) <= _MAX_HASH_BYTES:
         raise KVEventsError(f"a bytes block hash must have 1-{_MAX_HASH_BYTES} bytes")
+    if isinstance(value, int):
+        try:
+            check_hash_id(value)
+        except InvalidSpan as exc:
+            raise KVEventsError(str(exc)) from None
     return value
 
 
@@ -199,7 +206,12 @@ def _stored(f: _Obj) -> Stored:
     if len(set(hashes)) != len(hashes) or (parent is not None and parent in hashes):
         # [200, 200] or a block that is its own parent: a loop, not a path
         raise KVEventsError("BlockStored repeats a hash along its own path")
-    return Stored(hashes, parent, _tokens(f.get("token_ids", [])), size, _medium(f.get("medium")))
+    token_ids = _tokens(f.get("token_ids", []))
+    try:  # full blocks only: a 0-token block would be a node with no tokens
+        check_full_blocks(len(token_ids), len(hashes), size)
+    except InvalidSpan as exc:
+        raise KVEventsError(f"BlockStored: {exc}") from None
+    return Stored(hashes, parent, token_ids, size, _medium(f.get("medium")))
 
 
 def decode_event(raw: object) -> Decoded:
