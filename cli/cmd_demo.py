@@ -20,7 +20,7 @@ from radixcache.tools.demo import DEFAULT_MIX, DemoStats, EngineProcess, MixLoop
 from radixcache.traffic.workloads import WorkloadError, build_workload
 
 console = Console(stderr=True)
-DEMO_SCHEDULE = Policy.FCFS
+DEMO_SCHEDULE = Policy.LPM  # cache-aware: `bench engine --schedule` measured it (README)
 
 
 @contextlib.contextmanager
