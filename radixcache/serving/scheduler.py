@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from radixcache.core import events as ev
 from radixcache.core.pool import PoolExhausted
-from radixcache.core.tokens import common_units
+from radixcache.core.tokens import TOKEN_BYTES, common_units
 from radixcache.core.tree import Lease, MatchResult, PromptTooLarge, RadixTree
 from radixcache.serving.policy import Candidate, Policy, ordered
 from radixcache.serving.requests import EngineConfig, Request, RequestRejected
@@ -185,7 +185,7 @@ class Scheduler:
         if not self.policy.cache_aware or req.aged_at is not None or c.node is None:
             return None
         key = req.key  # prompt[:-1], the part a match may cover
-        need = (c.cached + self.config.share_min_tokens) * 4
+        need = (c.cached + self.config.share_min_tokens) * TOKEN_BYTES
         if not self.config.cache or len(key) < need:
             return None
         head, best, on = key[:need], 0, None
