@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
     from inspector.cluster import ClusterControls, FleetView
     from radixcache.wire.fleet import Fleet
+    from radixcache.wire.security import ClientCurve
 
 
 def run_cluster_screen(view: FleetView, router_url: str | None,
@@ -36,17 +37,18 @@ def streams_screen(fleet: Fleet, router_url: str | None,
     from inspector.live import LiveSource
 
     def open_replica(rank: int) -> None:
-        InspectorApp(LiveSource(fleet.endpoints[rank].events)).run()
+        InspectorApp(LiveSource(fleet.endpoints[rank].events, curve=fleet.curve)).run()
 
     run_cluster_screen(StreamFleet(fleet), router_url, controls, open_replica)
 
 
-def inspect_many(endpoints: list[str]) -> None:
-    """``radixcache inspect EP1 EP2 ...``: the cluster screen over any set of engines."""
+def inspect_many(endpoints: list[str], curve: ClientCurve | None = None) -> None:
+    """``radixcache inspect EP1 EP2 ...``: the cluster screen over any set of engines (with
+    ``curve``, every socket, a replica's own screen's included, uses those keys)."""
     from radixcache.wire.endpoints import Endpoints
     from radixcache.wire.fleet import Fleet
 
-    fleet = Fleet([Endpoints.from_events(e) for e in endpoints]).start()
+    fleet = Fleet([Endpoints.from_events(e) for e in endpoints], curve).start()
     try:
         streams_screen(fleet, None)
     finally:

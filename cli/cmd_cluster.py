@@ -20,16 +20,18 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from cli.app import RUN, app, bench_app
+from cli.app import RUN, CliError, app, bench_app
 from cli.cluster_screens import streams_screen
 from cli.options import SCHEDULE_HELP
 from radixcache.serving.cluster import Policy  # stdlib only: cheap at start-up
 from radixcache.serving.policy import Policy as Schedule
+from radixcache.wire.endpoints import LOOPBACK_HOSTS
 
 if TYPE_CHECKING:
 
     from radixcache.serving.http import HttpFront
     from radixcache.serving.server import Server
+    from radixcache.traffic.workload_types import Workload
 
 console = Console()
 err_console = Console(stderr=True, markup=False, highlight=False)
@@ -43,7 +45,7 @@ def _need_cluster_extra() -> None:
 
     for module in ("httpx", "starlette", "uvicorn"):
         if importlib.util.find_spec(module) is None:
-            err_console.print(f"error: this command needs {module}: {CLUSTER_HINT}",
+            err_console.print(f"error: this command needs {module}: {CLUSTER_HINT}", markup=False,
                               highlight=False)
             raise typer.Exit(2)
 
@@ -64,17 +66,22 @@ def start_http(server: Server, host: str, port: int | None) -> HttpFront | None:
         from radixcache.serving.http import EngineBackend, HttpFront
     except ImportError as exc:
         server.close()
-        err_console.print(f"error: --http needs {exc.name}: {HTTP_HINT}", highlight=False)
+        err_console.print(f"error: --http needs {exc.name}: {HTTP_HINT}", highlight=False,
+                          markup=False)
         raise typer.Exit(2) from None
     try:
         front = HttpFront(EngineBackend(server.service, server.loop), host, port)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         server.close()
-        err_console.print(f"error: cannot bind HTTP {host}:{port}: {exc.strerror}",
-                          highlight=False)
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        err_console.print(f"error: cannot bind HTTP {host}:{port}: {why}", highlight=False)
         raise typer.Exit(2) from None
     front.start()
     console.print(f"HTTP (OpenAI, SGLang) {front.url}", highlight=False)
+    if host not in LOOPBACK_HOSTS:
+        console.print(f"[yellow]warning:[/] the HTTP API (OpenAI, SGLang, admin endpoints "
+                      f"such as /flush_cache) on {front.url} is reachable from other machines "
+                      "and is not authenticated")
     return front
 
 
@@ -89,7 +96,16 @@ def load(
                                       "http://127.0.0.1:8000"),
     workload: str = typer.Option("chat", help="Workload name (chat, system, tot, fork, flood)."),
     workload_args: str = typer.Option("", help="Its arguments, e.g. \"40 --seed 7\"."),
-    rate: float = typer.Option(10.0, help="Requests per second (Poisson arrivals, open loop)."),
+    trace: str = typer.Option(None, "--trace", metavar="FILE",
+                              help="Replay a Mooncake-format JSONL (at its timestamps) or a "
+                                   "ShareGPT .json (at --rate) instead of a workload."),
+    limit: int = typer.Option(1000, "--limit", min=1, max=1_000_000,
+                              help="With --trace: its first N requests."),
+    hash_block_size: int = typer.Option(512, "--hash-block-size", min=1, max=65536,
+                                        help="With a Mooncake-format --trace: tokens per "
+                                             "hash id (as whatif --hash-block-size)."),
+    rate: float = typer.Option(None, help="Requests per second (Poisson arrivals, open loop; "
+                                          "default 10, or a trace's own timestamps)."),
     max_tokens: int = typer.Option(16, help="Answer length cap per request."),
     model: str = typer.Option("radixcache-tiny", help="The model name sent."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
@@ -98,22 +114,24 @@ def load(
     TTFT, throughput and the cached share of prompt tokens.
 
     Example: [bold]radixcache load --url http://127.0.0.1:8000 --workload chat --rate 20[/bold]
+    A trace: [bold]radixcache load --url http://127.0.0.1:8000 --trace mooncake.jsonl[/bold]
     """
     _need_cluster_extra()
     from radixcache.traffic.load import LoadConfig
     from radixcache.traffic.load import load as run
-    from radixcache.traffic.workloads import WorkloadError, build_workload
 
-    if rate <= 0 or max_tokens < 1:
+    if (rate is not None and rate <= 0) or max_tokens < 1:
         raise typer.BadParameter("--rate must be > 0 and --max-tokens >= 1")
-    try:
-        w = build_workload(workload, shlex.split(workload_args))
-    except WorkloadError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--workload") from None
+    w, times = _load_source(workload, workload_args, trace, limit, hash_block_size, max_tokens)
+    if times is None and rate is None:
+        rate = 10.0
+        if trace is not None:
+            raise typer.BadParameter(f"{trace} has no timestamps: give --rate",
+                                     param_hint="--rate")
     with _progress() as bar:
-        task = bar.add_task(f"{workload} -> {url}", total=len(w.requests))
-        result = run(LoadConfig(url.rstrip("/"), rate, max_tokens, model), w,
-                     lambda _r: bar.advance(task))
+        task = bar.add_task(f"{trace or workload} -> {url}", total=len(w.requests))
+        result = run(LoadConfig(url.rstrip("/"), rate or 1.0, max_tokens, model), w,
+                     lambda _r: bar.advance(task), None if rate else times)
     s = result.summary()
     if json_out:
         console.print_json(json.dumps(s))
@@ -123,6 +141,26 @@ def load(
         err_console.print(f"request {w.requests[r.request].tag}: {r.error}", highlight=False)
     if result.failed:
         raise typer.Exit(1)
+
+
+def _load_source(workload: str, workload_args: str, trace: str | None, limit: int,
+                 hash_block_size: int, max_tokens: int) -> tuple[Workload, list[float] | None]:
+    """The workload to send and its send times (None: Poisson at --rate)."""
+    from radixcache.traffic.workloads import WorkloadError, build_workload
+
+    if trace is None:
+        try:
+            return build_workload(workload, shlex.split(workload_args)), None
+        except WorkloadError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--workload") from None
+    from radixcache.traffic.trace_load import trace_workload
+    from radixcache.traffic.traces import TraceError
+
+    try:
+        tw = trace_workload(trace, limit, hash_block_size, max_tokens)
+    except TraceError as exc:
+        raise CliError(str(exc)) from exc
+    return tw.workload, tw.times
 
 
 def _summary_table(s: dict[str, float | int]) -> Table:
@@ -192,6 +230,9 @@ def cluster(
     http_base: int = typer.Option(0, help="Rank r serves HTTP on BASE+r (0: a free run)."),
     zmq_base: int = typer.Option(0, help="Rank r streams on BASE+3r..+2 (0: a free run)."),
     router_port: int = typer.Option(0, help="The router's port (0: a free one)."),
+    router_arg: list[str] = typer.Option([], "--router-arg", help="More sglang-router flags, "
+                                         "split as a shell would (repeatable), e.g. "
+                                         "--router-arg='--cache-threshold 0.5'."),
     schedule: Schedule = typer.Option(Schedule.FCFS, help="Each replica's " + SCHEDULE_HELP),
 ) -> None:
     """Start N engine replicas behind sglang-router (127.0.0.1) and open the cluster screen;
@@ -204,8 +245,12 @@ def cluster(
     from radixcache.wire.endpoints import Endpoints
     from radixcache.wire.fleet import Fleet
 
+    try:
+        extra = tuple(a for arg in router_arg for a in shlex.split(arg))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--router-arg") from None
     config = ClusterConfig(replicas, policy, blocks, http_base, zmq_base, router_port,
-                           schedule=schedule.value)
+                           router_args=extra, schedule=schedule.value)
     try:
         with console.status(f"starting {replicas} replicas and sglang-router ..."):
             c = Cluster(config).start()
@@ -223,3 +268,37 @@ def cluster(
 
 def _advance(bar: Progress, task: TaskID, _reply: object) -> None:
     bar.advance(task)
+
+
+@bench_app.command("http")
+def bench_http(
+    blocks: int = typer.Option(2048, min=16, help="KV blocks of the server."),
+    leavers: int = typer.Option(300, min=1, help="Clients that leave mid-answer."),
+    concurrent: int = typer.Option(500, min=1, help="Requests sent at once."),
+    big_prompts: int = typer.Option(200, min=1, help="Prompts of one 900 KB word."),
+    json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """A hostile client against `serve --http`: /health latency while huge prompts are
+    refused, clients that leave, a burst of concurrent requests, server RSS under huge words.
+
+    Example: [bold]radixcache bench http --json[/bold]
+    """
+    _need_cluster_extra()
+    from radixcache.tools import bench_http as bh
+
+    cfg = bh.BenchHttpConfig(blocks, leavers, concurrent, big_prompts)
+    try:
+        with err_console.status("starting serve --http ...") as status:
+            out = bh.run(cfg, lambda name: status.update(name))
+    except RuntimeError as exc:
+        err_console.print(f"error: {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    if json_out:
+        print(json.dumps(out))
+        return
+    t = Table(title="serve --http under a hostile client")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for k, v in out.items():
+        t.add_row(k, f"{v:.1f}" if isinstance(v, float) else str(v))
+    console.print(t)

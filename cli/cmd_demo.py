@@ -7,7 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Iterator
 
 import typer
 from rich.console import Console
@@ -16,23 +17,27 @@ from rich.table import Table
 from cli.app import app
 from cli.options import SCHEDULE_HELP
 from radixcache.serving.policy import Policy
-from radixcache.tools.demo import DEFAULT_MIX, DemoStats, EngineProcess, MixLoop, headless
+from radixcache.tools.demo import (
+    DEFAULT_MIX,
+    DemoError,
+    DemoStats,
+    EngineProcess,
+    MixLoop,
+    headless,
+)
 from radixcache.traffic.workloads import WorkloadError, build_workload
 
 console = Console(stderr=True)
 DEMO_SCHEDULE = Policy.LPM  # cache-aware: `bench engine --schedule` measured it (README)
+QUIT_GRACE_S = 1.0  # q: the demo's engine holds nothing to save, so it gets 1 s, then SIGKILL
 
 
 @contextlib.contextmanager
 def running_demo(blocks: int, mix: tuple[str, ...], interval_s: float,
-                 meanwhile: Callable[[], object] | None = None,
                  schedule: Policy = Policy.FCFS) -> Iterator[tuple[EngineProcess, MixLoop]]:
-    """An engine that answers, fed by a running mix loop; both stopped on the way out.
-    ``meanwhile`` runs while the engine process starts (e.g. importing the inspector)."""
+    """An engine that answers, fed by a running mix loop; both stopped on the way out."""
     with EngineProcess(blocks, schedule=schedule.value) as engine:
         engine.start()
-        if meanwhile is not None:
-            meanwhile()
         engine.wait_ready()
         loop = MixLoop(engine, mix, interval_s).start()
         try:
@@ -63,17 +68,33 @@ def _stats_table(s: DemoStats) -> Table:
     return t
 
 
-def _import_inspector() -> None:
-    """Import the inspector (seconds of Textual imports) while the engine starts."""
-    import inspector.app
-    import inspector.live  # noqa: F401
-
-
-def _run_inspector(engine: EngineProcess) -> None:
+def _run_inspector(engine: EngineProcess, mix: tuple[str, ...], interval_s: float) -> None:
+    """The inspector at once, on an engine still starting (its header says so); the mix loop
+    starts on a thread once the engine answers. An engine that never answers ends the app
+    and its error is raised here. On quit the engine is stopped in the open."""
     from inspector.app import InspectorApp
     from inspector.live import LiveSource
 
-    InspectorApp(LiveSource(engine.endpoints.events)).run()
+    app = InspectorApp(LiveSource(engine.endpoints.events, connecting="starting engine ..."))
+    failed: list[DemoError] = []
+    loops: list[MixLoop] = []
+
+    def start_mix() -> None:
+        try:
+            engine.wait_ready()
+        except DemoError as exc:
+            failed.append(exc)
+            app.call_from_thread(app.exit)
+            return
+        loops.append(MixLoop(engine, mix, interval_s).start())
+
+    threading.Thread(target=start_mix, name="rc-demo-start", daemon=True).start()
+    app.run()
+    console.print("stopping engine ...")
+    for loop in loops:
+        loop.stop(join_s=0)
+    if failed:
+        raise failed[0]
 
 
 def _interrupt_on_sigterm() -> None:
@@ -125,13 +146,15 @@ def demo(
 ) -> None:
     """Start an engine with a looping mixed workload and open the inspector on it (see
     ``DEMO_HELP``); the engine process is stopped however the demo ends."""
+    if not no_inspect:
+        console.print("starting engine ...")  # on screen within the first second
     lines = _parse_mix(mix)
     _interrupt_on_sigterm()
-    meanwhile = None if no_inspect else _import_inspector
-    with running_demo(blocks, lines, interval, meanwhile, schedule) as (engine, loop):
-        if not no_inspect:
-            _run_inspector(engine)
-            return
+    if not no_inspect:
+        with EngineProcess(blocks, grace_s=QUIT_GRACE_S, schedule=schedule.value) as engine:
+            _run_inspector(engine.start(), lines, interval)
+        return
+    with running_demo(blocks, lines, interval, schedule) as (engine, loop):
         stats = headless(engine, loop, seconds)
     if as_json:
         typer.echo(_json(stats))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -16,10 +17,14 @@ from rich.table import Table
 
 from cli.app import CliError, app, bench_app
 
+if TYPE_CHECKING:
+    from inspector.bench import TuiBench
+    from radixcache.wire.security import ClientCurve
+
 console = Console()
 
 
-def run_live(endpoints: list[str]) -> None:
+def run_live(endpoints: list[str], curve: ClientCurve | None = None) -> None:
     """Open the inspector on the engine whose event endpoint is ``endpoints[0]`` (tcp://HOST:PORT
     or ipc://PATH-events; the snapshot/replay and command sockets follow from it). Blocks until
     the user quits. Only one engine is shown: extra endpoints are refused."""
@@ -28,7 +33,7 @@ def run_live(endpoints: list[str]) -> None:
 
     if len(endpoints) != 1:
         raise CliError(f"the inspector follows one engine, got {len(endpoints)} endpoints")
-    InspectorApp(LiveSource(endpoints[0])).run()
+    InspectorApp(LiveSource(endpoints[0], curve=curve)).run()
 
 
 def run_local(num_blocks: int = 4096) -> None:
@@ -65,11 +70,12 @@ def inspect(
 
     Example: radixcache inspect tcp://127.0.0.1:5557   (after: radixcache serve --port 5557)
     """
+    keys = None
     if curve_keys is not None:
         if not endpoint:
             raise typer.BadParameter("--curve-keys goes with ENDPOINT (one or several)",
                                      param_hint="--curve-keys")
-        _use_curve_keys(curve_keys)  # one engine or the cluster screen: every socket uses them
+        keys = _load_curve_keys(curve_keys)  # one engine or the cluster screen: every socket
     if kv_events is not None and len(kv_events) > 1:
         from cli.cluster_screens import inspect_kv_many
 
@@ -85,25 +91,22 @@ def inspect(
     elif endpoint is not None and len(endpoint) > 1:
         from cli.cluster_screens import inspect_many
 
-        inspect_many(endpoint)
+        inspect_many(endpoint, keys)
     elif endpoint:
-        run_live(endpoint)
+        run_live(endpoint, keys)
     else:
         run_local(blocks)
 
 
-def _use_curve_keys(directory: Path) -> None:
-    """Check the keys, then hand them to the inspector's subscriber and command sockets via
-    ``$RADIXCACHE_CURVE_KEYS`` (their default when built without explicit keys)."""
-    import os
-
-    from radixcache.wire.security import KEYS_ENV, ClientCurve, CurveError
+def _load_curve_keys(directory: Path) -> ClientCurve:
+    """The client keys in ``directory``, handed to every subscriber and command socket the
+    inspector opens (never through the environment); a clear error when they do not load."""
+    from radixcache.wire.security import ClientCurve, CurveError
 
     try:
-        ClientCurve.load(directory)
+        return ClientCurve.load(directory)
     except CurveError as exc:
         raise CliError(str(exc)) from None
-    os.environ[KEYS_ENV] = str(directory)
 
 
 @app.command("replay")
@@ -146,17 +149,23 @@ def bench_tui(
     nodes: int = typer.Option(100_000, help="Nodes in the tree."),
     seconds: float = typer.Option(3.0, help="Length of each phase (scroll, change, keys)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    embedded: bool = typer.Option(False, "--embedded", help="Feed the inspector through an "
+                                  "embedded engine's loop and feed thread (as `inspect` "
+                                  "without ENDPOINT runs), not the bench's own stream."),
 ) -> None:
     """The inspector headless on a big tree fed 50,000 events/s: frame cost while scrolling
-    and while nodes change, key latency, events ingested/s, memory pane redraws/s.
+    and while nodes change, key latency, events ingested/s, memory pane redraws/s, command
+    reply time.
 
-    Example: radixcache bench tui --nodes 100000 --json
+    Example: radixcache bench tui --nodes 100000 --embedded --json
     """
+    from inspector.bench import Path as BenchPath
     from inspector.bench import run_bench
     from radixcache.serving.driver import TreeDriver
 
+    path = BenchPath.EMBEDDED if embedded else BenchPath.STREAM
     if as_json:
-        result = run_bench(TreeDriver(nodes * 2 + 4096), nodes, seconds)
+        result = run_bench(TreeDriver(nodes * 2 + 4096), nodes, seconds, path=path)
         print(json.dumps(result._asdict()))
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}"),
@@ -169,9 +178,13 @@ def bench_tui(
 
         result = run_bench(TreeDriver(nodes * 2 + 4096), nodes, seconds,
                            progress=lambda done, _: progress.update(build, completed=done),
-                           step=step)
+                           step=step, path=path)
         progress.update(phase, completed=3)
-    table = Table(title=f"bench tui ({result.nodes:,} nodes)")
+    console.print(_tui_table(result))
+
+
+def _tui_table(result: TuiBench) -> Table:
+    table = Table(title=f"bench tui ({result.nodes:,} nodes, {result.path})")
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("target", justify="right")
@@ -188,4 +201,4 @@ def bench_tui(
             ("memory kept over resyncs MB", f"{result.resync_growth_mb:.1f}", "flat")]
     for row in rows:
         table.add_row(*row)
-    console.print(table)
+    return table

@@ -7,11 +7,15 @@ and warning goes to stderr; results to stdout.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -40,7 +44,15 @@ from radixcache.wire.security import ClientCurve, CurveError
 from radixcache.wire.subscriber import Subscriber
 from radixcache.wire.treeview import Line, TokenText, node_label, preview, walk
 
-console = Console(highlight=False)
+if TYPE_CHECKING:
+    from radixcache.core import events as ev
+    from radixcache.serving.engine import Engine
+    from radixcache.serving.server import RecordResult
+    from radixcache.traffic.workload_types import Workload
+
+# piped (not a terminal), lines are never wrapped at Rich's default 80 columns: a node's line
+# stays one line for grep and for whatever reads it
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
 # 2,048 blocks of 16 tokens (32k tokens): 2,000 chat requests evict, so a recording shows
 # eviction, merges and the LRU at work (65,536 never filled up: no eviction to see)
 RECORD_BLOCKS = 2048
@@ -96,7 +108,6 @@ def record(
         _record_live(from_, out, seconds, keyframe_every, _client_curve(curve_keys))
         return
     from radixcache.serving.engine import Answers, Engine
-    from radixcache.serving.server import record_service
 
     w = _first_requests(workload, workload_args, requests)
     n = len(w.requests)
@@ -107,11 +118,7 @@ def record(
         "workload": f"{workload} {workload_args}".strip(), "requests": n,
         "schedule": schedule.value, "device": str(engine.model.device)}
     t0 = time.perf_counter()
-    try:  # a full disk ends in RecordingWriteError: one line, the file cut to whole frames
-        with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer:
-            r = record_service(engine, w, writer)
-    finally:
-        engine.close()
+    r = _record_to(out, header, keyframe_every, engine, w)
     c = r.counters
     console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
                   f"{n:,} requests finished ({c.rejected} rejected) in {r.steps:,} steps, "
@@ -125,6 +132,41 @@ def _first_requests(workload: str, args: str, requests: int) -> Workload:
     except WorkloadError as exc:
         raise typer.BadParameter(str(exc), param_hint="--workload") from None
     return dataclasses.replace(w, requests=w.requests[:requests])
+
+
+def _record_to(out: Path, header: dict[str, str | int | float], keyframe_every: int,
+               engine: Engine, w: Workload) -> RecordResult:
+    """Run ``w`` on ``engine`` into ``out`` with a progress bar; the engine is closed after.
+    A full disk ends in ``RecordingWriteError``: one line, the file cut to whole frames."""
+    from radixcache.serving.server import record_service
+
+    try:
+        with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer, \
+                _requests_bar(len(w.requests)) as bar:
+            return record_service(engine, w, writer, progress=bar)
+    finally:
+        engine.close()
+
+
+@contextlib.contextmanager
+def _requests_bar(total: int) -> Iterator[Callable[[ev.Batch], None]]:
+    """A progress bar of finished requests on stderr (drawn on a terminal only, and erased
+    at the end); yields what counts each batch's finished requests into it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from radixcache.core import events as evs
+
+    bar = Progress("recording", BarColumn(), MofNCompleteColumn(), "requests",
+                   TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    task = bar.add_task("record", total=total)
+
+    def finished(batch: ev.Batch) -> None:
+        done = sum(1 for e in batch.events if type(e) is evs.RequestFinish)
+        if done:
+            bar.advance(task, done)
+
+    with bar:
+        yield finished
 
 
 def _record_live(endpoint: str, out: Path, seconds: float, every: int,

@@ -75,8 +75,9 @@ def serve(
     digest_every: int = typer.Option(64, help="A Digest event every N batches (0: none)."),
     curve_keys: Path | None = typer.Option(None, help=CURVE_HELP + " Every socket bound is a "
                                            "CURVE server accepting only client keys in DIR."),
-    http: int | None = typer.Option(None, help="Also serve OpenAI/SGLang HTTP on this port "
-                                    "(on --endpoint-host; needs radixcache[http])."),
+    http: int | None = typer.Option(None, min=0, max=65535,
+                                    help="Also serve OpenAI/SGLang HTTP on this port "
+                                    "(on --endpoint-host; needs radixcache\\[http])."),
 ) -> None:
     """Run the engine (model, radix cache, scheduler) in this process; serve its event stream,
     snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C."""

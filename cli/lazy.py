@@ -63,6 +63,9 @@ COMMANDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
         "Show torch/CUDA, NVML, the ShareGPT dataset, ZeroMQ and where recordings go."),
     "soak": ("cli.cmd_soak", "Diagnostics",
         "Mixed workloads from several threads on a small pool; exit 1 on any violation."),
+    "bench cli": ("cli.cmd_bench_cli", "",
+        "The CLI's own speed: --help, tree FILE (time and peak memory), the demo's first output, "
+        "first frame and quit, and whether record shows progress; each in a fresh process."),
     "bench events": ("cli.cmd_bench_events", "",
         "Events/s from a tree driver to a mirror in another process, and what publishing costs."),
     "bench tree": ("cli.cmd_bench_tree", "",
@@ -74,13 +77,18 @@ COMMANDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
     "bench cluster": ("cli.cmd_cluster", "",
         "Every sglang-router policy on the chat workload over N replicas: hit rate, load "
         "imbalance, TTFT and the tokens cached on more than one replica."),
+    "bench http": ("cli.cmd_cluster", "",
+        "A hostile client against `serve --http`: /health latency while huge prompts are "
+        "refused, clients that leave, a burst of concurrent requests, server RSS under huge "
+        "words."),
     "bench engine": ("cli.cmd_engine", "",
         "Serve one workload with the cache on, then off; compare prefill work, TTFT, decode "
         "rate. With --schedule: the demo's mix under each scheduling policy (hit rate against "
         "the what-if curve, in-flight misses, queue wait, TTFT, throughput, equal outputs)."),
     "bench tui": ("cli.cmd_inspect", "",
         "The inspector headless on a big tree fed 50,000 events/s: frame cost while scrolling "
-        "and while nodes change, key latency, events ingested/s, memory pane redraws/s."),
+        "and while nodes change, key latency, events ingested/s, memory pane redraws/s, command "
+        "reply time."),
 })
 
 

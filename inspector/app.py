@@ -81,6 +81,7 @@ class InspectorApp(App[None]):
         Binding("right_square_bracket", "replay('faster')", "Faster", show=False),
         Binding("left_square_bracket", "replay('slower')", "Slower", show=False),
         Binding("w", "whatif", "What if", show=False),
+        Binding("z", "zoom_blocks", "Zoom", show=False),  # whichever pane has the focus
         Binding("e", "focus_events", "Event log", show=False),
         Binding("q", "quit", "Quit"),
     ]
@@ -281,6 +282,11 @@ class InspectorApp(App[None]):
     def action_help(self) -> None:
         """Show the key map; focus returns to the panes when it closes."""
         self.push_screen(HelpScreen(), callback=lambda _: self._focus_pane())
+
+    def action_zoom_blocks(self) -> None:
+        """The block map: whole pool / one cell per block, from any pane (the tree has the
+        focus by default: a binding on the map alone did nothing there)."""
+        self.blocks.action_zoom()
 
     def action_whatif(self) -> None:
         """The hit-rate curve of what the engine did (``inspector.whatif_screen``)."""

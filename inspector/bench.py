@@ -11,11 +11,16 @@ reports the frame cost (the app's per-frame update: ``InspectorApp.frame``), the
 per second, a command's reply time while the source floods (enter to reply shown; the
 source answers between its batches, as an engine's step loop does) and the fidelity
 violations (``inspector.fidelity``) over at least ``FIDELITY_FRAMES`` checked frames.
+
+``Path.EMBEDDED`` runs the same load through the embedded engine's path instead
+(``inspector.bench_embedded``): the real service loop, its state lock and command handler,
+and the feed thread; ``Path.STREAM`` (the default) applies ``BenchSource``'s batches itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import gc
 import queue
 import statistics
@@ -26,14 +31,14 @@ from concurrent.futures import Future
 from typing import NamedTuple, Protocol
 
 import numpy as np
-import numpy.typing as npt
 from textual import events
 
 from inspector.app import InspectorApp
+from inspector.bench_embedded import FloodableCache, embedded_flood
 from inspector.feed import Feed
 from inspector.fidelity import Fidelity
 from inspector.layout import TokenText
-from inspector.sources import ConnState, SourceStatus
+from inspector.sources import ConnState, Source, SourceStatus
 from radixcache.core import events as ev
 from radixcache.traffic.workloads import Vocabulary
 from radixcache.wire import commands as cmd
@@ -41,6 +46,20 @@ from radixcache.wire import commands as cmd
 Progress = Callable[[int, int], None]  # (done, total)
 FIDELITY_FRAMES = 100
 COMMANDS = ("stats", "evict 64")
+
+
+class Path(enum.Enum):
+    """How the bench's batches reach the inspector."""
+
+    STREAM = "stream"  # BenchSource applies them from its own thread
+    EMBEDDED = "embedded"  # an EmbeddedSource: service loop + feed thread, as `inspect` runs
+
+
+class Flood(Protocol):
+    """What the phases steer of the load: new nodes on or off, events streamed so far."""
+
+    changing: threading.Event
+    streamed: int
 
 
 class TuiBench(NamedTuple):
@@ -63,52 +82,10 @@ class TuiBench(NamedTuple):
     fidelity_violations: int
     fidelity_frames: int
     resync_growth_mb: float
+    path: str  # Path.value: "stream" or "embedded"
 
 
-class DrivenCache(Protocol):
-    """What the bench needs of the model-free cache the CLI hands it (``TreeDriver``): the
-    inspector never builds a tree itself."""
-
-    def serve_now(self, tokens: npt.NDArray[np.uint32]) -> None:
-        """Serve one sequence at once."""
-        ...
-
-    def take_events(self) -> list[ev.AnyEvent]:
-        """Events since the last call."""
-        ...
-
-    def snapshot(self) -> ev.Snapshot:
-        """The whole state."""
-        ...
-
-    def watermark(self) -> ev.Watermark:
-        """A memory sample."""
-        ...
-
-    def evict(self, tokens: int) -> EvictedLike:
-        """Evict LRU leaves."""
-        ...
-
-    def __len__(self) -> int:
-        """Nodes."""
-        ...
-
-
-class EvictedLike(Protocol):
-    """What an eviction reports (read-only: the tree's ``EvictResult`` is a tuple)."""
-
-    @property
-    def nodes(self) -> int:
-        """Nodes evicted."""
-        ...
-
-    @property
-    def tokens(self) -> int:
-        """Tokens evicted."""
-        ...
-
-
-def build_tree(cache: DrivenCache, nodes: int, progress: Progress | None = None) -> None:
+def build_tree(cache: FloodableCache, nodes: int, progress: Progress | None = None) -> None:
     """Grow ``cache`` to at least ``nodes`` nodes from seeded random sequences (seed 0)."""
     rng = np.random.default_rng(0)
     while len(cache) < nodes:
@@ -122,7 +99,7 @@ def build_tree(cache: DrivenCache, nodes: int, progress: Progress | None = None)
 class BenchSource:
     """A ``Source`` streaming Access floods and, while ``changing`` is set, new nodes."""
 
-    def __init__(self, tree: DrivenCache, *, events_per_s: int = 50_000,
+    def __init__(self, tree: FloodableCache, *, events_per_s: int = 50_000,
                  requests_per_batch: int = 4, interval: float = 0.01) -> None:
         self.tree = tree
         self.events_per_s = events_per_s
@@ -257,7 +234,7 @@ async def _commands(app: InspectorApp, count: int) -> list[float]:
     return list(replies.command_ms)
 
 
-async def _drive(app: InspectorApp, src: BenchSource, seconds: float,
+async def _drive(app: InspectorApp, src: Flood, seconds: float,
                  step: Callable[[str], None], check: Fidelity) -> Phases:
     """The five phases."""
     async with app.run_test(size=(160, 50)):
@@ -296,7 +273,7 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
-def resync_growth(tree: DrivenCache, times: int = 10) -> float:
+def resync_growth(tree: FloodableCache, times: int = 10) -> float:
     """MB the process grew over the last ``times - 5`` of ``times`` resyncs of a mirror to
     ``tree``'s snapshot, each followed by ``gc.freeze()`` as the app does after a big layout
     (0 when a dropped tree is freed; a frozen cycle would keep each one)."""
@@ -310,18 +287,26 @@ def resync_growth(tree: DrivenCache, times: int = 10) -> float:
     return round(_rss_mb() - base, 1)
 
 
-def run_bench(tree: DrivenCache, nodes: int = 100_000, seconds: float = 3.0, *,
-              progress: Progress | None = None,
-              step: Callable[[str], None] | None = None) -> TuiBench:
+def _sources(tree: FloodableCache, path: Path) -> tuple[Source, Flood]:
+    if path is Path.EMBEDDED:
+        return embedded_flood(tree)
+    src = BenchSource(tree)
+    return src, src
+
+
+def run_bench(tree: FloodableCache, nodes: int = 100_000, seconds: float = 3.0, *,
+              progress: Progress | None = None, step: Callable[[str], None] | None = None,
+              path: Path = Path.STREAM) -> TuiBench:
     """Grow ``tree`` (a fresh model-free cache from the CLI) to ``nodes`` nodes, run the
-    phases (``seconds`` each; fidelity until 100 frames are checked), return the figures."""
+    phases (``seconds`` each; fidelity until 100 frames are checked) with the batches taking
+    ``path``, return the figures."""
     build_tree(tree, nodes, progress)
     gc.freeze()  # the engine's tree lives in another process in real use, not in the UI's heap
-    src = BenchSource(tree)
+    src, flood = _sources(tree, path)
     check = Fidelity(every=1 << 30)  # off until the fidelity phase
     app = InspectorApp(src, flash_s=0, check=check)
     growth = resync_growth(tree)
-    p = asyncio.run(_drive(app, src, seconds, step if step is not None else (lambda _: None),
+    p = asyncio.run(_drive(app, flood, seconds, step if step is not None else (lambda _: None),
                            check))
     frames = p.scroll + p.change
     return TuiBench(
@@ -335,4 +320,4 @@ def run_bench(tree: DrivenCache, nodes: int = 100_000, seconds: float = 3.0, *,
         command_ms_p50=round(_pct(p.commands, 0.5), 3),
         command_ms_p99=round(_pct(p.commands, 0.99), 3), commands=len(p.commands),
         fidelity_violations=len(check.violations), fidelity_frames=check.checked,
-        resync_growth_mb=growth)
+        resync_growth_mb=growth, path=path.value)

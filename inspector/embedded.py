@@ -13,8 +13,10 @@ The inspector sees what a live subscriber sees, and never waits on the engine::
 
 The loop never takes the feed's lock (a frame in progress does not hold up a step or a
 command) and the UI never takes the loop's (``status`` and ``idle`` read published state:
-``ServiceLoop.working``, the commands in flight, the batches not yet applied). Only when the
-feed falls ``QUEUE_BATCHES`` batches behind does the loop wait for it, so memory stays bounded.
+``ServiceLoop.working``, the commands in flight, the batches not yet applied). The stepping
+thread waits between two steps, holding no lock, while the feed is more than ``FEED_BEHIND``
+batches behind (``ServiceLoop``'s ``pace``): the engine runs at the pace the inspector
+applies, as it did when it applied its batches itself, and the view is never far behind.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
 from radixcache.serving.service import CacheService
 from radixcache.wire import commands as cmd
 
-QUEUE_BATCHES = 4096  # batches published but not yet applied, past which the loop waits
+FEED_BEHIND = 4  # batches published but not yet applied, past which the loop's steps wait
 
 
 class EmbeddedSource:
@@ -56,7 +58,8 @@ class EmbeddedSource:
         self._started = clock()
         self._commands = 0  # in flight
         self._count_lock = threading.Lock()
-        self._batches: queue.Queue[ev.Batch | None] = queue.Queue(QUEUE_BATCHES)
+        self._batches: queue.Queue[ev.Batch | None] = queue.Queue()
+        self._applied = threading.Condition()  # notified after every batch the feed applied
         self.guard = Guard()  # the feed thread's
         self._applier: threading.Thread | None = None
 
@@ -71,7 +74,7 @@ class EmbeddedSource:
         feed.load(snapshot, 0, self.clock())
         self._applier = self.guard.start("rc-embedded-feed", self._apply_batches)
         sink = BatchSink(self._on_batch, engine="embedded", clock=self.clock)
-        self.loop = ServiceLoop(self.service, sink, self.config)
+        self.loop = ServiceLoop(self.service, sink, self.config, pace=self._wait_for_feed)
         self.loop.sample()  # a first memory and counter sample, before any step
         self.loop.start()
 
@@ -82,8 +85,14 @@ class EmbeddedSource:
             rec.add(batch)
             if len(rec.batches) % self.keyframe_every == 0:
                 rec.keyframe(self.service.snapshot())
-        if self.guard.fault is None:  # a dead feed thread applies nothing: never wait for it
+        if self.guard.fault is None:  # a dead feed thread applies nothing: never queue
             self._batches.put(batch)
+
+    def _wait_for_feed(self) -> None:
+        """The loop's pace (its thread, no lock held): wait while the feed is behind."""
+        with self._applied:
+            while self._batches.unfinished_tasks > FEED_BEHIND and self.guard.fault is None:
+                self._applied.wait(0.1)
 
     def _apply_batches(self) -> None:
         """The feed thread: apply each batch in order, as a subscriber's thread does."""
@@ -97,15 +106,18 @@ class EmbeddedSource:
                 feed.apply(batch)
             finally:
                 self._batches.task_done()
+                with self._applied:
+                    self._applied.notify_all()
 
     def stop(self) -> None:
-        """Stop stepping, close the service, then apply what it published (idempotent)."""
+        """Stop stepping, close the service, then the feed thread once it has applied what
+        was published (idempotent)."""
         if self.loop is not None:
             self.loop.close()
             self.loop = None
         if self._applier is not None:
             self._batches.put(None)
-            self._applier.join(10)
+            self._applier.join()
             self._applier = None
 
     def status(self) -> SourceStatus:

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Sequence
 
 from inspector.cluster import ReplicaView
+from radixcache.core.guard import Guard
 from radixcache.wire.fleet import FleetTree
 from radixcache.wire.kvevents import KVEventsClient
 
@@ -32,11 +33,12 @@ class KVFleet:
         self._lock = threading.Lock()  # the clients' trees change on the polling thread
         self._stop = threading.Event()
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rc-kv-fleet", daemon=True)
+        self.guard = Guard()  # the polling thread's (its fault: ``guard.fault``, on stderr)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> KVFleet:
         """Connect every rank (on the polling thread, which owns the sockets)."""
-        self._thread.start()
+        self._thread = self.guard.start("rc-kv-fleet", self._run)
         self._ready.wait(5)
         return self
 
@@ -47,10 +49,12 @@ class KVFleet:
             self._clients = clients
         self._ready.set()
         try:
-            while not self._stop.is_set():
-                for c in clients:
-                    with self._lock:
-                        c.poll(POLL_S / len(clients))
+            # wait with the lock free (a frame reading the views never waits on a socket),
+            # then take what arrived under it, waiting on nothing
+            while not self._stop.wait(POLL_S):
+                with self._lock:
+                    for c in clients:
+                        c.poll(0)
         finally:
             for c in clients:
                 c.close()
@@ -58,7 +62,8 @@ class KVFleet:
     def close(self) -> None:
         """Stop polling and close the sockets."""
         self._stop.set()
-        self._thread.join(5)
+        if self._thread is not None:
+            self._thread.join(5)
 
     def views(self) -> list[ReplicaView]:
         """A row per rank: blocks held; up once it published."""

@@ -186,6 +186,8 @@ class KVEventsApp(App[None]):
 
     def frame(self) -> None:
         """Show the newest layout, if a new one was made."""
+        if not self.is_running:  # shutting down: the timer may fire while the panes are pruned
+            return
         with self._lock:
             f, self._frame, failure = self._frame, None, self.failure
         if failure is not None and self.status[-1:] != [failure]:

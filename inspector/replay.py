@@ -24,6 +24,7 @@ from inspector.feed import Feed
 from inspector.layout import TokenText
 from inspector.sources import ConnState, DatasetWords, SourceStatus
 from radixcache.core import events as ev
+from radixcache.core.guard import Guard
 from radixcache.wire import commands as cmd
 from radixcache.wire.mirror import Mirror, MirrorError, MirrorStats
 from radixcache.wire.recording import Keyframe, RecordingError, RecordingReader
@@ -127,6 +128,7 @@ class ReplaySource:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self.guard = Guard()  # the player thread's: a fault is shown in the status line
         self._started = time.time()
         self._vocab = DatasetWords()  # ShareGPT recordings show words (loaded on first miss)
         self._tally = Tally(recording)
@@ -136,8 +138,7 @@ class ReplaySource:
         """Load the first keyframe and start the (paused) player thread."""
         self._feed = feed
         self._goto(0)
-        self._thread = threading.Thread(target=self._run, name="replay", daemon=True)
-        self._thread.start()
+        self._thread = self.guard.start("rc-replay", self._run)
 
     def stop(self) -> None:
         """Stop the player (idempotent)."""
@@ -152,6 +153,8 @@ class ReplaySource:
         detail = f"{state} {self.index:,}/{len(self.rec.batches):,} ×{self.speed:g}"
         if self.rec.damage:
             detail += " · damaged file"
+        if self.guard.fault is not None:
+            detail += f" · {self.guard.fault.line()}"
         return SourceStatus(ConnState.REPLAY, self.rec.name, self._started, detail)
 
     def send(self, command: cmd.AnyCommand) -> cmd.AnyReply:

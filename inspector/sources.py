@@ -31,6 +31,7 @@ DATASET_CONVERSATIONS: int | None = None  # every conversation's words: the trac
 class ConnState(Enum):
     """What the header's dot says."""
 
+    CONNECTING = "connecting"  # no snapshot yet from an engine that never answered
     LIVE = "live"
     RESYNCING = "resyncing"
     DISCONNECTED = "disconnected"

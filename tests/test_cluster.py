@@ -17,14 +17,15 @@ from textual.widgets import DataTable, Static
 
 from inspector.cluster import ClusterApp, StreamFleet, replica_views, tree_lines
 from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, Policy
-from radixcache.traffic.chattext import TextCodec
+from radixcache.traffic.tokenizer import shipped
 from radixcache.traffic.workloads import Vocabulary, build_workload
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.fleet import Fleet
 from tests.helpers.stream import wait_for
 
 MODEL = "radixcache-tiny"
-SHARED = list(range(100, 148))  # 48 tokens every request starts with
+SHARED = "the radix cache keeps every prefix it has seen, token by token, in blocks of"
+TOK = shipped()
 
 
 @pytest.fixture(scope="module")
@@ -51,32 +52,36 @@ def finished(cluster: Cluster, ranks: tuple[int, ...] = (0, 1)) -> list[int]:
     return out
 
 
-def text(ids: list[int]) -> str:
-    """The router takes text prompts (422 for token ids)."""
-    return TextCodec().decode(ids)
+def text(tail: str) -> str:
+    """The router takes text prompts (422 for token ids): SHARED, then ``tail``."""
+    return f"{SHARED} {tail}"
 
 
-def complete(client: openai.OpenAI, prompt: list[int]) -> str:
-    r = client.completions.create(model=MODEL, prompt=text(prompt), max_tokens=3)
+def complete(client: openai.OpenAI, tail: str) -> str:
+    r = client.completions.create(model=MODEL, prompt=text(tail), max_tokens=3)
     return r.choices[0].text
 
 
 def test_openai_client_through_the_router(cluster: Cluster, fleet: Fleet) -> None:
     assert [r.http_port - cluster.replicas[0].http_port for r in cluster.replicas] == [0, 1]
     client = openai.OpenAI(base_url=f"{cluster.router_url}/v1", api_key="unused")
-    first = complete(client, [*SHARED, 1])
-    streamed = client.completions.create(model=MODEL, prompt=text([*SHARED, 1]), max_tokens=3,
+    first = complete(client, "one")
+    streamed = client.completions.create(model=MODEL, prompt=text("one"), max_tokens=3,
                                          stream=True)
     assert "".join(c.choices[0].text for c in streamed) == first  # same model on each replica
-    complete(client, [*SHARED, 2])
-    complete(client, [*SHARED, 3])
+    complete(client, "two")
+    complete(client, "three")
     assert finished(cluster) == [2, 2]  # round robin
     fleet.settle()
     stats = fleet.merged().stats()
     # each replica cached prompt + 2 of its 3 answer tokens (the last one's K/V is never
-    # written): SHARED + [1] + 2 answer tokens on both, [2] + 2 on one and [3] + 2 on the other
-    assert stats.replication == {2: len(SHARED) + 3, 1: 6}
-    assert stats.duplicated_tokens == len(SHARED) + 3
+    # written): SHARED one + 2 answer tokens on both, " two" + 2 on one, " three" + 2 on the
+    # other (each tail one token of the shipped tokenizer)
+    shared = TOK.encode(SHARED)
+    assert [TOK.encode(text(t))[: len(shared)] == shared and len(TOK.encode(text(t)))
+            for t in ("one", "two", "three")] == [len(shared) + 1] * 3
+    assert stats.replication == {2: len(shared) + 3, 1: 6}
+    assert stats.duplicated_tokens == len(shared) + 3
 
 
 def test_cluster_screen_rows_and_tree(cluster: Cluster, fleet: Fleet) -> None:
@@ -84,7 +89,8 @@ def test_cluster_screen_rows_and_tree(cluster: Cluster, fleet: Fleet) -> None:
     views = replica_views(fleet)
     assert [(v.rank, v.up, v.total) for v in views] == [(0, True, 128), (1, True, 128)]
     lines = tree_lines(fleet.merged(), 2, Vocabulary())
-    assert lines[0].plain.startswith("[48] ") and lines[0].plain.endswith("●● x2")
+    shared = len(TOK.encode(SHARED))  # the replicas split after the shared text
+    assert lines[0].plain.startswith(f"[{shared}] ") and lines[0].plain.endswith("●● x2")
 
     n = len(build_workload("chat", {"conversations": 1}).requests)
 

@@ -110,18 +110,16 @@ def test_inspect_with_several_endpoints_uses_the_curve_keys(tmp_path: Path, monk
     from cli.main import main
 
     create_keys(tmp_path / "keys")
-    # the command sets the variable for the process: record it as absent, so the teardown
-    # removes it (a bare delenv of an absent name records nothing, and the keys would then
-    # leak into every later test's sockets)
-    monkeypatch.setenv(KEYS_ENV, "recorded")
-    monkeypatch.delenv(KEYS_ENV)
-    seen: list[str | None] = []
+    monkeypatch.delenv(KEYS_ENV, raising=False)
+    seen: list[ClientCurve | None] = []
     monkeypatch.setattr(cli.cluster_screens, "inspect_many",
-                        lambda endpoints: seen.append(os.environ.get(KEYS_ENV)))
+                        lambda endpoints, curve: seen.append(curve))
     with pytest.raises(SystemExit) as exc:
         main(["inspect", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5567",
               "--curve-keys", str(tmp_path / "keys")])
-    assert exc.value.code == 0 and seen == [str(tmp_path / "keys")]
+    # the keys are handed over, not set in the environment for every later socket
+    assert exc.value.code == 0 and seen == [ClientCurve.load(tmp_path / "keys")]
+    assert KEYS_ENV not in os.environ
     with pytest.raises(SystemExit) as exc:
         main(["inspect", "--curve-keys", str(tmp_path / "keys")])
     assert exc.value.code == 2

@@ -42,7 +42,7 @@ def _run(engine: Engine, handles: list[RequestHandle]) -> None:
 
 def _assert_idle_and_consistent(engine: Engine) -> None:
     """No lock left, every block referenced by a node, and the tree's invariants."""
-    engine.tree.check()
+    engine.check()
     snap = engine.tree.snapshot()
     assert [n.lock for n in snap.nodes] == [0] * len(snap.nodes)
     assert snap.request_blocks == []
@@ -214,9 +214,31 @@ def test_pause_says_that_running_requests_go_on_to_finish() -> None:
     assert handle(engine, cmd.Pause()) == cmd.Ok(
         "admission paused: 3 running requests go on to finish, 1 waiting stay queued "
         "(resume admits them)", {"running": 3, "waiting": 1})
+    engine.check()  # three running: three pins, their leases' blocks
     _run(engine, running)  # they do finish, paused
+    engine.check()  # drained: no pin, no private block (nothing may be drawn "locked")
     assert handle(engine, cmd.Pause()) == cmd.Ok("paused, 1 waiting stay queued",
                                                  {"running": 0, "waiting": 1})
+
+
+def test_check_finds_a_pin_or_a_lease_that_outlived_its_request() -> None:
+    """The check a paused, drained demo needed: block 1408 was drawn "locked" with nothing
+    running. A leaked pin, or a lease no running request holds, raises."""
+    from radixcache.core.invariants import InvariantError
+
+    engine = _engine(256)
+    h = engine.submit(_words(1, 40), 4)
+    _run(engine, [h])
+    engine.check()
+    leaked = engine.tree.match_and_pin(np.asarray(_words(1, 40), dtype=np.uint32))
+    with pytest.raises(InvariantError, match="1 pins in the tree for 0 running requests"):
+        engine.check()
+    lease = engine.tree.allocate(leaked, leaked.length + 20)
+    with pytest.raises(InvariantError, match="belong to no running request"):
+        engine.check()
+    engine.tree.release(lease)
+    engine.tree.unpin(leaked.node)
+    engine.check()
 
 
 def test_events_rebuild_the_tree_in_a_mirror() -> None:

@@ -94,3 +94,60 @@ async def test_cjk_previews_never_cut_the_right_hand_columns() -> None:
                         29: '  · [3] "你好…"  r0  n2290',
                         18: '  · [3] "你好…"',
                         17: '  · [3] "你好…"'}
+
+
+def test_tree_piped_keeps_each_node_on_one_line(tmp_path: Path) -> None:
+    """``radixcache tree FILE | grep`` works: no line is wrapped at 80 columns."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    path = record_demo(tmp_path / "tot.rcx", requests=30)
+    out = CliRunner().invoke(app, ["tree", str(path)], terminal_width=80).output.splitlines()
+    node = re.compile(r"^[│ ]*[├└]── n\d+ \[\d+ tok\] .* r\d+$")
+    assert (out[0], out[-1]) == ("root (30 nodes)", "272 events read")
+    assert [line for line in out[1:-1] if not node.match(line)] == []
+    assert max(len(line) for line in out) > 80  # long lines were there to be wrapped
+
+
+def _help_app() -> InspectorApp:
+    return app_for(ManualSource(num_blocks=64))
+
+
+def test_snapshot_help_at_80x24(snap_compare) -> None:  # type: ignore[no-untyped-def]
+    async def run_before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press("question_mark")
+
+    assert snap_compare(_help_app(), terminal_size=(80, 24), run_before=run_before)
+
+
+@sync
+async def test_help_at_80x24_shows_no_backtick_and_scrolls_to_its_end() -> None:
+    app = _help_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause(0.05)
+
+        def screen() -> str:
+            return "\n".join(s.text for s in app.screen._compositor.render_strips())
+
+        assert "`" not in screen()
+        assert "radixcache inspector" in screen() and "Press esc to close" not in screen()
+        await pilot.press("end")
+        await pilot.pause(0.05)
+        assert "Press esc to close (↑ ↓ scroll when the screen is short)." in screen()
+        await pilot.press("escape")
+        assert type(app.screen).__name__ == "Screen"
+
+
+@sync
+async def test_z_zooms_the_block_map_while_the_tree_has_the_focus() -> None:
+    app = _help_app()
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.focused is app.tree_pane and not app.blocks.zoomed
+        await pilot.press("z")
+        assert app.blocks.zoomed and app.blocks.per_cell == 1
+        await pilot.press("z")
+        assert not app.blocks.zoomed

@@ -3,6 +3,7 @@ SGLang's /generate, the errors, /metrics; and `serve --http` as a process."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -14,16 +15,18 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from radixcache.serving.engine import Engine, EngineConfig
 from radixcache.serving.http import EngineBackend, HttpFront
+from radixcache.serving.http_run import Limits
 from radixcache.serving.loop import BatchSink, ServiceLoop
 from radixcache.serving.model import tiny_model
-from radixcache.traffic.chattext import TextCodec, chat_prompt
-from radixcache.traffic.sharegpt import BOS, EOT, HDR, HDR_END, ROLE_GPT, ROLE_HUMAN, word_id
+from radixcache.traffic.tokenizer import BOS, EOT, HDR, HDR_END, shipped
 
 MODEL = "radixcache-tiny"
 PROMPT = "the cache keeps every prefix it has seen"
+TOK = shipped()
 ROOT = Path(__file__).resolve().parents[1]
 
 # one client with a generous timeout: a loaded 2-core machine answers slowly
@@ -31,11 +34,11 @@ _http = httpx.Client(timeout=60)
 
 
 @contextmanager
-def http_engine(blocks: int) -> Iterator[HttpFront]:
+def http_engine(blocks: int, limits: Limits | None = None) -> Iterator[HttpFront]:
     """An engine stepped by a ``ServiceLoop`` (its batches dropped) behind an HTTP front."""
     engine = Engine(EngineConfig(num_blocks=blocks, model=tiny_model()))
     loop = ServiceLoop(engine, BatchSink(lambda _batch: None)).start()
-    f = HttpFront(EngineBackend(engine, loop)).start()
+    f = HttpFront(EngineBackend(engine, loop), limits=limits).start()
     try:
         yield f
     finally:
@@ -55,17 +58,23 @@ def client(front: HttpFront) -> openai.OpenAI:
 
 
 def greedy(front: HttpFront, ids: list[int], n: int) -> list[int]:
-    """What the engine itself answers to ``ids`` (the model is deterministic)."""
-    return front.backend.submit(ids, n, None).result(30).tokens
+    """What the engine answers to ``ids`` greedily among the tokenizer's ids (deterministic):
+    the logits of a teacher-forced run, arg-maxed over the tokenizer's vocabulary."""
+    engine = front.backend.engine  # type: ignore[attr-defined]
+    out: list[int] = []
+    for _ in range(n):
+        r = engine.submit([*ids, *out], 1, keep_logits=True).result(30)
+        out.append(int(r.logits[0][: TOK.vocab_size].argmax()))
+    return out
 
 
 def test_completion_text_round_trips_through_the_tokenizer(front: HttpFront,
                                                           client: openai.OpenAI) -> None:
-    ids = TextCodec().encode(PROMPT)
-    assert ids == [word_id(w) for w in PROMPT.split()]
+    ids = TOK.encode(PROMPT)
+    assert TOK.decode(ids) == PROMPT
     r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5)
     expected = greedy(front, ids, 5)
-    assert TextCodec().encode(r.choices[0].text) == expected
+    assert r.choices[0].text == TOK.decode(expected)
     assert r.choices[0].finish_reason == "length"
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), 5)
     again = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5)
@@ -80,36 +89,39 @@ def test_streamed_completion_concatenates_to_the_answer(front: HttpFront,
     chunks = list(client.completions.create(model=MODEL, prompt=ids, max_tokens=6, stream=True,
                                             stream_options={"include_usage": True}))
     texts = [c.choices[0].text for c in chunks if c.choices]
-    assert len(texts) == 7  # one per token, then the empty one with the finish reason
     assert "".join(texts) == whole.choices[0].text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-2:] == [None, "length"]
     assert chunks[-1].usage.completion_tokens == 6
-    assert TextCodec().encode(whole.choices[0].text) == greedy(front, ids, 6)
+    assert whole.choices[0].text == TOK.decode(greedy(front, ids, 6))
 
 
-def test_chat_goes_through_the_workloads_template(front: HttpFront,
-                                                  client: openai.OpenAI) -> None:
+def test_chat_goes_through_the_tokenizers_template(front: HttpFront,
+                                                   client: openai.OpenAI) -> None:
     r = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hello there"}], max_tokens=3)
-    layout = [BOS, HDR, ROLE_HUMAN, HDR_END, word_id("hello"), word_id("there"), EOT,
-              HDR, ROLE_GPT, HDR_END]
-    assert chat_prompt([("user", "hello there")], TextCodec()) == layout
+        model=MODEL, messages=[{"role": "user", "content": "hello <eot> there"}], max_tokens=3)
+    layout = [BOS, HDR, *TOK.encode("user"), HDR_END, *TOK.encode_plain("hello <eot> there"),
+              EOT, HDR, *TOK.encode("assistant"), HDR_END]
+    assert EOT not in TOK.encode_plain("hello <eot> there")  # a message cannot forge a turn
+    assert TOK.chat([("user", "hello <eot> there")]) == layout
     assert r.usage.prompt_tokens == len(layout)
-    assert TextCodec().encode(r.choices[0].message.content or "") == greedy(front, layout, 3)
-    streamed = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hello there"}], max_tokens=3,
-        stream=True)
+    assert r.choices[0].message.content == TOK.decode(greedy(front, layout, 3))
+    streamed = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello <eot> there"}], max_tokens=3,
+        stream=True))
+    assert streamed[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in streamed)
     assert text == r.choices[0].message.content
 
 
 def test_sglang_generate_with_ids_and_text(front: HttpFront) -> None:
-    body = {"input_ids": [3, 4, 5, 6], "sampling_params": {"max_new_tokens": 4}}
+    ids = TOK.encode("I love C#")
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 4}}
     r = _http.post(f"{front.url}/generate", json=body).json()
-    assert r["output_ids"] == greedy(front, [3, 4, 5, 6], 4)
-    assert r["meta_info"]["prompt_tokens"] == 4
+    assert r["output_ids"] == greedy(front, ids, 4)
+    assert r["text"] == TOK.decode(r["output_ids"])
+    assert r["meta_info"]["prompt_tokens"] == len(ids)
     assert r["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
-    t = _http.post(f"{front.url}/generate", json={"text": "#3 #4 #5 #6", "sampling_params":
+    t = _http.post(f"{front.url}/generate", json={"text": "I love C#", "sampling_params":
                                                   {"max_new_tokens": 4}}).json()
     assert t["output_ids"] == r["output_ids"]
 
@@ -122,6 +134,8 @@ def test_sglang_generate_with_ids_and_text(front: HttpFront) -> None:
     ("/v1/completions", {"model": MODEL}, 400, "prompt"),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
     ("/generate", {"sampling_params": {}}, 400, "text"),
+    ("/generate", {"text": ["a", "b"]}, 400, "text"),
+    ("/generate", {"input_ids": [[1], [2]]}, 400, "text"),
 ])
 def test_bad_requests_get_openai_errors(front: HttpFront, path: str, body: dict[str, object],
                                         status: int, param: str) -> None:
@@ -146,7 +160,9 @@ def test_size_json_context_and_path_errors(front: HttpFront) -> None:
 
 def test_info_routes(front: HttpFront) -> None:
     assert _http.get(f"{front.url}/health").status_code == 200
-    assert _http.get(f"{front.url}/model_info").json()["model_path"] == MODEL
+    info = _http.get(f"{front.url}/model_info").json()
+    assert (info["model_path"], info["tokenizer_path"]) == (MODEL, str(TOK.path))
+    assert _http.get(f"{front.url}/get_model_info").json() == info
     models = _http.get(f"{front.url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL]
     assert models["data"][0]["max_model_len"] == 64 * 16
@@ -154,23 +170,35 @@ def test_info_routes(front: HttpFront) -> None:
     assert info["num_blocks"] == 64
 
 
+def scrape(front: HttpFront) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """/metrics parsed by prometheus_client: (sample name, sorted labels) -> value."""
+    text = _http.get(f"{front.url}/metrics").text
+    return {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+            for fam in text_string_to_metric_families(text) for smp in fam.samples}
+
+
 def test_metrics_are_the_engines_counters() -> None:
     with http_engine(64) as f:
         for _ in range(2):
             _http.post(f"{f.url}/v1/completions",
                        json={"model": MODEL, "prompt": [5, 6, 7, 8, 9], "max_tokens": 3})
-        text = _http.get(f"{f.url}/metrics").text
-    values = {line.split(" ")[0]: line.split(" ")[1] for line in text.splitlines()
-              if not line.startswith("#")}
-    labels = '{model_name="radixcache-tiny"}'
-    assert values[f"vllm:prefix_cache_queries_total{labels}"] == "10"
-    assert values[f"vllm:prefix_cache_hits_total{labels}"] == "4"
-    assert values[f"vllm:request_success_total{labels}"] == "2"
-    assert values[f"vllm:generation_tokens_total{labels}"] == "6"
-    assert values[f"sglang:cache_hit_rate{labels}"] == "0.4"
-    assert values['vllm:time_to_first_token_seconds_count{model_name="radixcache-tiny"}'] == "2"
-    assert values['vllm:time_to_first_token_seconds_bucket{model_name="radixcache-tiny",'
-                  'le="+Inf"}'] == "2"
+        values = scrape(f)
+        used = f.backend.engine.pool.allocator.used_count  # type: ignore[attr-defined]
+    m = (("model_name", MODEL),)
+    assert values[("vllm:prefix_cache_queries_total", m)] == 10
+    assert values[("vllm:prefix_cache_hits_total", m)] == 4
+    assert values[("vllm:request_success_total", (("finished_reason", "length"), *m))] == 2
+    assert values[("vllm:request_success_total", (("finished_reason", "abort"), *m))] == 0
+    assert values[("vllm:generation_tokens_total", m)] == 6
+    assert values[("sglang:cache_hit_rate", m)] == 0.4
+    assert values[("vllm:time_to_first_token_seconds_count", m)] == 2
+    assert values[("vllm:time_to_first_token_seconds_bucket", (("le", "+Inf"), *m))] == 2
+    assert values[("vllm:inter_token_latency_seconds_count", m)] == 4  # 2 gaps a request
+    assert values[("vllm:request_generation_tokens_sum", m)] == 6
+    assert values[("vllm:request_prompt_tokens_sum", m)] == 10
+    # idle: nothing is held by a request, so vLLM's usage is 0 and the cache is all evictable
+    assert values[("vllm:kv_cache_usage_perc", m)] == 0
+    assert values[("radixcache:kv_cache_cached_perc", m)] == used / 64 > 0
 
 
 def test_serve_http_refuses_a_taken_port_in_one_line() -> None:
@@ -185,3 +213,54 @@ def test_serve_http_refuses_a_taken_port_in_one_line() -> None:
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [
         f"error: cannot bind HTTP 127.0.0.1:{port}: Address already in use"]
+
+
+def test_serve_http_refuses_a_port_out_of_range_before_any_work() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--http", "70000"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "Invalid value for '--http'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_front_serves_ipv6_loopback() -> None:
+    engine = Engine(EngineConfig(num_blocks=64, model=tiny_model()))
+    loop = ServiceLoop(engine, BatchSink(lambda _batch: None)).start()
+    f = HttpFront(EngineBackend(engine, loop), host="::1").start()
+    try:
+        assert f.url == f"http://[::1]:{f.port}"
+        client = openai.OpenAI(base_url=f"{f.url}/v1", api_key="unused", max_retries=0)
+        r = client.completions.create(model=MODEL, prompt="I love C#", max_tokens=2)
+        assert r.usage is not None and r.usage.completion_tokens == 2
+    finally:
+        f.close()
+        loop.close()
+    with pytest.raises(ValueError, match="port 70000 is outside 0-65535"):
+        HttpFront(EngineBackend(engine, loop), port=70000)
+
+
+def test_the_sglang_stream_sends_only_new_text(front: HttpFront) -> None:
+    ids = TOK.encode("I love C#")
+    whole = _http.post(f"{front.url}/generate", json={
+        "input_ids": ids, "sampling_params": {"max_new_tokens": 6}}).json()
+    r = _http.post(f"{front.url}/generate", json={
+        "input_ids": ids, "sampling_params": {"max_new_tokens": 6}, "stream": True})
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    assert [i for c in chunks for i in c["output_ids"]] == whole["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+
+
+def test_tokenize_detokenize_and_version(front: HttpFront) -> None:
+    t = _http.post(f"{front.url}/tokenize", json={"prompt": "I love C#"}).json()
+    assert t == {"tokens": TOK.encode("I love C#"), "count": 4, "max_model_len": 64 * 16}
+    chat = _http.post(f"{front.url}/tokenize", json={
+        "messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["tokens"] == TOK.chat([("user", "hi")])
+    d = _http.post(f"{front.url}/detokenize", json={"tokens": t["tokens"]}).json()
+    assert d == {"prompt": "I love C#"}
+    bad = _http.post(f"{front.url}/detokenize", json={"tokens": [TOK.vocab_size]})
+    assert (bad.status_code, bad.json()["error"]["param"]) == (400, "tokens")
+    assert isinstance(_http.get(f"{front.url}/version").json()["version"], str)

@@ -15,7 +15,7 @@ import numpy as np
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -41,7 +41,7 @@ class BlockMap(ScrollView, can_focus=True):
     """The pool as a grid of cells, from ``show(frame)``."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {cell_class(s) for s in Cell}
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("z", "zoom", "Zoom", show=False)]
+    BINDINGS: ClassVar[list[BindingType]] = []  # z is the app's: it works from every pane
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)

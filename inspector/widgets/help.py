@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from typing import ClassVar, NamedTuple
 
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -53,24 +57,46 @@ def key_table() -> str:
     return "\n".join(lines)
 
 
+def _commands_text() -> str:
+    return ("[b]Commands[/b] (after :): " + "\n  ".join(help_lines(main_words())) + "\n"
+            "  tab completes, ↑ ↓ history; a wrong command is explained and not sent\n\n"
+            "Press esc to close (↑ ↓ scroll when the screen is short).")
+
+
 def help_text() -> str:
-    """The help screen's text: the key map, then the command line's words."""
+    """The help screen's text: the key map, then the command line's words (the README's
+    Markdown backticks left out: the screen shows them as they are)."""
     width = max(len(k.shown.replace("`", "")) for k in KEYS) + 2
-    rows = "\n".join(f"  {k.shown.replace('`', ''):<{width}}{k.does}" for k in KEYS)
-    return (
-        "[b]radixcache inspector[/b]\n\n" + rows.replace("[", r"\[") + "\n\n"
-        "[b]Commands[/b] (after `:`): " + "\n  ".join(help_lines(main_words())) + "\n"
-        "  tab completes, ↑ ↓ history; a wrong command is explained and not sent\n\n"
-        "Press esc to close."
-    )
+    rows = "\n".join(f"  {k.shown.replace('`', ''):<{width}}{k.does.replace('`', '')}"
+                     for k in KEYS)
+    return ("[b]radixcache inspector[/b]\n\n" + rows.replace("[", r"\[") + "\n\n"
+            + _commands_text())
+
+
+def help_renderable() -> Group:
+    """``help_text`` as the screen draws it: the keys in a grid, so a long line wraps under
+    its own column, not under the keys."""
+    keys = Table.grid(padding=(0, 2))
+    keys.add_column(no_wrap=True)
+    keys.add_column()
+    for k in KEYS:
+        keys.add_row("  " + k.shown.replace("`", ""), k.does.replace("`", ""))
+    return Group(Text.from_markup("[b]radixcache inspector[/b]\n"), keys, Text(),
+                 Text.from_markup(_commands_text()))
 
 
 class HelpScreen(ModalScreen[None]):
-    """The key map over the main screen."""
+    """The key map over the main screen; it scrolls where the terminal is shorter than it
+    (80x24 shows 18 of its 27 lines, the rest one key away)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,q,question_mark", "dismiss", "Close")]
 
     def compose(self) -> ComposeResult:
-        """One framed text."""
-        yield Static(help_text(), id="help")
+        """One framed, scrollable text."""
+        with VerticalScroll(id="help"):
+            yield Static(help_renderable())
+
+    def on_mount(self) -> None:
+        """The arrows and page keys scroll it."""
+        self.query_one("#help").focus()

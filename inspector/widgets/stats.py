@@ -18,7 +18,8 @@ from inspector.layout import human_count
 from inspector.sources import ConnState, SourceStatus
 from radixcache.core import events as ev
 
-_DOT = {ConnState.LIVE: ("●", "#98c379"), ConnState.LOCAL: ("●", "#61afef"),
+_DOT = {ConnState.CONNECTING: ("◌", "#e5c07b"), ConnState.LIVE: ("●", "#98c379"),
+        ConnState.LOCAL: ("●", "#61afef"),
         ConnState.REPLAY: ("▶", "#c792ea"), ConnState.RESYNCING: ("◐", "#e5c07b"),
         ConnState.DISCONNECTED: ("○", "#e06c75")}
 _PAUSED = ("⏸", "#e5c07b")
@@ -138,7 +139,7 @@ def header_line(status: SourceStatus, frame: Frame, req_per_s: float, now: float
     state = "paused" if paused else status.state.value
     if paused and c is not None and c.running:  # pause stops admission; these still step
         state = f"admission paused, {c.running:,} running"
-    if gone:
+    if gone or status.state is ConnState.CONNECTING:
         state += f" {max(0.0, now - status.since):.0f}s"
     parts: list[tuple[str, str]] = [
         (f"{dot} {state}", f"bold {color}"),

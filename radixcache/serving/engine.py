@@ -43,6 +43,7 @@ import torch
 
 from radixcache.core import events as ev
 from radixcache.core import tokens as tk
+from radixcache.core.invariants import InvariantError
 from radixcache.core.pool import KVPool
 from radixcache.core.tree import RadixTree
 from radixcache.serving.memory import MemorySource
@@ -58,6 +59,7 @@ from radixcache.serving.requests import RequestMetrics as RequestMetrics
 from radixcache.serving.requests import RequestRejected as RequestRejected
 from radixcache.serving.requests import RequestResult as RequestResult
 from radixcache.serving.requests import StepReport as StepReport
+from radixcache.serving.requests import TokenPolicy as TokenPolicy
 from radixcache.serving.requests import WorkloadRun as WorkloadRun
 from radixcache.serving.requests import fold_answers as fold_answers
 from radixcache.serving.requests import percentiles as percentiles
@@ -93,6 +95,7 @@ class Engine(TreeService):
         self.running = Running(self.model, self.pool.kv, cfg.max_step_tokens)
         self._events: list[ev.AnyEvent] = []
         self._next_id = 0
+        self._aborted: set[int] = set()  # running requests to drop at the next step
 
     # -- submitting --------------------------------------------------------------------------
     def submit(
@@ -103,6 +106,7 @@ class Engine(TreeService):
         *,
         keep_logits: bool = False,
         on_token: TokenHook | None = None,
+        policy: TokenPolicy | None = None,
     ) -> RequestHandle:
         """Queue a request (thread-safe) and return its handle at once.
 
@@ -112,6 +116,8 @@ class Engine(TreeService):
         the pool holds is not queued: its handle is already failed with ``RequestRejected``.
         ``on_token(token)`` is called with each output token as it is chosen, in order, from
         the stepping thread with the step lock held (streaming fronts): keep it short.
+        ``policy`` chooses the tokens instead of the greedy argmax and may end the request
+        early (then it finishes as if it had run out of ``max_new_tokens``).
         """
         vocab = self.config.model.vocab_size
         prompt = tk.validated_array(prompt_tokens, vocab, "prompt")
@@ -126,7 +132,8 @@ class Engine(TreeService):
             rid = self._next_id
             self._next_id += 1
             req = Request(rid, prompt, max_new_tokens, forced, keep_logits,
-                           RequestHandle(rid), time.perf_counter(), on_token=on_token)
+                           RequestHandle(rid), time.perf_counter(), on_token=on_token,
+                           policy=policy)
             self.totals.submitted += 1
             need = -(-req.total // self.config.block_size)
             if need > self.config.num_blocks:
@@ -150,6 +157,26 @@ class Engine(TreeService):
         self._cancel_all()
         super().close()
 
+    def check(self) -> None:
+        """``tree.check()``, and that the tree's pins and private blocks are exactly those of
+        the running requests: one pin per running request (each pins its matched node), and
+        the leases' private blocks are theirs. A pin or lease that outlived its request (a
+        block drawn "locked" with nothing running) raises ``InvariantError``. Call between
+        steps, under the loop's lock."""
+        self.tree.check()
+        leases = [r.lease for r in self.running.requests if r.lease is not None]
+        pins = sum(n.pins for n in self.tree.live_nodes())
+        held = self.tree.request_blocks()
+        private = {b for lease in leases for b in lease.table[lease.private_from:]}
+        problems = [f"{pins} pins in the tree for {len(leases)} running requests"
+                    ] if pins != len(leases) else []
+        if held != private:
+            problems.append(f"private blocks {sorted(held ^ private)[:8]} belong to no "
+                            "running request" if held - private else
+                            f"running requests' blocks {sorted(private - held)[:8]} not held")
+        if problems:
+            raise InvariantError("; ".join(problems))
+
     def busy(self) -> bool:
         """True when ``step`` has work: running requests, or waiting ones while not paused."""
         return bool(self.running) or (bool(self.scheduler) and not self.paused)
@@ -160,6 +187,7 @@ class Engine(TreeService):
         every request in it, finish the done ones. ``ServiceLoop`` calls it under its state
         lock and publishes the events it recorded (a test may call it from one thread)."""
         t0 = time.perf_counter()
+        self._drop_aborted()
         admitted = self._admit()
         work = self.running.step()
         for r in work.prefilled:
@@ -230,6 +258,43 @@ class Engine(TreeService):
         self._emit_queue()
         self.new_generation()
         return cancelled
+
+    def abort(self, request_id: int) -> bool:
+        """Drop one request (a client that left): a waiting one at once, a running one at the
+        start of the next step, its pins and blocks released. Its handle fails with
+        ``RequestCancelled``. False when no such request is waiting or running."""
+        with self._queue:
+            waiting = self.scheduler.take(request_id)
+            running = any(r.id == request_id for r in self.running.requests)
+            if waiting is None:  # running, or being admitted by the step in progress
+                self._aborted.add(request_id)
+        if waiting is not None:
+            self._fail(waiting, RequestCancelled(f"request {waiting.id} aborted before "
+                                                 "admission"))
+        return waiting is not None or running
+
+    def pinned_blocks(self) -> int:
+        """Blocks the running requests hold (their block tables); the rest of the used blocks
+        are cached and evictable. A racy read for metrics, from any thread."""
+        held: set[int] = set()
+        for r in list(self.running.requests):
+            lease = r.lease
+            if lease is not None:
+                held.update(lease.table)
+        return len(held)
+
+    def _drop_aborted(self) -> None:
+        """Release the running requests ``abort`` named (from ``step``)."""
+        with self._queue:
+            ids, self._aborted = self._aborted, set()
+        if not ids:
+            return
+        gone = self.running.take(ids)
+        for r in gone:
+            assert r.lease is not None and r.match is not None
+            self.tree.release(r.lease)
+            self.tree.unpin(r.match.node)
+            self._fail(r, RequestCancelled(f"request {r.id} aborted"))
 
     # -- the rest of the cache service (``serving.service.CacheService``) -----------------------
     def submit_workload(self, workload: Workload) -> Submitted:

@@ -97,8 +97,13 @@ class ServiceLoop:
     publishing every change to ``sink``. ``close()`` stops the thread and the service."""
 
     def __init__(self, service: CacheService, sink: Sink, config: LoopConfig | None = None,
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+                 *, clock: Callable[[], float] = time.monotonic,
+                 pace: Callable[[], None] | None = None) -> None:
         self.service, self.sink = service, sink
+        # called by the stepping thread after each step, with no lock held: a sink whose
+        # consumer runs on another thread (the embedded inspector's feed) waits here until
+        # that consumer has caught up, so a command never waits on the consumer
+        self._pace = pace
         self.config = config if config is not None else LoopConfig()
         self.lock = StateLock()  # the state lock (see the module doc): fair to commands
         self.guard = Guard(self._on_fault)
@@ -255,6 +260,8 @@ class ServiceLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             if self.step_once():
+                if self._pace is not None:
+                    self._pace()
                 continue
             self._wake.wait(0.01)  # a submit from outside ``command`` (HTTP) waits 10 ms at most
             self._wake.clear()

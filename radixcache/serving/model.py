@@ -33,7 +33,10 @@ from radixcache.serving.batch import as_numpy, host_indices
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """Shape and seed of the tiny transformer. ``vocab_size`` covers the ShareGPT trace ids."""
+    """Shape and seed of the tiny transformer. ``vocab_size`` covers both id spaces the engine
+    serves: the ShareGPT trace's word ids (``traffic.sharegpt``, 100,014) and the shipped text
+    tokenizer's (``traffic.tokenizer``, 4,096, the low ids); the HTTP front samples answers
+    among the tokenizer's ids only, so every answer decodes to text."""
 
     vocab_size: int = 100014
     d_model: int = 64

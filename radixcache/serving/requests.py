@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +22,19 @@ from radixcache.traffic.workloads import Workload, WorkloadRequest
 
 TokenArray = npt.NDArray[np.uint32]
 TokenHook = Callable[[int], None]  # called with each output token as it is chosen
+
+
+class TokenPolicy(Protocol):
+    """How one request's tokens are chosen instead of the greedy argmax (an HTTP front's
+    sampling parameters), and when it ends before ``max_new_tokens`` (a stop token or text)."""
+
+    def choose(self, logits: torch.Tensor) -> int:
+        """The next token from this step's ``(vocab,)`` logits."""
+        ...
+
+    def stops_at(self, token: int) -> bool:
+        """True when the request ends with ``token`` (called right after ``choose``)."""
+        ...
 
 
 class EngineError(Exception):
@@ -160,6 +173,7 @@ class Request:
     logits: list[torch.Tensor] = field(default_factory=list)
     first_token_at: float = 0.0
     on_token: TokenHook | None = None
+    policy: TokenPolicy | None = None  # chooses the tokens (sampling), may stop early
     key: bytes = b""  # prompt[:-1] as uint32 bytes: what the scheduler compares
     queued: int = 0  # the scheduler's step count when it was queued
     aged_at: int | None = None  # the step it reached ``max_wait_steps`` waiting, if it did

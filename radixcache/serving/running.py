@@ -31,6 +31,13 @@ class Work(NamedTuple):
     prefilled: list[Request]  # their prefill ended: the first output token was chosen
 
 
+def _choose(r: Request, logits: torch.Tensor, greedy: int) -> int:
+    """The request's next token: forced (a trace's answer), its policy's, else greedy."""
+    if r.forced is not None:
+        return int(r.forced[len(r.output)])
+    return r.policy.choose(logits) if r.policy is not None else int(greedy)
+
+
 class Running:
     """The admitted requests, in admission order (see the module doc). Not thread-safe: the
     engine's stepping thread owns it."""
@@ -57,6 +64,13 @@ class Running:
         if done:
             self.requests = [r for r in self.requests if len(r.output) < r.max_new]
         return done
+
+    def take(self, ids: set[int]) -> list[Request]:
+        """Remove and return the running requests whose id is in ``ids`` (aborted)."""
+        gone = [r for r in self.requests if r.id in ids]
+        if gone:
+            self.requests = [r for r in self.requests if r.id not in ids]
+        return gone
 
     def take_all(self) -> list[Request]:
         """Remove and return every running request (reset, close)."""
@@ -107,9 +121,10 @@ class Running:
                     continue  # an inner prefill chunk: no token yet
                 r.first_token_at = now
                 prefilled.append(r)
-            k = len(r.output)
-            r.output.append(int(r.forced[k]) if r.forced is not None else int(greedy[i]))
+            r.output.append(_choose(r, logits[i], greedy[i] if free else 0))
             if r.on_token is not None:
                 r.on_token(r.output[-1])
+            if r.policy is not None and r.policy.stops_at(r.output[-1]):
+                r.max_new = len(r.output)  # finishes this step, cached as if it had run out
             if r.keep_logits:
                 r.logits.append(logits[i].detach().to("cpu", copy=True))

@@ -77,6 +77,11 @@ class Scheduler:
     def __len__(self) -> int:
         return len(self._waiting)
 
+    def take(self, request_id: int) -> Request | None:
+        """Remove and return the waiting request ``request_id`` (None: not waiting)."""
+        with self._lock:
+            return self._waiting.pop(request_id, None)
+
     def drain(self) -> list[Request]:
         """Remove and return every waiting request, in arrival order."""
         with self._lock:

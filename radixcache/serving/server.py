@@ -3,7 +3,7 @@
 ``Server`` puts one ``ServiceLoop`` in front of one ``Publisher``: the loop steps the service
 and publishes each step as a batch; the publisher's command socket hands each typed command to
 ``ServiceLoop.command`` (the one handler), its snapshot socket asks ``ServiceLoop.snapshot_at``.
-With ``kv_endpoints`` the publisher's tap also translates every batch into vLLM-format KV events.
+With ``kv_endpoints`` a tap of the publisher also translates every batch into vLLM-format KV events.
 
 ``record_service`` runs the same loop in the caller's thread with the batches going to a
 recording file instead of a socket.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -26,7 +26,7 @@ from radixcache.wire import commands as cmd
 from radixcache.wire.endpoints import BindPolicy, Endpoints, free_ports
 from radixcache.wire.kvevents.pubsub import KVEventPublisher
 from radixcache.wire.kvevents.translate import KVTranslator
-from radixcache.wire.publisher import Publisher, SnapshotAt
+from radixcache.wire.publisher import Publisher, SnapshotAt, Tap
 from radixcache.wire.recording import RecordingWriter
 from radixcache.wire.security import CurveServer
 
@@ -69,12 +69,18 @@ class Server:
         self.service = service
         self.kv: KVEventPublisher | None = None
         with secured(policy, curve_keys) as (policy, self.curve):
-            self.publisher = Publisher(endpoints, self._snapshot_at, commands=self._command,
-                                       ring=self.config.ring, policy=policy)
+            taps: list[Tap] = []
             if kv_endpoints is not None:
                 translator = KVTranslator(self.config.block_size, self.config.num_blocks)
                 kv = self.kv = KVEventPublisher(*kv_endpoints, policy=policy)
-                self.publisher.tap = lambda events: kv.publish(translator.translate(events))
+                taps.append(lambda events: kv.publish(translator.translate(events)))
+            try:
+                self.publisher = Publisher(endpoints, self._snapshot_at, commands=self._command,
+                                           ring=self.config.ring, policy=policy, taps=taps)
+            except Exception:
+                if self.kv is not None:  # its sockets are bound already: give them back
+                    self.kv.close()
+                raise
         self.loop = ServiceLoop(service, self.publisher, self.config.loop)
 
     # the publisher is made before the loop (the loop publishes to it): these two bind late
@@ -117,13 +123,17 @@ class RecordResult(NamedTuple):
 
 
 def record_service(service: CacheService, workload: Workload, writer: RecordingWriter, *,
-                   digest_every: int = 64, epoch: int = 1) -> RecordResult:
+                   digest_every: int = 64, epoch: int = 1,
+                   progress: Callable[[ev.Batch], None] | None = None) -> RecordResult:
     """Run ``workload`` on a fresh ``service`` in this thread until every request is done,
     writing each step as one batch (seq 1, 2, ... with no empty batches), a keyframe first
     and whenever the writer needs one (taken right after the batch it follows, at that seq),
-    a ``Digest`` every ``digest_every`` batches and one in the last batch."""
+    a ``Digest`` every ``digest_every`` batches and one in the last batch. ``progress`` sees
+    each batch once written (``record`` counts the finished requests in it)."""
     def on_batch(batch: ev.Batch) -> None:
         writer.write_batch(batch)
+        if progress is not None:
+            progress(batch)
         if writer.needs_keyframe:
             writer.write_keyframe(batch.seq, batch.epoch, service.snapshot())
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -27,12 +26,12 @@ from radixcache.analysis.answers import FRACTIONS, capacity_for
 from radixcache.analysis.replay import Policy, ReplayCache, replay
 from radixcache.analysis.stackdist import Curve
 from radixcache.analysis.whatif import one_pass
+from radixcache.tools.bench_whatif_scale import peak_rss_mb as _peak_rss_mb
+from radixcache.traffic.mooncake import generate_mooncake, read_mooncake
 from radixcache.traffic.traces import (
     MOONCAKE_BLOCK,
     Access,
     TokenRequest,
-    generate_mooncake,
-    read_mooncake,
     token_access,
 )
 
@@ -131,24 +130,14 @@ def sharegpt(limit: int | None, checks: int, new: NewTask, advance: Advance) -> 
     }
 
 
-def _peak_rss_mb() -> float:
-    """This process's peak resident memory: Linux's VmHWM (ru_maxrss would carry the forking
-    parent's peak across exec), else ru_maxrss."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def mooncake_figures(path: Path, checks: int) -> Figures:
     """The one pass over a Mooncake-format file, its time and this process's peak RSS, and
     direct LRU replays of its first 100k requests at ``checks`` capacities."""
+    from radixcache.analysis.whatif import WhatIfConfig, analyse
+
     start_mb = _peak_rss_mb()  # the interpreter and imports
     t0 = time.perf_counter()
-    curve = one_pass(read_mooncake(path), 8, MOONCAKE_BLOCK)
+    curve = analyse(WhatIfConfig(str(path))).curve  # the array pass, as `whatif FILE` runs it
     seconds = time.perf_counter() - t0
     peak_mb = _peak_rss_mb()
     head = list(itertools.islice(read_mooncake(path), MOONCAKE_CHECK_REQUESTS))
@@ -184,14 +173,22 @@ def mooncake(requests: int, seed: int, checks: int) -> Figures:
 
 
 def run_bench(
-    requests: int, limit: int | None, checks: int, seed: int, new: NewTask, advance: Advance
+    requests: int, limit: int | None, checks: int, seed: int, new: NewTask, advance: Advance,
+    scale: tuple[int, float] | None = None,
 ) -> Figures:
-    """Both parts; the ``--json`` object (keys: ``sharegpt``, ``mooncake``)."""
+    """The ``--json`` object (keys: ``sharegpt``, ``follow``, ``mooncake``, and ``scale``
+    when ``scale`` = (requests, sample rate) is given: ``bench_whatif_scale``)."""
     fig: Figures = {"sharegpt": sharegpt(limit, checks, new, advance)}
     fig["follow"] = follow_sharegpt(limit, new, advance)
     task = new(f"Mooncake format, {requests:,} requests", None)
     fig["mooncake"] = mooncake(requests, seed, checks)
     advance(task, requests)
+    if scale is not None:
+        from radixcache.tools.bench_whatif_scale import run_scale
+
+        task = new(f"scale: {scale[0]:,} requests, 4 passes", None)
+        fig["scale"] = run_scale(scale[0], seed, scale[1])
+        advance(task, scale[0])
     return fig
 
 
@@ -243,7 +240,17 @@ def table_rows(fig: Figures) -> list[tuple[str, str]]:
          f"{m['peak_rss_mb']:.0f} ({m['rss_before_mb']:.0f})"),
         ("Mooncake max hit rate", f"{100 * m['max_hit_rate']:.2f}%"),
         ("Mooncake direct LRU equal (first 100k)", str(m["direct_lru_first_100k"]["equal"])),
+        *_scale_rows(fig),
     ]
+
+
+def _scale_rows(fig: Figures) -> list[tuple[str, str]]:
+    scale = fig.get("scale")
+    if not isinstance(scale, dict):
+        return []
+    from radixcache.tools.bench_whatif_scale import table_rows as scale_rows
+
+    return scale_rows(scale)
 
 
 if __name__ == "__main__":  # the Mooncake half, run by ``mooncake`` in a fresh interpreter

@@ -26,15 +26,16 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from radixcache.analysis.follow import Follower
 from radixcache.core.procs import parent_death_signal
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
 from radixcache.wire.endpoints import Endpoints
-from radixcache.wire.mirror import Mirror
-from radixcache.wire.subscriber import Subscriber
+
+if TYPE_CHECKING:  # headless only: the inspector's demo starts without them (first frame)
+    from radixcache.analysis.follow import Follower
+    from radixcache.wire.subscriber import Subscriber
 
 MAX_QUEUED = 24  # the loop waits while this many requests wait (engine busy or paused)
 DEFAULT_MIX = ("chat 8", "system 30 256", "tot 3 3", "fork 8")
@@ -194,17 +195,22 @@ class MixLoop:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """Stop sending (idempotent)."""
+    def stop(self, join_s: float = 10.0) -> None:
+        """Stop sending (idempotent); wait up to ``join_s`` for a send in flight (the demo's
+        quit waits for none: the engine is stopped next, and the thread is a daemon)."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(10)
+            self._thread.join(join_s)
 
 
 def headless(engine: EngineProcess, loop: MixLoop, seconds: float) -> DemoStats:
     """Follow the engine's stream for ``seconds`` with a subscriber, then pause the engine and
     compare the subscriber's mirror with the engine's tree."""
     t0 = time.monotonic()
+    from radixcache.analysis.follow import Follower
+    from radixcache.wire.mirror import Mirror
+    from radixcache.wire.subscriber import Subscriber
+
     mirror = Mirror()
     follower = Follower(mirror)  # what the inspector's what-if and why screens follow
     sub = Subscriber(engine.endpoints, mirror).start()

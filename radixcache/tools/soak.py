@@ -25,9 +25,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 
 from radixcache.core import events as ev
+from radixcache.core.guard import Guard
 from radixcache.core.invariants import InvariantError
 from radixcache.serving.engine import Engine, EngineConfig, RequestHandle, RequestRejected
 from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
@@ -223,10 +225,9 @@ class Soak:
         """Soak for ``config.seconds``, drain, check once more, close the engine."""
         self._t0 = self._last_check = time.monotonic()
         self.loop.start()
-        threads = [threading.Thread(target=self._submitter, args=(i,), name=f"soak-{i}",
-                                    daemon=True) for i in range(self.config.threads)]
-        for t in threads:
-            t.start()
+        guard = Guard()  # a submitter's death is a finding of the soak, not a quieter run
+        threads = [guard.start(f"soak-{i}", partial(self._submitter, i))
+                   for i in range(self.config.threads)]
         while time.monotonic() - self._t0 < self.config.seconds:
             if progress is not None:
                 progress(self.status())
@@ -234,6 +235,8 @@ class Soak:
         self._stop.set()
         for t in threads:
             t.join()
+        if guard.fault is not None:
+            self._c.violations.append(guard.fault.line())
         self.loop.stop()
         self.check()
         report = self._report(time.monotonic() - self._t0)

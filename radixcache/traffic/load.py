@@ -5,9 +5,13 @@ whatever the earlier replies did (open loop); a dependent request (the next turn
 goes at its arrival time or when the turn before it is answered, whichever is later, because
 its prompt carries that answer. Like a chat client, the next turn's prompt is the previous
 prompt, the server's real answer, then the workload's new message -- so the engine's cached
-``prompt + answer`` is a prefix of what comes next, exactly as in production. Prompts and
-answers travel as text (``traffic.chattext``, exact both ways), so a router that routes on
-text (sglang-router's ``cache_aware``) sees what it would see in production.
+``prompt + answer`` is a prefix of what comes next, as in production. Prompts and answers
+travel as text, so a router that routes on text (sglang-router's ``cache_aware``) sees what it
+would see in production: a workload's token ids become its words (``Workload.text``), which
+the server encodes with the shipped tokenizer (``traffic.tokenizer``); the template markers
+(``<bos>``, ``<hdr>``, ...) are its special tokens. As in production, the server re-encodes
+the previous answer's text, which may split into other tokens than it was generated as, so a
+next turn hits at least the previous prompt and at most all of it plus the answer.
 
 Every request streams (``stream: true``): the time to first token is the first chunk's
 arrival; ``stream_options.include_usage`` brings the cached prompt tokens back.
@@ -18,15 +22,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import httpx
 import numpy as np
 
-from radixcache.traffic.chattext import TextCodec
-from radixcache.traffic.sharegpt import TokenArray
 from radixcache.traffic.workloads import Workload, WorkloadRequest
 
 
@@ -35,9 +37,10 @@ class Reply(NamedTuple):
 
     request: int  # its index in the workload
     error: str | None  # why it failed; None when answered
-    prompt_tokens: int
+    prompt_tokens: int  # as the server counted them
     cached_tokens: int
-    output: list[int]
+    output_tokens: int
+    answer: str
     ttft_ms: float
     latency_ms: float
 
@@ -68,7 +71,7 @@ class LoadResult:
         return {"requests": len(self.replies), "failed": len(self.replies) - len(ok),
                 "ttft_p50_ms": float(np.percentile(ttft, 50)),
                 "ttft_p99_ms": float(np.percentile(ttft, 99)),
-                "output_tokens_per_s": sum(len(r.output) for r in ok) / wall,
+                "output_tokens_per_s": sum(r.output_tokens for r in ok) / wall,
                 "requests_per_s": len(ok) / wall,
                 "hit_rate": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0}
 
@@ -90,38 +93,41 @@ class LoadConfig(NamedTuple):
 class _Run:
     config: LoadConfig
     workload: Workload
-    codec: TextCodec
     on_reply: Callable[[Reply], None] | None
-    sent: dict[int, list[int]] = field(default_factory=dict)  # index -> prompt + answer sent
+    sent: dict[int, str] = field(default_factory=dict)  # index -> prompt + answer text
     done: dict[int, asyncio.Event] = field(default_factory=dict)
     replies: dict[int, Reply] = field(default_factory=dict)
 
 
-def _ids(tokens: TokenArray) -> list[int]:
-    return [int(t) for t in tokens]
-
-
-def _prompt(run: _Run, r: WorkloadRequest) -> list[int]:
-    """``r``'s prompt with the turn it follows replaced by what was really said."""
-    prompt = _ids(r.prompt)
+def _prompt(run: _Run, r: WorkloadRequest) -> str:
+    """``r``'s prompt as text, with the turn it follows replaced by what was really said."""
+    w = run.workload
     if r.after is None or r.after not in run.sent:
-        return prompt
-    before = run.workload.requests[r.after]
-    known = _ids(before.prompt)
+        return w.text(r.prompt)
+    before = w.requests[r.after]
+    known = before.prompt.tolist()
     if before.forced_output is not None:
-        known += _ids(before.forced_output)
-    if prompt[: len(known)] != known:
-        return prompt  # not a continuation: send it as built
-    return run.sent[r.after] + prompt[len(known):]
+        known += before.forced_output.tolist()
+    if r.prompt[: len(known)].tolist() != known:
+        return w.text(r.prompt)  # not a continuation: send it as built
+    return f"{run.sent[r.after]} {w.text(r.prompt[len(known):])}"
 
 
-async def _post(client: httpx.AsyncClient, run: _Run, prompt: list[int],
-                max_tokens: int) -> tuple[list[int], int, float]:
-    """Stream one completion; returns (answer ids, cached tokens, ms to first chunk)."""
-    body = {"model": run.config.model, "prompt": run.codec.decode(prompt),
-            "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}}
-    t0, first, text, cached = time.perf_counter(), 0.0, [], 0
+class _Answer(NamedTuple):
+    text: str
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    ttft_ms: float
+
+
+async def _post(client: httpx.AsyncClient, run: _Run, prompt: str,
+                max_tokens: int) -> _Answer:
+    """Stream one completion."""
+    body = {"model": run.config.model, "prompt": prompt, "max_tokens": max_tokens,
+            "stream": True, "stream_options": {"include_usage": True}}
+    t0, first, text = time.perf_counter(), 0.0, []
+    usage: dict[str, int | dict[str, int]] = {}
     async with client.stream("POST", f"{run.config.url}/v1/completions", json=body) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
@@ -134,14 +140,16 @@ async def _post(client: httpx.AsyncClient, run: _Run, prompt: list[int],
             if chunk.get("choices"):
                 first = first or time.perf_counter()
                 text.append(chunk["choices"][0].get("text") or "")
-            if chunk.get("usage"):
-                details = chunk["usage"].get("prompt_tokens_details") or {}
-                cached = int(details.get("cached_tokens") or 0)
-    return run.codec.encode("".join(text)), cached, (first - t0) * 1e3
+            usage = chunk.get("usage") or usage
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens", 0) if isinstance(details, dict) else 0
+    return _Answer("".join(text), int(usage.get("prompt_tokens", 0)),  # type: ignore[arg-type]
+                   int(cached), int(usage.get("completion_tokens", 0)),  # type: ignore[arg-type]
+                   (first - t0) * 1e3)
 
 
-async def _post_retrying(client: httpx.AsyncClient, run: _Run, prompt: list[int],
-                         max_tokens: int) -> tuple[list[int], int, float]:
+async def _post_retrying(client: httpx.AsyncClient, run: _Run, prompt: str,
+                         max_tokens: int) -> _Answer:
     """``_post``, sent again every 0.1 s while the connection is refused (nothing was sent:
     a router being restarted), for at most ``connect_retry_s``."""
     give_up = time.perf_counter() + run.config.connect_retry_s
@@ -163,12 +171,12 @@ async def _one(client: httpx.AsyncClient, run: _Run, i: int, due: float) -> None
     cap = min(r.max_new_tokens or run.config.max_tokens, run.config.max_tokens)
     t0 = time.perf_counter()
     try:
-        out, cached, ttft = await _post_retrying(client, run, prompt, cap)
-        reply = Reply(i, None, len(prompt), cached, out, ttft,
-                      (time.perf_counter() - t0) * 1e3)
-        run.sent[i] = prompt + out
+        a = await _post_retrying(client, run, prompt, cap)
+        reply = Reply(i, None, a.prompt_tokens, a.cached_tokens, a.output_tokens, a.text,
+                      a.ttft_ms, (time.perf_counter() - t0) * 1e3)
+        run.sent[i] = prompt + a.text
     except (httpx.HTTPError, RuntimeError, ValueError) as exc:
-        reply = Reply(i, f"{type(exc).__name__}: {exc}", len(prompt), 0, [], 0.0, 0.0)
+        reply = Reply(i, f"{type(exc).__name__}: {exc}", 0, 0, 0, "", 0.0, 0.0)
     run.replies[i] = reply
     run.done[i].set()
     if run.on_reply is not None:
@@ -182,16 +190,20 @@ def arrivals(count: int, rate: float, seed: int) -> list[float]:
 
 
 async def run_load(config: LoadConfig, workload: Workload,
-                   on_reply: Callable[[Reply], None] | None = None) -> LoadResult:
+                   on_reply: Callable[[Reply], None] | None = None,
+                   times: Sequence[float] | None = None) -> LoadResult:
     """Send every request of ``workload`` (see the module doc) and wait for all replies.
-    ``on_reply`` is called on the event loop as each one ends (a progress bar)."""
-    if config.rate <= 0:
+    ``on_reply`` is called on the event loop as each one ends (a progress bar). ``times``:
+    each request's send time (seconds from the start, a trace's timestamps) instead of
+    Poisson arrivals at ``config.rate``."""
+    if config.rate <= 0 and times is None:
         raise ValueError(f"rate must be > 0, got {config.rate}")
-    run = _Run(config, workload, TextCodec(), on_reply)
+    run = _Run(config, workload, on_reply)
     n = len(workload.requests)
     run.done = {i: asyncio.Event() for i in range(n)}
     start = time.perf_counter()
-    due = [start + t for t in arrivals(n, config.rate, config.seed)]
+    offsets = list(times) if times is not None else arrivals(n, config.rate, config.seed)
+    due = [start + t for t in offsets]
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=config.timeout_s, limits=limits) as client:
         await asyncio.gather(*(_one(client, run, i, due[i]) for i in range(n)))
@@ -199,7 +211,8 @@ async def run_load(config: LoadConfig, workload: Workload,
 
 
 def load(config: LoadConfig, workload: Workload,
-         on_reply: Callable[[Reply], None] | None = None) -> LoadResult:
+         on_reply: Callable[[Reply], None] | None = None,
+         times: Sequence[float] | None = None) -> LoadResult:
     """``run_load`` in a fresh event loop (blocks until every reply is in)."""
-    return asyncio.run(run_load(config, workload, on_reply))
+    return asyncio.run(run_load(config, workload, on_reply, times))
 

@@ -29,6 +29,7 @@ from radixcache.wire.client import send_command
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.kvevents import Block, BlockView
 from radixcache.wire.mirror import Mirror, MirrorNode
+from radixcache.wire.security import ClientCurve
 from radixcache.wire.subscriber import Subscriber
 
 Tokens = npt.NDArray[np.uint32]
@@ -155,10 +156,11 @@ def merge(mirrors: Sequence[Mirror | None]) -> FleetTree:
 class Fleet:
     """One ``Subscriber`` per engine. ``start()``, then ``close()``."""
 
-    def __init__(self, endpoints: Sequence[Endpoints]) -> None:
+    def __init__(self, endpoints: Sequence[Endpoints], curve: ClientCurve | None = None) -> None:
         self.endpoints = list(endpoints)
+        self.curve = curve  # CURVE client keys for every socket (None: $RADIXCACHE_CURVE_KEYS)
         self.last_batch = [0.0] * len(self.endpoints)  # time.monotonic() of each one's last
-        self.subscribers = [Subscriber(e, on_batch=partial(self._seen, rank))
+        self.subscribers = [Subscriber(e, on_batch=partial(self._seen, rank), curve=curve)
                             for rank, e in enumerate(self.endpoints)]
 
     def _seen(self, rank: int, _batch: object) -> None:
@@ -190,7 +192,7 @@ class Fleet:
         (the engines must be idle). ``TimeoutError`` (which engine) when one does not."""
         deadline = time.monotonic() + timeout
         for e, s in zip(self.endpoints, self.subscribers, strict=True):
-            reply = send_command(e.commands, cmd.Stats(), timeout_s=timeout)
+            reply = send_command(e.commands, cmd.Stats(), timeout_s=timeout, curve=self.curve)
             if not isinstance(reply, cmd.Ok):
                 raise TimeoutError(f"{e.commands}: {reply.message}")
             seq, digest = int(reply.values["seq"]), str(reply.values["digest"])

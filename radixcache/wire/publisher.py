@@ -24,7 +24,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import msgspec
@@ -61,6 +61,7 @@ class SnapshotAt(NamedTuple):
 
 SnapshotFn = Callable[[], SnapshotAt]
 CommandFn = Callable[[cmd.AnyCommand], cmd.AnyReply]
+Tap = Callable[[list[ev.AnyEvent]], None]  # sees each sent batch's events (publisher thread)
 
 
 def _no_commands(_: cmd.AnyCommand) -> cmd.AnyReply:
@@ -110,6 +111,7 @@ class Publisher:
         policy: BindPolicy = BindPolicy.LOCAL_ONLY,
         epoch: int | None = None,
         guard: Guard | None = None,
+        taps: Sequence[Tap] = (),
     ) -> None:
         self.epoch = new_epoch() if epoch is None else epoch
         self.engine = engine
@@ -142,9 +144,9 @@ class Publisher:
         self._snapshot_cache: tuple[int, bytes] | None = None  # (seq, encoded) of the last one
         self._sent_to: dict[bytes, tuple[float, int]] = {}  # peer -> (window start, bytes)
         self._stopping = threading.Event()
-        # called on the publisher's thread with each batch's events after it was sent
-        # (the vLLM-format translator hangs here, off the engine's time)
-        self.tap: Callable[[list[ev.AnyEvent]], None] | None = None
+        # called in order on the publisher's thread with each batch's events after it was
+        # sent (the vLLM-format translator is one, off the engine's time)
+        self._taps = tuple(taps)
 
     def _router(self, max_bytes: int) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self._ctx.socket(zmq.ROUTER)
@@ -242,8 +244,9 @@ class Publisher:
         c["batches"] += 1
         c["events"] += len(item.events)
         c["heartbeats"] += not item.events
-        if self.tap is not None and item.events:
-            self.tap(item.events)
+        if item.events:
+            for tap in self._taps:
+                tap(item.events)
 
     def _serve_control(self) -> None:
         head, body = split_request(self._control.recv_multipart())

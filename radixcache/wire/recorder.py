@@ -110,9 +110,9 @@ class LiveRecorder:
         sub = self.subscriber
         sub.stop(timeout=STOP_WAIT_S)
         with self._lock:
-            self._closed = True
+            again, self._closed = self._closed, True  # a second stop writes nothing more
             w, note = self.writer, None
-            if w is not None and self.failed is None:
+            if w is not None and self.failed is None and not again:
                 note = self._note(w)
                 try:
                     w.write_note(note)

@@ -76,13 +76,14 @@ class Subscriber:
         backoff_cap_s: float = 2.0,
         sync_deadline_s: float = 10.0,
         silence_s: float = 3.0,
+        lock: threading.Lock | None = None,
     ) -> None:
         self.endpoints = endpoints
         # CURVE client keys (default: $RADIXCACHE_CURVE_KEYS); without keys a CURVE server
         # completes no handshake, so nothing arrives and ``synced`` never gets set
         self.curve = client_curve(curve)
         self.mirror = mirror if mirror is not None else Mirror()
-        self.lock = threading.Lock()
+        self.lock = lock if lock is not None else threading.Lock()  # held while applying
         self.stats = SubscriberStats()
         self.state = State.WAIT_SNAPSHOT
         self.epoch, self.seq = 0, 0

@@ -1,0 +1,92 @@
+"""What the HTTP front needs of a running engine (``Backend``), and the engine's own
+(``EngineBackend``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from radixcache.serving.engine import Engine, RequestHandle, TokenPolicy
+from radixcache.serving.loop import ServiceLoop
+from radixcache.serving.prometheus import Counters
+from radixcache.serving.requests import TokenHook
+from radixcache.wire import commands as cmd
+
+
+class Backend(Protocol):
+    """What the front needs of a running engine."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids a prompt may hold are in ``[0, vocab_size)``."""
+        ...
+
+    @property
+    def max_context(self) -> int:
+        """Positions the whole pool holds (prompt + output of one request at most)."""
+        ...
+
+    def submit(self, prompt: Sequence[int], max_new_tokens: int, on_token: TokenHook | None,
+               policy: TokenPolicy | None) -> RequestHandle:
+        """Queue one request (thread-safe); ``ValueError`` for a malformed one."""
+        ...
+
+    def abort(self, request_id: int) -> bool:
+        """Drop a request (a client that left); False when it is not queued or running."""
+        ...
+
+    def flush(self) -> bool:
+        """Empty the cache; False (nothing done) while requests are queued or running."""
+        ...
+
+    def counters(self) -> Counters:
+        """The engine's counters now."""
+        ...
+
+
+class EngineBackend:
+    """An ``Engine`` stepped by ``loop`` (``serve``'s): a submit or an abort wakes the loop
+    (it waits on an event when idle); figures are read under the loop's state lock (a step's
+    counts are all in or all out); a flush is the loop's ``reset`` command (published as one)."""
+
+    def __init__(self, engine: Engine, loop: ServiceLoop) -> None:
+        self.engine = engine
+        self._loop = loop
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size."""
+        return self.engine.config.model.vocab_size
+
+    @property
+    def max_context(self) -> int:
+        """Blocks times block size."""
+        return self.engine.config.num_blocks * self.engine.config.block_size
+
+    def submit(self, prompt: Sequence[int], max_new_tokens: int, on_token: TokenHook | None,
+               policy: TokenPolicy | None) -> RequestHandle:
+        """``Engine.submit`` then wake the stepping loop."""
+        handle = self.engine.submit(prompt, max_new_tokens, on_token=on_token, policy=policy)
+        self._loop.wake()
+        return handle
+
+    def abort(self, request_id: int) -> bool:
+        """``Engine.abort``, then wake the loop so that its next step drops the request."""
+        found = self.engine.abort(request_id)
+        self._loop.wake()
+        return found
+
+    def flush(self) -> bool:
+        """The loop's ``reset``, unless requests are queued or running."""
+        s = self._loop.stats()
+        if s.running or s.waiting:
+            return False
+        self._loop.command(cmd.Reset())
+        return True
+
+    def counters(self) -> Counters:
+        """``Engine.stats`` between two steps, and the blocks running requests hold."""
+        s, e = self._loop.stats(), self.engine
+        return Counters(s.finished, s.prompt_tokens, s.hit_tokens, s.output_tokens,
+                        s.running, s.waiting, s.used_blocks, s.num_blocks, e.pinned_blocks(),
+                        e.config.block_size)

@@ -1,0 +1,138 @@
+"""How an HTTP request's tokens are chosen and when it stops: the ``TokenPolicy`` the front
+hands the engine with each request.
+
+``choose`` runs on the engine's stepping thread with the step's logits of one request:
+greedy (argmax) unless ``temperature > 0``, then temperature, top-k, top-p and a seeded
+``torch.Generator`` (the same seed gives the same tokens). Only the tokenizer's ids are ever
+chosen (the model's vocabulary is wider: it also covers the trace benchmarks' word ids).
+``stops_at`` decodes the token incrementally and ends the request at a stop token id or when
+a stop string appears; the answer's text is cut before the stop string, as OpenAI does.
+Every token's text (and its logprobs when asked) is handed to ``on_piece`` as it is decided;
+text that could still be the start of a stop string is held back until it cannot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from radixcache.traffic.tokenizer import TextStream, TextTokenizer
+
+
+class Sampling(NamedTuple):
+    """A request's sampling parameters, already validated (``openai_api``)."""
+
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: all
+    seed: int | None = None
+    logprobs: int | None = None  # None: none; n: the chosen token's and the top n
+    stop: tuple[str, ...] = ()
+    stop_ids: frozenset[int] = frozenset()
+
+
+class TokenLogprob(NamedTuple):
+    """One chosen token's log-probability and the ``top`` alternatives (id, logprob)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+class Piece(NamedTuple):
+    """What one step added to the answer: its text (maybe empty) and logprob entries."""
+
+    text: str
+    logprobs: list[TokenLogprob]
+
+
+@dataclass(slots=True)
+class RequestPolicy:
+    """One request's ``TokenPolicy``. After the request ends, ``text`` is the whole answer
+    (cut at a stop string), ``stopped`` what stopped it (``None``: it ran to its length)."""
+
+    sampling: Sampling
+    tokenizer: TextTokenizer
+    on_piece: Callable[[Piece], None] | None = None
+    text: str = ""
+    stopped: str | int | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    _ids: list[int] = field(default_factory=list)  # decoded so far
+    _sent: int = 0  # characters of ``text`` handed to on_piece
+    _pending: list[TokenLogprob] = field(default_factory=list)
+    _generator: torch.Generator | None = None
+    _stream: TextStream | None = None
+
+    def __post_init__(self) -> None:
+        self._stream = self.tokenizer.stream()
+        if self.sampling.seed is not None:
+            self._generator = torch.Generator().manual_seed(self.sampling.seed)
+
+    def choose(self, logits: torch.Tensor) -> int:
+        """The next token among the tokenizer's ids."""
+        s = self.sampling
+        scores = logits[: self.tokenizer.vocab_size].float().cpu()
+        greedy = s.temperature <= 0
+        token = int(scores.argmax()) if greedy else _sample(scores, s, self._generator)
+        if s.logprobs is not None:
+            self._pending.append(_logprob(scores, token, s.logprobs))
+        return token
+
+    def stops_at(self, token: int) -> bool:
+        """Decode ``token``; True (and the text cut) at a stop id or string."""
+        if token in self.sampling.stop_ids:
+            self.stopped = token
+            return self._emit(final=True)
+        assert self._stream is not None
+        self._ids.append(token)
+        self.text += self._stream.add(token)
+        for stop in self.sampling.stop:
+            at = self.text.find(stop, max(0, self._sent - len(stop)))
+            if at >= 0:
+                self.text, self.stopped = self.text[:at], stop
+                return self._emit(final=True)
+        return self._emit(final=False)
+
+    def finish(self) -> Piece:
+        """The text and logprobs not handed out yet (after the request ended), with the bytes
+        of a character the answer cut at its end (decoded as U+FFFD, as a full decode does)."""
+        if self.stopped is None:
+            self.text = self.tokenizer.decode(self._ids)
+        piece = Piece(self.text[self._sent:], self._pending)
+        self.logprobs += self._pending
+        self._sent, self._pending = len(self.text), []
+        return piece
+
+    def _emit(self, *, final: bool) -> bool:
+        hold = 0 if final else max((len(s) - 1 for s in self.sampling.stop), default=0)
+        end = max(self._sent, len(self.text) - hold)
+        piece = Piece(self.text[self._sent:end], self._pending)
+        self.logprobs += self._pending
+        self._sent, self._pending = end, []
+        if self.on_piece is not None and (piece.text or piece.logprobs or final):
+            self.on_piece(piece)
+        return final
+
+
+def _sample(scores: torch.Tensor, s: Sampling, gen: torch.Generator | None) -> int:
+    scores = scores / s.temperature
+    if 0 < s.top_k < scores.numel():
+        kth = torch.topk(scores, s.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, -math.inf)
+    if s.top_p < 1.0:
+        ordered, index = torch.sort(scores, descending=True)
+        cumulative = torch.softmax(ordered, -1).cumsum(-1)
+        drop = cumulative - torch.softmax(ordered, -1) >= s.top_p  # keep the first over top_p
+        scores = scores.scatter(0, index[drop], -math.inf)
+    return int(torch.multinomial(torch.softmax(scores, -1), 1, generator=gen))
+
+
+def _logprob(scores: torch.Tensor, token: int, top: int) -> TokenLogprob:
+    logp = torch.log_softmax(scores, -1)
+    best = torch.topk(logp, top) if top else None
+    pairs = list(zip(best.indices.tolist(), best.values.tolist(), strict=True)) if best else []
+    return TokenLogprob(token, float(logp[token]), pairs)
