@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from radixcache.core import events as ev
     from radixcache.serving.engine import Engine
     from radixcache.serving.server import RecordResult
-    from radixcache.traffic.workload_types import Workload
 
 # piped (not a terminal), lines are never wrapped at Rich's default 80 columns: a node's line
 # stays one line for grep and for whatever reads it

@@ -213,7 +213,7 @@ def test_queue_and_rcached_events_travel_validate_and_reach_the_mirror() -> None
 
 
 def test_a_schema_3_heartbeat_without_schedule_still_reads() -> None:
-    """Schema 4 added ``Counters.schedule``; a schema 3 stream's Counters has 12 fields."""
+    """Schema 5 added ``Counters.schedule``; a schema 3 or 4 stream's Counters has 12 fields."""
     old = {"seq": 1, "epoch": 1, "ts": 0.0, "engine": "schema-3",
            "events": [["counters", 0, 5, 4, 0, 100, 60, 0, 0, 0, 1, 0, False]]}
     batch = ev.decode_batch(msgspec.msgpack.encode(old))
