@@ -83,7 +83,8 @@ COMMANDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
         "words."),
     "bench engine": ("cli.cmd_engine", "",
         "Serve one workload with the cache on, then off; compare prefill work, TTFT, decode "
-        "rate."),
+        "rate. With --schedule: the demo's mix under each scheduling policy (hit rate against "
+        "the what-if curve, in-flight misses, queue wait, TTFT, throughput, equal outputs)."),
     "bench tui": ("cli.cmd_inspect", "",
         "The inspector headless on a big tree fed 50,000 events/s: frame cost while scrolling "
         "and while nodes change, key latency, events ingested/s, memory pane redraws/s, command "

@@ -103,7 +103,8 @@ class CommandReplies:
                      error=True)
             return
         self.app.query_one("#events", EventLog).set_kinds(kinds)
-        hidden = " (heartbeats wm, counters hidden: filter wm shows them)" if (
+        noisy = ", ".join(k for k in KINDS if k in NOISY)
+        hidden = f" (heartbeats {noisy} hidden: filter wm shows them)" if (
             rest == ("all",)) else ""
         self.say(f"✓ showing {' '.join(k for k in KINDS if k in kinds)}{hidden}")
 

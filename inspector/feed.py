@@ -209,7 +209,7 @@ class Feed:
             case ev.Snapshot() | ev.Reset():
                 self._after_snapshot(d, batch.ts)
             case (ev.RequestStart() | ev.RequestFinish() | ev.Counters() | ev.Fault()
-                  | ev.Digest()):
+                  | ev.Digest() | ev.RequestCached() | ev.Queue()):
                 pass  # the log has them; the panes read them off the mirror
             case _:
                 assert_never(e)

@@ -92,6 +92,7 @@ class Frame:
     selection: Selection | None
     # blocks whose cell changed since the previous frame (None: all of them)
     changed: frozenset[int] | None = field(default=None, compare=False)
+    queue: ev.Queue | None = None  # the engine's waiting queue and why each waits
 
     def count(self, state: Cell) -> int:
         """Blocks drawn in ``state``."""
@@ -148,7 +149,7 @@ class Builder:
         return Frame(feed.seq, feed.epoch, feed.now(), m.num_blocks, self._bytes,
                      m.num_blocks - free, len(m.nodes) - 1, dataclasses.replace(m.stats),
                      m.counters, m.fault, m.watermark, m.high, m.low,
-                     MappingProxyType(views), tuple(lru), selection, self._changed)
+                     MappingProxyType(views), tuple(lru), selection, self._changed, m.queue)
 
     def _follow(self, m: Mirror, d: Delta, wanted: int | None) -> int | None:
         """The selected node at this seq: a merged parent's tokens live on in its child; an

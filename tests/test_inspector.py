@@ -53,11 +53,15 @@ def test_parse_builds_typed_commands_and_explains_errors() -> None:
     assert parse("tot 3 4").command == cmd.StartWorkload("tot", ["3", "4"])
     assert parse("watermark 0.9 0.8").command == cmd.SetWatermark(0.9, 0.8)
     assert parse("evict 4096").command == cmd.Evict(4096)
+    assert parse("schedule dfs-weight").command == cmd.SetSchedule("dfs-weight")
+    assert parse("schedule sjf").error == (
+        "unknown schedule 'sjf': choose one of fcfs, lpm, dfs-weight")
+    assert parse("schedule").error == "usage: schedule fcfs|lpm|dfs-weight (e.g. schedule lpm)"
     assert parse("pause").command == cmd.Pause()
     assert parse("filter split evict").local == ("filter", "split", "evict")
     assert parse("bogus 1").error == (
         "unknown command 'bogus' (commands: chat evict filter flood fork help pause quit reset "
-        "resume snapshot stats system tot watermark why)")
+        "resume schedule snapshot stats system tot watermark why)")
     assert parse("chat 0").error == ("chat: conversations must be between 1 and 1000, got 0 "
                                      "(usage: chat CONVERSATIONS [--seed N] (e.g. chat 20))")
     assert parse("evict abc").error == "usage: evict TOKENS (e.g. evict 4096)"

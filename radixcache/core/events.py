@@ -16,13 +16,14 @@ arrays of ints, and a decoded event holds lists.
 
 from __future__ import annotations
 
+import enum
 from array import array
 from collections.abc import Sequence
 
 import msgspec
 
-SCHEMA_VERSION = 4  # 2: Extend; 3: Counters, Fault; 4: tail eviction, Access.end,
-# NodeState.older, Merge.keeps_times
+SCHEMA_VERSION = 5  # 2: Extend; 3: Counters, Fault; 4: tail eviction, Access.end,
+# NodeState.older, Merge.keeps_times; 5: Queue, RequestCached, Counters.schedule
 
 
 class Event(msgspec.Struct, tag_field="kind", array_like=True, frozen=True):
@@ -165,6 +166,16 @@ class RequestFinish(Event, tag="rfinish", frozen=True):
     ttft_ms: float
 
 
+class RequestCached(Event, tag="rcached", frozen=True):
+    """Request ``req``'s prompt of ``prompt_tokens`` tokens is in the tree (schema 5): its
+    prefill ended and it goes on decoding, so waiting requests can read its prompt now. The
+    tree events right before it are that insert; the rest of its sequence is inserted at its
+    ``RequestFinish``."""
+
+    req: int
+    prompt_tokens: int
+
+
 class NodeState(msgspec.Struct, array_like=True, frozen=True):
     """One node in a snapshot (root has id 0 and parent -1)."""
 
@@ -215,6 +226,7 @@ class Counters(Event, tag="counters", frozen=True):
     waiting: int
     running: int
     paused: bool
+    schedule: str | None = None  # the scheduling policy (schema 5; None: none, or older)
 
 
 class Fault(Event, tag="fault", frozen=True):
@@ -223,6 +235,48 @@ class Fault(Event, tag="fault", frozen=True):
 
     thread: str
     error: str
+
+
+class WaitReason(enum.Enum):
+    """Why a waiting request was not admitted at the last scheduling step."""
+
+    ORDER = "order"  # others come first in the scheduling policy's order
+    SHARING = "sharing"  # a running request is computing its prefix: it waits for that insert
+    POOL = "pool full"  # the pool cannot hold it now (pinned blocks); those behind it wait too
+    BATCH = "batch full"  # the most running requests are running
+    PAUSED = "paused"  # the engine admits nothing until ``resume``
+
+
+class Waiting(msgspec.Struct, array_like=True, frozen=True):
+    """One waiting request: why it waits and since which scheduling step (``Queue.step``).
+    ``SHARING`` names the running request ``on_req`` whose insert it waits for, the cached
+    node ``node`` its prefix continues now, and the ``shared`` tokens it will read then."""
+
+    req: int
+    reason: WaitReason
+    queued: int
+    on_req: int | None = None
+    node: int | None = None
+    shared: int = 0
+
+
+class Queue(Event, tag="queue", frozen=True):
+    """The waiting queue, sent when a step changed it (schema 5): the scheduling ``policy``
+    (``fcfs``, ``lpm``, ``dfs-weight``), the scheduler's ``step`` count, how many requests
+    wait, and the first ``len(entries)`` of them in the order they would be admitted."""
+
+    policy: str
+    step: int
+    waiting: int
+    entries: list[Waiting]
+
+    def counts(self) -> dict[WaitReason, int]:
+        """Waiting requests by reason; the ones past ``entries`` count as ``ORDER``."""
+        out = dict.fromkeys(WaitReason, 0)
+        for w in self.entries:
+            out[w.reason] += 1
+        out[WaitReason.ORDER] += max(0, self.waiting - len(self.entries))
+        return out
 
 
 class Digest(Event, tag="digest", frozen=True):
@@ -245,12 +299,14 @@ AnyEvent = (
     | BlockFree
     | Watermark
     | RequestStart
+    | RequestCached
     | RequestFinish
     | Snapshot
     | Reset
     | Digest
     | Counters
     | Fault
+    | Queue
 )
 
 

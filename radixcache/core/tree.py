@@ -196,6 +196,13 @@ class RadixTree:
             self._access(node, length)
             return MatchResult(length, node, table)
 
+    def peek(self, tokens: TokenSeq) -> tuple[RadixNode, int]:
+        """The deepest node ``tokens`` reach (the match may end inside it) and the matched
+        length, changing nothing: no access time, no event (a scheduler ordering its queue)."""
+        seq = tk.validated(tokens, self.vocab_limit)
+        with self.lock_:
+            return self.structure.descend(seq, self.structure.root, 0)
+
     def match_and_pin(self, tokens: TokenSeq) -> MatchResult:
         """``match`` and ``pin``, atomically. A match that ends inside a node splits it there
         first (as SGLang's match does), so the pin holds exactly the matched tokens: the

@@ -106,6 +106,7 @@ class Mirror:
         self.watermark: ev.Watermark | None = None
         self.counters: ev.Counters | None = None  # the engine's own, from its heartbeat
         self.fault: ev.Fault | None = None  # a worker thread of the engine died
+        self.queue: ev.Queue | None = None  # the engine's waiting queue, as last sent
         self.version = 0  # bumped on every applied event, never rewound (the UI redraws on change)
         self.seq = 0  # the batch being applied (``apply_batch``; a feed applying event by event
         # sets it) or the snapshot's seq (set by the loader)
@@ -224,6 +225,9 @@ class Mirror:
 
     def _fault(self, e: ev.Fault) -> None:
         self.fault = e
+
+    def _request(self, e: ev.Queue | ev.RequestCached) -> None:  # (rcached: the events
+        self.queue = e if isinstance(e, ev.Queue) else self.queue  # before it did its insert)
 
     def _watermark(self, e: ev.Watermark) -> None:
         self.watermark = e
@@ -385,10 +389,12 @@ _HANDLERS: Mapping[type, Callable[[Mirror, Any], None]] = exhaustive(
         ev.Watermark: Mirror._watermark,
         ev.RequestStart: Mirror._request_start,
         ev.RequestFinish: Mirror._request_finish,
+        ev.RequestCached: Mirror._request,
         ev.Snapshot: Mirror._load,
         ev.Reset: Mirror._reset_event,
         ev.Digest: Mirror._digest,
         ev.Counters: Mirror._counters,
         ev.Fault: Mirror._fault,
+        ev.Queue: Mirror._request,
     }
 )

@@ -270,6 +270,26 @@ def _text(e: ev.Digest | ev.Fault, n: int) -> None:
         raise Malformed(f"{type(e).__name__} text of {len(text):,} characters")
 
 
+def _cached(e: ev.RequestCached, n: int) -> None:
+    _int(e.req, "rcached request")
+    _int(e.prompt_tokens, "rcached prompt tokens")
+
+
+def _queue(e: ev.Queue, n: int) -> None:
+    if len(e.policy) > MAX_TEXT:
+        raise Malformed(f"queue policy of {len(e.policy):,} characters")
+    _int(e.step, "queue step")
+    _int(e.waiting, "queue waiting")
+    for w in e.entries:
+        _int(w.req, "queue request")
+        _int(w.queued, "queue queued", 0, e.step)
+        _int(w.shared, "queue shared tokens")
+        if w.on_req is not None:
+            _int(w.on_req, "queue on request")
+        if w.node is not None:
+            _int(w.node, "queue node")
+
+
 def _fields_only(e: ev.AnyEvent, n: int) -> None:
     """Heartbeats and request events name no block, node or token run: their fields were
     typed by the decoder and the mirror only stores or sums them."""
@@ -289,6 +309,8 @@ _CHECKS: Mapping[type, Callable[[Any, int], None]] = exhaustive("wire.validate",
     ev.Snapshot: _snapshot,
     ev.Digest: _text,
     ev.Fault: _text,
+    ev.Queue: _queue,
+    ev.RequestCached: _cached,
     ev.Watermark: _fields_only,
     ev.RequestStart: _fields_only,
     ev.RequestFinish: _fields_only,
