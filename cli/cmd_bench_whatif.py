@@ -21,6 +21,12 @@ def bench_whatif(
     checks: int = typer.Option(8, "--checks", min=1, max=32,
                                help="Capacities replayed to check exactness."),
     seed: int = typer.Option(0, "--seed", help="Seed of the generated trace."),
+    scale: int = typer.Option(0, "--scale", min=0, max=10**9,
+                              help="Also the scale section: a generated trace of N requests, "
+                                   "exact and sampled, in process and from a file (10M: "
+                                   "minutes)."),
+    sample: float = typer.Option(0.01, "--sample", min=1e-6, max=1.0,
+                                 help="The scale section's sampling rate."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The ShareGPT curve at block 16 against one `bench tree` replay, its exactness against
@@ -28,6 +34,7 @@ def bench_whatif(
     generated 1M-request Mooncake-format trace.
 
     Example: [bold]radixcache bench whatif --requests 100000 --json[/bold]
+    At scale: [bold]radixcache bench whatif --scale 10000000 --sample 0.01 --json[/bold]
     """
     from radixcache.tools.bench_whatif import run_bench
 
@@ -37,7 +44,8 @@ def bench_whatif(
                   transient=True, disable=not err.is_terminal) as bar:
         fig = run_bench(requests, limit or None, checks, seed,
                         lambda label, total: bar.add_task(label, total=total),
-                        lambda task, n: bar.advance(TaskID(task), n))
+                        lambda task, n: bar.advance(TaskID(task), n),
+                        (scale, sample) if scale else None)
     if as_json:
         typer.echo(json.dumps(fig))
         return

@@ -20,7 +20,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from cli.app import RUN, app, bench_app
+from cli.app import RUN, CliError, app, bench_app
 from cli.cluster_screens import streams_screen
 from radixcache.serving.cluster import Policy  # stdlib only: cheap at start-up
 from radixcache.wire.endpoints import LOOPBACK_HOSTS
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from radixcache.serving.http import HttpFront
     from radixcache.serving.server import Server
+    from radixcache.traffic.workload_types import Workload
 
 console = Console()
 err_console = Console(stderr=True, markup=False, highlight=False)
@@ -93,7 +94,16 @@ def load(
                                       "http://127.0.0.1:8000"),
     workload: str = typer.Option("chat", help="Workload name (chat, system, tot, fork, flood)."),
     workload_args: str = typer.Option("", help="Its arguments, e.g. \"40 --seed 7\"."),
-    rate: float = typer.Option(10.0, help="Requests per second (Poisson arrivals, open loop)."),
+    trace: str = typer.Option(None, "--trace", metavar="FILE",
+                              help="Replay a Mooncake-format JSONL (at its timestamps) or a "
+                                   "ShareGPT .json (at --rate) instead of a workload."),
+    limit: int = typer.Option(1000, "--limit", min=1, max=1_000_000,
+                              help="With --trace: its first N requests."),
+    hash_block_size: int = typer.Option(512, "--hash-block-size", min=1, max=65536,
+                                        help="With a Mooncake-format --trace: tokens per "
+                                             "hash id (as whatif --hash-block-size)."),
+    rate: float = typer.Option(None, help="Requests per second (Poisson arrivals, open loop; "
+                                          "default 10, or a trace's own timestamps)."),
     max_tokens: int = typer.Option(16, help="Answer length cap per request."),
     model: str = typer.Option("radixcache-tiny", help="The model name sent."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
@@ -102,22 +112,24 @@ def load(
     TTFT, throughput and the cached share of prompt tokens.
 
     Example: [bold]radixcache load --url http://127.0.0.1:8000 --workload chat --rate 20[/bold]
+    A trace: [bold]radixcache load --url http://127.0.0.1:8000 --trace mooncake.jsonl[/bold]
     """
     _need_cluster_extra()
     from radixcache.traffic.load import LoadConfig
     from radixcache.traffic.load import load as run
-    from radixcache.traffic.workloads import WorkloadError, build_workload
 
-    if rate <= 0 or max_tokens < 1:
+    if (rate is not None and rate <= 0) or max_tokens < 1:
         raise typer.BadParameter("--rate must be > 0 and --max-tokens >= 1")
-    try:
-        w = build_workload(workload, shlex.split(workload_args))
-    except WorkloadError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--workload") from None
+    w, times = _load_source(workload, workload_args, trace, limit, hash_block_size, max_tokens)
+    if times is None and rate is None:
+        rate = 10.0
+        if trace is not None:
+            raise typer.BadParameter(f"{trace} has no timestamps: give --rate",
+                                     param_hint="--rate")
     with _progress() as bar:
-        task = bar.add_task(f"{workload} -> {url}", total=len(w.requests))
-        result = run(LoadConfig(url.rstrip("/"), rate, max_tokens, model), w,
-                     lambda _r: bar.advance(task))
+        task = bar.add_task(f"{trace or workload} -> {url}", total=len(w.requests))
+        result = run(LoadConfig(url.rstrip("/"), rate or 1.0, max_tokens, model), w,
+                     lambda _r: bar.advance(task), None if rate else times)
     s = result.summary()
     if json_out:
         console.print_json(json.dumps(s))
@@ -127,6 +139,26 @@ def load(
         err_console.print(f"request {w.requests[r.request].tag}: {r.error}", highlight=False)
     if result.failed:
         raise typer.Exit(1)
+
+
+def _load_source(workload: str, workload_args: str, trace: str | None, limit: int,
+                 hash_block_size: int, max_tokens: int) -> tuple[Workload, list[float] | None]:
+    """The workload to send and its send times (None: Poisson at --rate)."""
+    from radixcache.traffic.workloads import WorkloadError, build_workload
+
+    if trace is None:
+        try:
+            return build_workload(workload, shlex.split(workload_args)), None
+        except WorkloadError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--workload") from None
+    from radixcache.traffic.trace_load import trace_workload
+    from radixcache.traffic.traces import TraceError
+
+    try:
+        tw = trace_workload(trace, limit, hash_block_size, max_tokens)
+    except TraceError as exc:
+        raise CliError(str(exc)) from exc
+    return tw.workload, tw.times
 
 
 def _summary_table(s: dict[str, float | int]) -> Table:

@@ -112,6 +112,15 @@ def record(
                   f"{time.perf_counter() - t0:.1f} s")
 
 
+def _first_requests(workload: str, args: str, requests: int) -> Workload:
+    """The workload's first ``requests`` requests; a bad one is a usage error (exit 2)."""
+    try:
+        w = sized_workload(workload, args, requests)
+    except WorkloadError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--workload") from None
+    return dataclasses.replace(w, requests=w.requests[:requests])
+
+
 def _record_to(out: Path, header: dict[str, str | int | float], keyframe_every: int,
                engine: Engine, w: Workload) -> RecordResult:
     """Run ``w`` on ``engine`` into ``out`` with a progress bar; the engine is closed after.
@@ -145,15 +154,6 @@ def _requests_bar(total: int) -> Iterator[Callable[[ev.Batch], None]]:
 
     with bar:
         yield finished
-
-
-def _first_requests(workload: str, args: str, requests: int) -> Workload:
-    """The workload's first ``requests`` requests; a bad one is a usage error (exit 2)."""
-    try:
-        w = sized_workload(workload, args, requests)
-    except WorkloadError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--workload") from None
-    return dataclasses.replace(w, requests=w.requests[:requests])
 
 
 def _record_live(endpoint: str, out: Path, seconds: float, every: int,

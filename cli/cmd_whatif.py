@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli.app import CliError, app
-from cli.whatif_view import check_plot_name, plot_file, print_human
+from cli.whatif_view import check_plot, plot_file, print_human
+from radixcache.core.blockrule import MAX_BLOCK_TOKENS
 from radixcache.traffic.traces import TraceError
 
 if TYPE_CHECKING:
@@ -23,13 +24,17 @@ if TYPE_CHECKING:
     from radixcache.serving.cluster import Policy as Router
 
 
+MAX_TOKENS = 2**50  # a capacity or pool beyond a quadrillion tokens is a typo
+MAX_BLOCKS = 2**40
+
+
 def _ints(text: str, what: str) -> list[int]:
     try:
         vals = [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
     except ValueError:
         raise typer.BadParameter(f"{what}: want comma-separated integers, got {text!r}") from None
-    if any(v < 0 for v in vals):
-        raise typer.BadParameter(f"{what}: capacities must be >= 0")
+    if any(not 0 <= v <= MAX_TOKENS for v in vals):
+        raise typer.BadParameter(f"{what}: capacities must be in [0, 2^50] tokens")
     return vals
 
 
@@ -68,8 +73,8 @@ def _bytes_per_token(kv_bytes: int | None, model: str | None) -> int | None:
 
 
 def _compute(
-    cfg: WhatIfConfig, err: Console, *, at: list[int], pool_blocks: int, bpt: int | None,
-    routers: list[Router], replicas: int,
+    cfg: WhatIfConfig, err: Console, *, at: list[int], pool_blocks: int | None,
+    bpt: int | None, routers: list[Router], replicas: int,
 ) -> tuple[dict[str, object], list[str]]:
     """The ``--json`` object (with ``routing`` when ``replicas``) and the source's notes."""
     from radixcache.analysis.answers import summary
@@ -81,7 +86,7 @@ def _compute(
         task = bar.add_task("requests (one pass)", total=None)
         result = analyse(cfg, lambda n: bar.advance(task, n))
     fig = summary(result, at, pool_blocks, bpt)
-    if replicas:
+    if replicas and pool_blocks is not None:
         from radixcache.analysis.routing import compare
 
         fig["routing"] = compare(cfg, routers, replicas, pool_blocks)
@@ -94,23 +99,28 @@ def whatif(
         ..., metavar="SOURCE", help="sharegpt, a recording (.rcx), or a JSONL trace."),
     block_size: int = typer.Option(16, "--block-size", min=1, max=1024,
                                    help="Tokens per block for token sources."),
-    hash_block_size: int = typer.Option(512, "--hash-block-size", min=1,
+    hash_block_size: int = typer.Option(512, "--hash-block-size", min=1, max=MAX_BLOCK_TOKENS,
                                         help="Tokens per hash id of a Mooncake-format trace."),
     limit: int = typer.Option(0, "--limit", min=0, help="Only the first N requests (0: all)."),
     at: str = typer.Option("", "--at", help="Extra capacities (tokens), comma-separated."),
-    kv_bytes: int = typer.Option(None, "--kv-bytes-per-token", min=1,
+    kv_bytes: int = typer.Option(None, "--kv-bytes-per-token", min=1, max=2**30,
                                  help="K+V bytes per token, for the GiB column."),
     model: str = typer.Option(None, "--model",
                               help="Bytes per token of: llama-3-8b, llama-3-70b, qwen2.5-7b."),
-    pool_blocks: int = typer.Option(12_500, "--pool-blocks", min=1,
-                                    help="Your pool, in blocks of the curve's block size."),
-    policies: str = typer.Option("fifo,lfu", "--policies",
-                                 help="Replayed at sampled sizes: lru, fifo, lfu, or none."),
+    pool_blocks: int = typer.Option(None, "--pool-blocks", min=1, max=MAX_BLOCKS, help=(
+        "Your pool, in blocks of the curve's block size (default: a recording's own).")),
+    policies: str = typer.Option("none", "--policies", help=(
+        "Also replay these at --samples sizes: lru, fifo, lfu (each costs --samples replays).")),
+    alignment: bool = typer.Option(False, "--alignment", help=(
+        "Token sources: also the block-1 curve (a 2nd pass), for the alignment misses.")),
+    sample: float = typer.Option(1.0, "--sample", min=1e-6, max=1.0, help=(
+        "Mooncake format: follow this fraction of the blocks (SHARDS; 1: exact).")),
     samples: int = typer.Option(6, "--samples", min=1, max=64,
                                 help="Capacities each policy is replayed at."),
     plot: Path = typer.Option(None, "--plot", help="Write the chart: FILE.svg or FILE.png."),
     replicas: int = typer.Option(0, "--replicas", min=0, max=64,
-                                 help="Also route the trace over N replicas of --pool-blocks."),
+                                 help="Also route the trace over N replicas of --pool-blocks "
+                                      "(needs it)."),
     router: str = typer.Option("all", "--router",
                                help="cache_aware, round_robin, power_of_two, random, or all."),
     why: list[int] | None = typer.Option(None, "--why", min=0,
@@ -130,23 +140,33 @@ def whatif(
         return
 
     cfg = WhatIfConfig(source, block_size, hash_block_size, limit or None,
-                       _policies(policies), samples)
-    check_plot_name(plot)
+                       _policies(policies), samples, alignment, sample)
+    _checked_curve(cfg, _ints(at, "--at"), _bytes_per_token(kv_bytes, model), plot,
+                   (replicas, router, pool_blocks), as_json)
+
+
+def _checked_curve(cfg: WhatIfConfig, at_caps: list[int], bpt: int | None, plot: Path | None,
+                   routing: tuple[int, str, int | None], as_json: bool) -> None:
+    """Every option checked (a usage error, exit 2, before any work), then the curve."""
+    replicas, router, pool_blocks = routing
+    check_plot(plot)
     routers = _routers(router) if replicas else []
-    _curve(cfg, plot, as_json, partial(_compute, at=_ints(at, "--at"), pool_blocks=pool_blocks,
-                                       bpt=_bytes_per_token(kv_bytes, model), routers=routers,
-                                       replicas=replicas))
+    if replicas and pool_blocks is None:
+        raise typer.BadParameter("--replicas needs --pool-blocks (each replica's pool)",
+                                 param_hint="--replicas")
+    _check_source(cfg)
+    _curve(cfg, plot, as_json, partial(_compute, at=at_caps, pool_blocks=pool_blocks, bpt=bpt,
+                                       routers=routers, replicas=replicas))
 
 
 def _curve(cfg: WhatIfConfig, plot: Path | None, as_json: bool,
            compute: Callable[[WhatIfConfig, Console], tuple[dict[str, object], list[str]]]) -> None:
     """Compute the curve and show it: the answers and the table, or ``--json``; a bad trace
-    is one line naming the line (exit 1)."""
+    is one line naming the line (exit 1). The plot is written last: a file that cannot be
+    written loses none of the answers."""
     err = Console(stderr=True)
     try:
         fig, notes = compute(cfg, err)
-        if plot is not None:
-            plot_file(plot, fig)
     except TraceError as exc:
         raise CliError(str(exc)) from exc
     for note in notes:
@@ -155,6 +175,22 @@ def _curve(cfg: WhatIfConfig, plot: Path | None, as_json: bool,
         typer.echo(json.dumps(fig))
     else:
         print_human(fig)
+    if plot is not None:  # after the answers: a file that cannot be written loses nothing
+        plot_file(plot, fig)
+
+
+def _check_source(cfg: WhatIfConfig) -> None:
+    """Options that only some sources take, refused before any work (the format is told by
+    the first line, which also refuses a FIFO, a device or a file that is not JSON)."""
+    from radixcache.traffic.traces import TraceFormat, detect_format
+
+    try:
+        fmt = detect_format(cfg.source)
+    except TraceError as exc:
+        raise CliError(str(exc)) from exc
+    if cfg.sample < 1.0 and fmt is not TraceFormat.MOONCAKE:
+        raise typer.BadParameter(f"{cfg.source}: sampling needs a Mooncake-format trace "
+                                 f"(this is {fmt.value})", param_hint="--sample")
 
 
 def _why(source: str, reqs: list[int], as_json: bool) -> None:

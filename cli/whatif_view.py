@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -30,9 +31,13 @@ def answers(fig: dict[str, object]) -> list[str]:
     ]
     pool = fig.get("pool")
     if isinstance(pool, dict):
+        who = "your pool" if pool["given_by"] == "option" else "the recording's pool"
         lines.append(
-            f"your pool of {pool['blocks']:,} blocks reaches {pct(pool['of_max'])} of the "
-            f"maximum; 2x reaches {pct(pool['of_max_2x'])}")
+            f"{who} of {pool['blocks']:,} blocks ({pool['tokens']:,} tokens) reaches "
+            f"{pct(pool['of_max'])} of the maximum; 2x reaches {pct(pool['of_max_2x'])}")
+    if "sample_rate" in fig:
+        lines.append(f"estimated from a {pct(float(str(fig['sample_rate'])))} sample of the "
+                     f"blocks (SHARDS)")
     return lines
 
 
@@ -42,10 +47,12 @@ def curve_table(fig: dict[str, object], rows: int = 14) -> Table:
     miss = fig["misses"]
     gib = fig.get("capacities_gib")
     assert isinstance(caps, list) and isinstance(rates, list) and isinstance(miss, dict)
-    t = Table(title=f"radixcache whatif {fig['source']} (LRU, exact)")
+    how = "sampled" if "sample_rate" in fig else "exact"
+    t = Table(title=f"radixcache whatif {fig['source']} (LRU, {how})")
     for col in ("capacity tokens", "blocks", "GiB", "hit rate", "compulsory", "capacity",
                 "alignment"):
         t.add_column(col, justify="right")
+    align = miss.get("alignment")
     step = max(1, len(caps) // rows)
     picks = sorted(set(range(0, len(caps), step)) | {len(caps) - 1})
     for i in picks:
@@ -53,12 +60,14 @@ def curve_table(fig: dict[str, object], rows: int = 14) -> Table:
             f"{caps[i]:,}", f"{caps[i] // int(str(fig['block_size'])):,}",
             f"{gib[i]:.2f}" if isinstance(gib, list) else "-", pct(rates[i]),
             f"{miss['compulsory'][i]:,}", f"{miss['capacity'][i]:,}",
-            f"{miss['alignment'][i]:,}")
+            f"{align[i]:,}" if isinstance(align, list) else "-")
     return t
 
 
 def terminal_plot(fig: dict[str, object], width: int, color: bool) -> Text:
     import plotext as plt
+
+    from radixcache.analysis.chart import si
 
     caps, rates = fig["capacities_tokens"], fig["hit_rate"]
     assert isinstance(caps, list) and isinstance(rates, list)
@@ -67,43 +76,46 @@ def terminal_plot(fig: dict[str, object], width: int, color: bool) -> Text:
     plt.plot([c for c, _ in pairs], [r for _, r in pairs], marker="braille", label="LRU")
     pol = fig["policies"]
     assert isinstance(pol, dict)
+    ys = [r for _, r in pairs]
     for name, p in pol.items():
         both = zip(p["capacities_tokens"], p["hit_rate"], strict=True)
         pts = [(c, 100 * r) for c, r in both if c > 0]
         if pts:
             plt.scatter([c for c, _ in pts], [r for _, r in pts], label=name)
+            ys += [r for _, r in pts]
     plt.xscale("log")
-    plt.ylim(0, 100)
+    lo, hi = min(c for c, _ in pairs), max(c for c, _ in pairs)
+    decades = [10**e for e in range(len(str(lo)) - 1, len(str(hi))) if lo <= 10**e <= hi]
+    plt.xticks(decades, [si(d) for d in decades])
+    bottom, top = max(0.0, min(ys) - 2), min(100.0, max(ys) + 2)
+    plt.ylim(bottom, top)
+    ticks = [float(t) for t in np.linspace(bottom, top, 5)]
+    plt.yticks(ticks, [f"{t:.0f}%" for t in ticks])
     plt.plotsize(min(100, width), 20)
     if not color:
         plt.theme("clear")
-    plt.title("token hit rate (%) against capacity (tokens)")
+    plt.title("token hit rate against capacity (tokens, log scale)")
     return Text.from_ansi(str(plt.build()))
 
 
-def check_plot_name(plot: Path | None) -> None:
-    """Refuse a --plot name we cannot write before any work is done."""
-    if plot is not None and plot.suffix.lower() not in (".svg", ".png"):
-        raise typer.BadParameter(f"{plot}: want a .svg or .png file name", param_hint="--plot")
+def check_plot(plot: Path | None) -> None:
+    """Refuse a --plot we cannot write (its name, or matplotlib missing) before any work."""
+    from radixcache.analysis.chart import ChartError, check
+
+    if plot is not None:
+        try:
+            check(plot)
+        except ChartError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--plot") from None
 
 
 def plot_file(path: Path, fig: dict[str, object]) -> None:
-    from radixcache.analysis.svgplot import render_svg, write_plot
+    from radixcache.analysis.chart import ChartError, draw
 
-    pol = fig["policies"]
-    assert isinstance(pol, dict)
-    points = {n: (p["capacities_tokens"], p["hit_rate"]) for n, p in pol.items()}
-    pool = fig.get("pool")
-    marks = {}
-    if isinstance(pool, dict):
-        marks[f"pool {pool['blocks']:,} blocks"] = int(pool["blocks"]) * int(str(fig["block_size"]))
-    caps, rates = fig["capacities_tokens"], fig["hit_rate"]
-    assert isinstance(caps, list) and isinstance(rates, list)
-    title = f"what if: {fig['source']} (block {fig['block_size']})"
     try:
-        write_plot(path, render_svg(title, caps, rates, points, marks))
-    except (ValueError, OSError) as exc:  # cairosvg missing, or the file cannot be written
-        raise CliError(f"--plot {path}: {exc}") from exc
+        draw(path, fig)
+    except ChartError as exc:
+        raise CliError(f"--plot {exc}") from exc
 
 
 def print_human(fig: dict[str, object]) -> None:

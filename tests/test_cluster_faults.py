@@ -19,8 +19,8 @@ from textual.widgets import Static
 
 from inspector.cluster import ClusterApp, StreamFleet
 from radixcache.serving.cluster import Cluster, ClusterConfig, Policy
-from radixcache.traffic.chattext import TextCodec
 from radixcache.traffic.load import LoadConfig, Reply, arrivals, load
+from radixcache.traffic.tokenizer import TextTokenizer
 from radixcache.traffic.workloads import Vocabulary, build_workload
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.fleet import Fleet
@@ -42,7 +42,7 @@ def finished(c: Cluster, rank: int) -> int:
 def complete(c: Cluster, i: int) -> str:
     client = openai.OpenAI(base_url=f"{c.router_url}/v1", api_key="unused", timeout=10.0,
                            max_retries=0)
-    prompt = TextCodec().decode([*range(100, 140), i])
+    prompt = TextTokenizer().decode([*range(100, 140), i])
     return client.completions.create(model="radixcache-tiny", prompt=prompt,
                                      max_tokens=2).choices[0].text
 

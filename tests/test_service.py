@@ -90,7 +90,7 @@ def test_counters_restart_with_a_new_generation_after_reset() -> None:
     loop.command(cmd.Evict(10_000))
     before = driver.stats()
     assert (before.splits, before.merges, before.cow_copies, before.evicted_nodes) == (
-        3, 3, 5, 10)
+        2, 2, 4, 8)
     loop.command(cmd.Reset())
     last = batches[-1].events[-1]
     assert isinstance(last, ev.Counters)

@@ -39,7 +39,8 @@ def test_every_started_thread_is_in_the_map_guarded_or_with_the_reason() -> None
     assert started == {"rc-service-loop", "rc-publisher", "rc-kvevents", "rc-http",
                        "rc-embedded-feed", "rc-subscriber", "rc-replay", "rc-kv-fleet",
                        "kv-events", "rc-router-poll", "dataset-words", "rc-demo-mix",
-                       "bench-source", "soak"}
+                       "bench-source", "soak", "rc-supervisor", "rc-lossy-hop",
+                       "rc-demo-start"}
     assert started <= set(rows)
     for name in started:
         said = rows[name]

@@ -13,14 +13,8 @@ from cli.main import main
 from radixcache.analysis.answers import capacity_for, knee_tokens
 from radixcache.analysis.whatif import one_pass
 from radixcache.serving.engine import fold_answers
-from radixcache.traffic.traces import (
-    Access,
-    TraceError,
-    detect_format,
-    generate_mooncake,
-    read_mooncake,
-    read_recording,
-)
+from radixcache.traffic.mooncake import generate_mooncake, read_mooncake
+from radixcache.traffic.traces import Access, TraceError, detect_format, read_recording
 from radixcache.traffic.workloads import build_workload
 
 
@@ -57,7 +51,7 @@ TOKENS = [  # a conversation of two turns and a stranger; block size 4 in the te
 def test_token_jsonl_curve_misses_and_answers(tmp_path, capsys):
     path = write_lines(tmp_path / "t.jsonl", TOKENS)
     fig = run_json([str(path), "--block-size", "4", "--at", "12", "--policies", "lru",
-                    "--pool-blocks", "2"], capsys)
+                    "--pool-blocks", "2", "--alignment"], capsys)
     assert (fig["format"], fig["requests"], fig["prompt_tokens"], fig["block_size"]) == (
         "tokens", 3, 21, 4)
     # turn 2 (10 tokens) matches turn 1's cached 1..8 = 2 whole blocks = 8 tokens (at block 1:
@@ -68,7 +62,8 @@ def test_token_jsonl_curve_misses_and_answers(tmp_path, capsys):
     assert fig["capacity_for"] == {"0.5": 4, "0.9": 8, "0.99": 8}
     assert fig["misses"] == {"compulsory": [13] * 4, "capacity": [8, 4, 0, 0],
                              "alignment": [0] * 4}
-    assert fig["pool"] == {"blocks": 2, "of_max": 1.0, "of_max_2x": 1.0}
+    assert fig["pool"] == {"blocks": 2, "tokens": 8, "of_max": 1.0, "of_max_2x": 1.0,
+                           "given_by": "option"}
     assert fig["policies"]["lru"]["hit_rate"] == fig["policies"]["lru"]["lru_hit_rate"]
     # a capacity between blocks is listed as given and holds its whole blocks
     fig = run_json([str(path), "--block-size", "4", "--at", "7", "--policies", "none"], capsys)
@@ -80,7 +75,7 @@ def test_alignment_misses_are_what_block_size_1_would_hit(tmp_path, capsys):
     # the second prompt shares 6 tokens with the first: 1 whole block of 4 at block size 4
     path = write_lines(tmp_path / "t.jsonl", [{"prompt": [1, 2, 3, 4, 5, 6]},
                                               {"prompt": [1, 2, 3, 4, 5, 6, 9, 9]}])
-    fig = run_json([str(path), "--block-size", "4", "--policies", "none"], capsys)
+    fig = run_json([str(path), "--block-size", "4", "--alignment"], capsys)
     assert fig["max_hit_rate"] == 4 / 14
     misses = fig["misses"]
     assert (misses["compulsory"][-1], misses["alignment"][-1]) == (8, 2)
@@ -91,16 +86,36 @@ def test_alignment_misses_are_what_block_size_1_would_hit(tmp_path, capsys):
 
 def test_mooncake_trace_and_the_hit_token_rule(tmp_path, capsys):
     path = write_lines(tmp_path / "m.jsonl", [
-        {"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]},
+        {"timestamp": 0, "input_length": 1024, "output_length": 5, "hash_ids": [1, 2]},
         {"timestamp": 9, "input_length": 1500, "output_length": 5, "hash_ids": [1, 2, 3]},
-        {"timestamp": 20, "input_length": 700, "output_length": 5, "hash_ids": [1, 2]},
+        {"timestamp": 20, "input_length": 700, "output_length": 5, "hash_ids": [1, 6]},
     ])
     assert detect_format(str(path)).value == "mooncake"
-    fig = run_json([str(path), "--policies", "none", "--model", "llama-3-8b"], capsys)
-    # request 2 hits 2 blocks = 1024 tokens; request 3 hits min(2 * 512, 700) = 700
-    assert fig["prompt_tokens"] == 3200 and fig["block_size"] == 512
-    assert fig["max_hit_rate"] == 1724 / 3200
+    fig = run_json([str(path), "--model", "llama-3-8b"], capsys)
+    # request 2 hits 2 whole blocks = 1024 tokens; request 3 hits block 1 only = 512
+    assert fig["prompt_tokens"] == 3224 and fig["block_size"] == 512
+    assert fig["max_hit_rate"] == 1536 / 3224
     assert fig["capacities_gib"][1] == 512 * 131072 / 2**30
+    assert "pool" not in fig and fig["policies"] == {}  # none given, none replayed
+    assert fig["misses"]["alignment"] == [0] * len(fig["capacities_tokens"])
+
+
+def test_a_hash_id_names_one_block_of_one_length(tmp_path, capsys):
+    """aiperf's rule: block 2 made with 488 tokens (a partial last block) cannot be asked
+    for later as a whole block of 512."""
+    path = write_lines(tmp_path / "m.jsonl", [
+        {"input_length": 1000, "hash_ids": [1, 2]},
+        {"input_length": 1500, "hash_ids": [1, 2, 3]},
+    ])
+    assert run_error(["whatif", str(path)], capsys) == (
+        f"error: {path}:2: hash id 2 is asked for at 512 tokens but was made at 488 tokens "
+        "(a hash id names one block of one length)\n")
+    path = write_lines(tmp_path / "m.jsonl", [
+        {"input_length": 1024, "hash_ids": [1, 2]},
+        {"input_length": 1024, "hash_ids": [7, 2]},  # block 2 under another parent
+    ])
+    assert f"{path}:2: hash id 2 appears out of its place" in run_error(
+        ["whatif", str(path)], capsys)
 
 
 def test_bad_lines_are_named(tmp_path, capsys):
@@ -108,7 +123,7 @@ def test_bad_lines_are_named(tmp_path, capsys):
     path = write_lines(tmp_path / "m.jsonl", [good, good, {"input_length": 10}])
     assert ":3: not a Mooncake-format request" in run_error(["whatif", str(path)], capsys)
     path = write_lines(tmp_path / "m.jsonl", [good, {"input_length": 600, "hash_ids": [1]}])
-    assert ":2: input_length 600 exceeds 1 blocks of 512" in run_error(
+    assert ":2: 1 hash ids for 600 tokens: blocks of 512 tokens need exactly 2" in run_error(
         ["whatif", str(path)], capsys)
     path = write_lines(tmp_path / "t.jsonl", [{"prompt": [1]}, {"prompt": [-1]}])
     assert ":2: need a non-empty prompt" in run_error(["whatif", str(path)], capsys)
@@ -126,11 +141,19 @@ def test_bad_lines_are_named(tmp_path, capsys):
 
 def test_plots_svg_and_png(tmp_path, capsys):
     path = write_lines(tmp_path / "t.jsonl", TOKENS)
-    run_json([str(path), "--block-size", "1", "--plot", str(tmp_path / "c.svg")], capsys)
+    run_json([str(path), "--block-size", "1", "--policies", "fifo", "--pool-blocks", "4",
+              "--plot", str(tmp_path / "c.svg")], capsys)
     svg = (tmp_path / "c.svg").read_text()
-    assert svg.startswith("<svg") and svg.count("<polyline") == 1 and "fifo (replay)" in svg
-    run_json([str(path), "--plot", str(tmp_path / "c.png")], capsys)
+    for text in ("What-if: t.jsonl, block 1", "capacity (tokens, log scale)", "token hit rate",
+                 "capacity (blocks of 1 tokens)", "LRU (one pass, exact)", "FIFO (replayed)",
+                 "maximum 38.1% (infinite cache)", "50% of max at 4 tokens", "knee at ",
+                 "your pool: 4 blocks = 4 tokens (50% of max)"):
+        assert text in svg, text
+    run_json([str(path), "--model", "llama-3-8b", "--plot", str(tmp_path / "c.png")], capsys)
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    run_json([str(path), "--model", "llama-3-8b", "--plot", str(tmp_path / "d.svg")], capsys)
+    svg = (tmp_path / "d.svg").read_text()
+    assert "KV cache (GiB)" in svg and "your pool" not in svg  # no pool given, none drawn
     with pytest.raises(SystemExit) as exc:
         main(["whatif", str(path), "--plot", str(tmp_path / "c.gif")])
     err = capsys.readouterr().err
@@ -141,11 +164,12 @@ def test_human_output_has_the_answers_plot_and_table(tmp_path, capsys):
     path = write_lines(tmp_path / "t.jsonl", TOKENS)
     with pytest.raises(SystemExit) as exc:
         main(["whatif", str(path), "--block-size", "4", "--pool-blocks", "1"])
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps at the console's width
     assert exc.value.code == 0
     assert "maximum hit rate 38.10% (infinite cache)" in out
-    assert "your pool of 1 blocks reaches 50.00% of the maximum; 2x reaches 100.00%" in out
-    assert "token hit rate (%) against capacity (tokens)" in out
+    assert ("your pool of 1 blocks (4 tokens) reaches 50.00% of the maximum; 2x reaches "
+            "100.00%") in out
+    assert "token hit rate against capacity (tokens, log scale)" in out
     assert "compulsory" in out
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from radixcache.analysis.stackdist import Curve
 from radixcache.analysis.whatif import WhatIf
+from radixcache.traffic.traces import TraceFormat
 
 FRACTIONS = ("0.5", "0.9", "0.99")
 # K+V bytes per token at 16-bit: 2 x layers x kv_heads x head_dim x 2 bytes
@@ -33,19 +34,43 @@ MODEL_BYTES_PER_TOKEN = {
 def capacity_for(curve: Curve, fraction: float) -> int:
     """The smallest capacity (tokens) whose hits reach ``fraction`` of the maximum."""
     want = fraction * curve.max_hits
-    return int(np.searchsorted(curve.cum, want - 1e-9, side="left")) * curve.block_tokens
+    k = int(np.searchsorted(curve.cum, want - 1e-9, side="left"))
+    return curve.units_at(k) * curve.block_tokens
 
 
-def knee_tokens(curve: Curve) -> int:
-    """The knee of hits against log capacity: the point farthest above the chord from one
-    unit to saturation (Kneedle on the normalised curve); 0 for a curve with no hits."""
+def knee_tokens(curve: Curve, points: int = 512) -> int:
+    """The knee: where the curve, hit rate against log capacity, bends from its steepest rise
+    to flat (0 for a curve with no hits).
+
+    Kneedle (Satopaa et al., 2011) takes the point farthest above the chord, which only
+    works on a concave curve: a curve flat up to a large capacity, or S-shaped, lies below its
+    chord from one block, and the farthest point is then the first block. So the chord here
+    starts at the curve's steepest point (the largest slope over 1/32 of the log range) and
+    ends at saturation: from there every curve is concave, and the knee is its upper bend.
+    On a concave curve the steepest point is the first, and this is plain Kneedle."""
     top = curve.saturation_units
     if top < 2 or curve.max_hits == 0:
         return top * curve.block_tokens
-    units = np.unique(np.geomspace(1, top, 512).round().astype(np.int64))
+    units = np.unique(np.geomspace(1, top, points).round().astype(np.int64))
     x = np.log(units) / np.log(top)
     y = curve.hits(units) / curve.max_hits
-    return int(units[int(np.argmax(y - x))]) * curve.block_tokens
+    steep = _steepest(x, y)
+    xs, ys = x[steep:], y[steep:]
+    if len(xs) < 3 or xs[-1] <= xs[0]:
+        return int(units[-1]) * curve.block_tokens
+    chord = ys[0] + (xs - xs[0]) * (ys[-1] - ys[0]) / (xs[-1] - xs[0])
+    return int(units[steep + int(np.argmax(ys - chord))]) * curve.block_tokens
+
+
+def _steepest(x: np.ndarray, y: np.ndarray, w: float = 1 / 32) -> int:
+    """Index of the steepest point: the largest slope over a window of ``w`` of ``x``'s range
+    centred on it (cut at the ends, and at least one step wide)."""
+    i = np.arange(len(x))
+    lo = np.searchsorted(x, x - w / 2, side="left")
+    hi = np.maximum(np.searchsorted(x, x + w / 2, side="right") - 1, np.minimum(i + 1, len(x) - 1))
+    lo = np.minimum(lo, np.maximum(hi - 1, 0))
+    width = np.maximum(x[hi] - x[lo], 1e-12)
+    return int(np.argmax((y[hi] - y[lo]) / width))
 
 
 def grid_tokens(curve: Curve, at: Sequence[int], points: int = 96) -> list[int]:
@@ -59,19 +84,20 @@ def grid_tokens(curve: Curve, at: Sequence[int], points: int = 96) -> list[int]:
 
 
 def misses(w: WhatIf, caps_tokens: Sequence[int]) -> dict[str, list[int]]:
-    """The three miss classes at each capacity (tokens), as in the module docstring."""
+    """The miss classes at each capacity (tokens), as in the module docstring. Without the
+    block-1 curve (``--alignment``) a token source's alignment misses are not told apart:
+    ``compulsory`` then holds them too, and ``alignment`` is absent."""
     c = w.curve
     units = np.asarray(caps_tokens, dtype=np.int64) // c.block_tokens
     hits = c.hits(units)
-    seen = w.token_curve.max_hits if w.token_curve is not None else c.max_hits
-    compulsory = c.prompt_tokens - seen
-    alignment = seen - c.max_hits
     n = len(caps_tokens)
-    return {
-        "compulsory": [compulsory] * n,
-        "capacity": [int(c.max_hits - h) for h in hits],
-        "alignment": [alignment] * n,
-    }
+    known = w.token_curve is not None or w.format is TraceFormat.MOONCAKE
+    seen = w.token_curve.max_hits if w.token_curve is not None else c.max_hits
+    out = {"compulsory": [c.prompt_tokens - seen] * n,
+           "capacity": [int(c.max_hits - h) for h in hits]}
+    if known:
+        out["alignment"] = [seen - c.max_hits] * n
+    return out
 
 
 def summary(
@@ -114,13 +140,19 @@ def summary(
     if bytes_per_token is not None:
         out["capacities_gib"] = [x * bytes_per_token / 2**30 for x in caps]
     if pool_blocks is not None:
-        out["pool"] = pool_statement(c, pool_blocks)
+        out["pool"] = pool_statement(c, pool_blocks, "option")
+    elif w.pool_tokens is not None:
+        out["pool"] = pool_statement(c, w.pool_tokens // c.block_tokens, "recording")
+    if c.unit_step != 1.0:
+        out["sample_rate"] = 1 / c.unit_step
     return out
 
 
-def pool_statement(c: Curve, pool_blocks: int) -> dict[str, float | int]:
-    """What a pool of ``pool_blocks`` blocks (of the curve's block size) and twice it reach,
-    as fractions of the maximum hit rate."""
+def pool_statement(c: Curve, pool_blocks: int, given_by: str) -> dict[str, float | int | str]:
+    """What a pool of ``pool_blocks`` blocks (of the curve's block size, so its tokens are in
+    the source's unit) and twice it reach, as fractions of the maximum hit rate; ``given_by``
+    says who knows that pool (``option``: --pool-blocks, ``recording``: its engine)."""
     top = max(c.max_hits, 1)
     at1, at2 = (float(h) / top for h in c.hits(np.asarray([pool_blocks, 2 * pool_blocks])))
-    return {"blocks": pool_blocks, "of_max": at1, "of_max_2x": at2}
+    return {"blocks": pool_blocks, "tokens": pool_blocks * c.block_tokens, "of_max": at1,
+            "of_max_2x": at2, "given_by": given_by}

@@ -83,12 +83,17 @@ class _Node:
 
 
 class Curve(NamedTuple):
-    """Hit tokens at every capacity (in units): ``hits(c)`` is exact for every c >= 0."""
+    """Hit tokens at every capacity (in units): ``hits(c)`` is exact for every c >= 0.
+
+    ``cum[k]`` is the hits at capacity ``k * unit_step`` units: ``unit_step`` is 1 for an
+    exact curve, 1/R for one estimated from a sample at rate R (``hashstack``), whose k-th
+    entry stands for the blocks at sampled distances below k."""
 
     block_tokens: int
     requests: int
     prompt_tokens: int
-    cum: np.ndarray  # cum[c] = hit tokens at capacity c units, c = 0 .. len - 1 (then flat)
+    cum: np.ndarray  # cum[k] = hit tokens at capacity k * unit_step units (then flat)
+    unit_step: float = 1.0
 
     @property
     def max_hits(self) -> int:
@@ -98,11 +103,20 @@ class Curve(NamedTuple):
     @property
     def saturation_units(self) -> int:
         """The smallest capacity (units) that reaches ``max_hits``."""
-        return int(np.searchsorted(self.cum, self.cum[-1], side="left"))
+        return self.units_at(int(np.searchsorted(self.cum, self.cum[-1], side="left")))
+
+    def units_at(self, k: int) -> int:
+        """The smallest capacity (units) whose hits are ``cum[k]``."""
+        if self.unit_step == 1.0 or k == 0:
+            return k
+        return int(np.floor((k - 1) * self.unit_step)) + 1
 
     def hits(self, units: np.ndarray) -> np.ndarray:
         """Hit tokens at each capacity in ``units`` (int64 array, any values >= 0)."""
-        out: np.ndarray = self.cum[np.minimum(units, len(self.cum) - 1)]
+        u = np.asarray(units, dtype=np.int64)
+        if self.unit_step != 1.0:
+            u = np.ceil(np.minimum(u, 2**52) / self.unit_step).astype(np.int64)
+        out: np.ndarray = self.cum[np.minimum(u, len(self.cum) - 1)]
         return out
 
     def hit_rate_at(self, units: int) -> float:

@@ -11,17 +11,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from radixcache.analysis.hashstack import HashStack, HashStackError
 from radixcache.analysis.replay import Policy, ReplayCache, replay
 from radixcache.analysis.stackdist import Curve, StackDistances
 from radixcache.core import events as ev
+from radixcache.traffic.mooncake import head, line_of, read_hash_runs, read_mooncake
 from radixcache.traffic.traces import (
     MOONCAKE_BLOCK,
     Access,
     RequestTracker,
     TokenRequest,
+    TraceError,
     TraceFormat,
     detect_format,
-    read_mooncake,
     read_recording,
     read_token_jsonl,
     token_access,
@@ -42,8 +44,10 @@ class WhatIfConfig:
     block_size: int = 16
     hash_block_size: int = MOONCAKE_BLOCK
     limit: int | None = None
-    policies: tuple[Policy, ...] = (Policy.FIFO, Policy.LFU)
+    policies: tuple[Policy, ...] = ()  # each costs ``samples`` replays: only when asked
     samples: int = 6
+    alignment: bool = False  # the block-1 curve (a second pass) for the alignment misses
+    sample: float = 1.0  # SHARDS rate for hash-id traces (1: exact)
 
 
 @dataclass(slots=True)
@@ -66,6 +70,7 @@ class WhatIf:
     policies: list[PolicyPoints]
     seconds: float
     notes: list[str]
+    pool_tokens: int | None = None  # the source's own pool (a recording's engine), tokens
 
 
 class Source:
@@ -102,8 +107,43 @@ class Source:
             return iter(self._tokens)
         path = Path(self.cfg.source)
         if self.format is TraceFormat.RECORDING:
-            return read_recording(path, self.notes)
+            return self._recording(path)
         return read_token_jsonl(path)
+
+    def _recording(self, path: Path) -> Iterator[TokenRequest]:
+        """The recording's requests; its damage note once, however many passes read it."""
+        notes: list[str] = []
+        yield from read_recording(path, notes)
+        self.notes.extend(n for n in notes if n not in self.notes)
+
+    def pool_tokens(self) -> int | None:
+        """The pool the source itself knows: a recording's engine's, in tokens."""
+        if self.format is not TraceFormat.RECORDING:
+            return None
+        from radixcache.wire.recording import Keyframe, RecordingReader
+
+        for rec in RecordingReader(Path(self.cfg.source)).records():
+            if isinstance(rec.item, Keyframe):
+                return rec.item.snapshot.num_blocks * rec.item.snapshot.block_size
+        return None
+
+    def hash_curve(self, progress: Progress | None = None) -> Curve:
+        """The LRU curve of a Mooncake-format trace by the array pass (``hashstack``)."""
+        path, left = Path(self.cfg.source), self.cfg.limit
+        stack = HashStack(self.cfg.hash_block_size, self.cfg.sample)
+        for runs in read_hash_runs(path, self.cfg.hash_block_size):
+            if left is not None:
+                runs = head(runs, left)
+                left -= len(runs.tokens)
+            try:
+                stack.add(runs.ids, runs.ends, runs.tokens)
+            except HashStackError as exc:
+                raise TraceError(f"{path}:{line_of(runs, exc.index)}: {exc}") from None
+            if progress is not None:
+                progress(len(runs.tokens))
+            if left is not None and left <= 0:
+                break
+        return stack.curve()
 
     def accesses(self, block: int | None = None) -> Iterator[Access]:
         """The requests as units of ``block`` tokens (default: the source's own)."""
@@ -164,15 +204,17 @@ def analyse(cfg: WhatIfConfig, progress: Progress | None = None) -> WhatIf:
     """Everything ``radixcache whatif`` shows for ``cfg``: the curves, then the replays."""
     t0 = time.perf_counter()
     src = Source(cfg)
-    curve = one_pass(src.accesses(), src.width(), src.block_tokens, progress)
+    if src.format is TraceFormat.MOONCAKE:
+        curve = src.hash_curve(progress)
+    else:
+        curve = one_pass(src.accesses(), src.width(), src.block_tokens, progress)
     token_curve = None
-    if src.has_tokens and cfg.block_size > 1:
-        token_curve = one_pass(src.accesses(1), src.width(1), 1)
+    if cfg.alignment and src.has_tokens:
+        token_curve = curve if cfg.block_size == 1 else one_pass(src.accesses(1), src.width(1), 1)
     units = sample_units(curve, cfg.samples)
     points = [replay_points(src, p, units) for p in cfg.policies]
-    return WhatIf(
-        cfg.source, src.format, curve, token_curve, points, time.perf_counter() - t0, src.notes
-    )
+    return WhatIf(cfg.source, src.format, curve, token_curve, points, time.perf_counter() - t0,
+                  src.notes, src.pool_tokens())
 
 
 class RunningCurve:

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-SCHEMA_VERSION = 3  # 2: Extend; 3: Counters, Fault
+SCHEMA_VERSION = 4  # 2: Extend; 3: Counters, Fault; 4: tail eviction, Access.end,
+# NodeState.older, Merge.keeps_times
 
 
 class Event(msgspec.Struct, tag_field="kind", array_like=True, frozen=True):
@@ -71,11 +72,15 @@ class Split(Event, tag="split", frozen=True):
 class Merge(Event, tag="merge", frozen=True):
     """``child`` absorbed its only-child ``parent`` (path compression); ``dropped`` is the
     boundary block reference the parent held that the joined node no longer holds, or None
-    (schema 3; streams of schema 2 said -1, which is read as None right here)."""
+    (schema 3; streams of schema 2 said -1, which is read as None right here).
+    ``keeps_times`` (schema 4, always true from this engine): the joined node keeps each
+    token's access time (``radixcache.core.recency.join``); false (older streams): it takes
+    the parent's clock for all of them."""
 
     parent: int
     child: int
     dropped: int | None
+    keeps_times: bool = False
 
     def __post_init__(self) -> None:
         if self.dropped == -1:  # schema 2's "none": no reader sees the sentinel
@@ -83,7 +88,10 @@ class Merge(Event, tag="merge", frozen=True):
 
 
 class Evict(Event, tag="evict", frozen=True):
-    """Leaf ``node`` removed; ``freed`` are the blocks that went back to the free list."""
+    """Leaf ``node`` gave up its last ``tokens`` tokens; ``freed`` are the blocks that went
+    back to the free list. ``tokens`` equal to the node's length: the node is removed;
+    fewer (schema 4, tail eviction): it stays, ending ``tokens`` earlier, and its blocks past
+    the new end are the ones freed (the new end is on a block boundary)."""
 
     node: int
     tokens: int
@@ -100,10 +108,13 @@ class Pin(Event, tag="lock", frozen=True):
 
 
 class Access(Event, tag="access", frozen=True):
-    """The path from ``node`` to the root was used at logical time ``clock``."""
+    """The path from ``node`` to the root was used at logical time ``clock``; ``end`` (schema
+    4): the use ended at that absolute position inside ``node``, whose tokens from there on
+    keep their older time (``radixcache.core.recency``); None: all of ``node`` was used."""
 
     node: int
     clock: int
+    end: int | None = None
 
 
 class BlockAlloc(Event, tag="alloc", frozen=True):
@@ -162,8 +173,9 @@ class NodeState(msgspec.Struct, array_like=True, frozen=True):
     start: int
     tokens: bytes
     blocks: list[int]
-    lock: int
+    pins: int  # pins on the paths through this node (the tree's path_pins)
     clock: int
+    older: tuple[tuple[int, int], ...] = ()  # schema 4: see ``radixcache.core.recency``
 
 
 class Snapshot(Event, tag="snapshot", frozen=True):

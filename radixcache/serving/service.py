@@ -181,9 +181,9 @@ def _handle(s: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
 
 def _evict_reply(r: EvictResult, asked: int) -> cmd.AnyReply:
     values: Figures = {"nodes": r.nodes, "tokens": r.tokens, "blocks": r.blocks}
-    if r.nodes == 0:
+    if r.tokens == 0:
         return cmd.Ok(f"evicted nothing of {asked} tokens: no unpinned leaf (every cached "
                       "node is pinned by a running request, or the cache is empty)", values)
-    short = " (all that was evictable)" if r.tokens < asked else ""
+    short = " (all that was evictable)" if r.exhausted else ""
     return cmd.Ok(f"evicted {r.nodes} nodes, {r.tokens} tokens, {r.blocks} blocks{short}",
                   values)

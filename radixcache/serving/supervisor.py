@@ -21,6 +21,8 @@ import urllib.error
 import urllib.request
 from typing import NamedTuple, Protocol
 
+from radixcache.core.guard import Guard
+
 
 class RouterState(NamedTuple):
     """What the supervisor knows of the router, for a screen."""
@@ -106,11 +108,11 @@ class Supervisor:
         self._lock = threading.Lock()  # state() reads from the screen's thread
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.guard = Guard()  # a fault ends supervision and shows in ``state().note``
 
     def start(self) -> Supervisor:
         """Run in a daemon thread; returns self."""
-        self._thread = threading.Thread(target=self._run, name="rc-supervisor", daemon=True)
-        self._thread.start()
+        self._thread = self.guard.start("rc-supervisor", self._run)
         return self
 
     def stop(self) -> None:
@@ -121,9 +123,11 @@ class Supervisor:
 
     def state(self) -> RouterState:
         """The router's state now (any thread)."""
+        fault = self.guard.fault
         with self._lock:
-            return RouterState(self.cluster.router_alive() and not self._note, self._restarts,
-                               self._note, tuple(sorted(self._out)))
+            note = f"supervisor stopped: {fault.line()}" if fault is not None else self._note
+            return RouterState(self.cluster.router_alive() and not note, self._restarts,
+                               note, tuple(sorted(self._out)))
 
     def restart_now(self) -> None:
         """Start the router at the next round, without backoff (the screen's `restart router`;

@@ -2,8 +2,10 @@
 
 ShareGPT (the trace `bench tree` replays): the whole curve at block 16 against one `bench tree`
 replay timed in the same run; the curve against direct LRU replays at ``checks`` capacities
-(exact: they must be equal), and against the real tree replayed sequentially at block 1 and
-block 16 and with `bench tree`'s batches of 8 (measured: see ``radixcache.analysis.treecheck``).
+(exact: they must be equal), and against the real tree replayed sequentially at block 1 (equal
+at every capacity: per-block tail eviction is the curve's LRU) and block 16 (between the curve
+at the capacity less the tree's partial-block waste and at the capacity: ``within_waste_at``)
+and with `bench tree`'s batches of 8 (measured: see ``radixcache.analysis.treecheck``).
 Mooncake format: a seeded trace of ``requests`` requests is generated to a temporary file and
 analysed in a fresh process, so its time and peak memory are its own.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -27,12 +28,12 @@ from radixcache.analysis.answers import FRACTIONS, capacity_for
 from radixcache.analysis.replay import Policy, ReplayCache, replay
 from radixcache.analysis.stackdist import Curve
 from radixcache.analysis.whatif import one_pass
+from radixcache.tools.bench_whatif_scale import peak_rss_mb as _peak_rss_mb
+from radixcache.traffic.mooncake import generate_mooncake, read_mooncake
 from radixcache.traffic.traces import (
     MOONCAKE_BLOCK,
     Access,
     TokenRequest,
-    generate_mooncake,
-    read_mooncake,
     token_access,
 )
 
@@ -73,7 +74,9 @@ def _tree(reqs: list[TokenRequest], token_curve: Curve, caps: list[int], block: 
             "tree_hits": [r.hit_tokens for r in runs], "curve_hits_at_capacity_minus_waste": lower,
             "peak_waste_slots": [r.peak_waste_slots for r in runs],
             "max_abs_diff_points": 100 * max(abs(d) for d in diffs),
-            "equal_at": sum(r.hit_tokens == h for r, h in zip(runs, predicted, strict=True))}
+            "equal_at": sum(r.hit_tokens == h for r, h in zip(runs, predicted, strict=True)),
+            "within_waste_at": sum(lo <= r.hit_tokens <= h
+                                   for r, h, lo in zip(runs, predicted, lower, strict=True))}
 
 
 def _batched(pairs: list[Request], token_curve: Curve, caps: list[int]) -> Figures:
@@ -131,24 +134,14 @@ def sharegpt(limit: int | None, checks: int, new: NewTask, advance: Advance) -> 
     }
 
 
-def _peak_rss_mb() -> float:
-    """This process's peak resident memory: Linux's VmHWM (ru_maxrss would carry the forking
-    parent's peak across exec), else ru_maxrss."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def mooncake_figures(path: Path, checks: int) -> Figures:
     """The one pass over a Mooncake-format file, its time and this process's peak RSS, and
     direct LRU replays of its first 100k requests at ``checks`` capacities."""
+    from radixcache.analysis.whatif import WhatIfConfig, analyse
+
     start_mb = _peak_rss_mb()  # the interpreter and imports
     t0 = time.perf_counter()
-    curve = one_pass(read_mooncake(path), 8, MOONCAKE_BLOCK)
+    curve = analyse(WhatIfConfig(str(path))).curve  # the array pass, as `whatif FILE` runs it
     seconds = time.perf_counter() - t0
     peak_mb = _peak_rss_mb()
     head = list(itertools.islice(read_mooncake(path), MOONCAKE_CHECK_REQUESTS))
@@ -184,14 +177,22 @@ def mooncake(requests: int, seed: int, checks: int) -> Figures:
 
 
 def run_bench(
-    requests: int, limit: int | None, checks: int, seed: int, new: NewTask, advance: Advance
+    requests: int, limit: int | None, checks: int, seed: int, new: NewTask, advance: Advance,
+    scale: tuple[int, float] | None = None,
 ) -> Figures:
-    """Both parts; the ``--json`` object (keys: ``sharegpt``, ``mooncake``)."""
+    """The ``--json`` object (keys: ``sharegpt``, ``follow``, ``mooncake``, and ``scale``
+    when ``scale`` = (requests, sample rate) is given: ``bench_whatif_scale``)."""
     fig: Figures = {"sharegpt": sharegpt(limit, checks, new, advance)}
     fig["follow"] = follow_sharegpt(limit, new, advance)
     task = new(f"Mooncake format, {requests:,} requests", None)
     fig["mooncake"] = mooncake(requests, seed, checks)
     advance(task, requests)
+    if scale is not None:
+        from radixcache.tools.bench_whatif_scale import run_scale
+
+        task = new(f"scale: {scale[0]:,} requests, 4 passes", None)
+        fig["scale"] = run_scale(scale[0], seed, scale[1])
+        advance(task, scale[0])
     return fig
 
 
@@ -224,8 +225,9 @@ def table_rows(fig: Figures) -> list[tuple[str, str]]:
         ("real tree block 1: max diff (points), equal at",
          f"{s['tree_block_1']['max_abs_diff_points']:.3f}, {s['tree_block_1']['equal_at']}/"
          f"{len(s['tree_block_1']['tree_hits'])}"),
-        ("real tree block 16: max diff (points), equal at",
+        ("real tree block 16: max diff (points), equal at, within waste at",
          f"{s['tree_block_16']['max_abs_diff_points']:.3f}, {s['tree_block_16']['equal_at']}/"
+         f"{len(s['tree_block_16']['tree_hits'])}, {s['tree_block_16']['within_waste_at']}/"
          f"{len(s['tree_block_16']['tree_hits'])}"),
         ("bench tree batches: max diff (points)",
          f"{s['tree_batched_block_16']['max_abs_diff_points']:.3f}"),
@@ -243,7 +245,17 @@ def table_rows(fig: Figures) -> list[tuple[str, str]]:
          f"{m['peak_rss_mb']:.0f} ({m['rss_before_mb']:.0f})"),
         ("Mooncake max hit rate", f"{100 * m['max_hit_rate']:.2f}%"),
         ("Mooncake direct LRU equal (first 100k)", str(m["direct_lru_first_100k"]["equal"])),
+        *_scale_rows(fig),
     ]
+
+
+def _scale_rows(fig: Figures) -> list[tuple[str, str]]:
+    scale = fig.get("scale")
+    if not isinstance(scale, dict):
+        return []
+    from radixcache.tools.bench_whatif_scale import table_rows as scale_rows
+
+    return scale_rows(scale)
 
 
 if __name__ == "__main__":  # the Mooncake half, run by ``mooncake`` in a fresh interpreter

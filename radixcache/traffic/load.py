@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -190,16 +190,20 @@ def arrivals(count: int, rate: float, seed: int) -> list[float]:
 
 
 async def run_load(config: LoadConfig, workload: Workload,
-                   on_reply: Callable[[Reply], None] | None = None) -> LoadResult:
+                   on_reply: Callable[[Reply], None] | None = None,
+                   times: Sequence[float] | None = None) -> LoadResult:
     """Send every request of ``workload`` (see the module doc) and wait for all replies.
-    ``on_reply`` is called on the event loop as each one ends (a progress bar)."""
-    if config.rate <= 0:
+    ``on_reply`` is called on the event loop as each one ends (a progress bar). ``times``:
+    each request's send time (seconds from the start, a trace's timestamps) instead of
+    Poisson arrivals at ``config.rate``."""
+    if config.rate <= 0 and times is None:
         raise ValueError(f"rate must be > 0, got {config.rate}")
     run = _Run(config, workload, on_reply)
     n = len(workload.requests)
     run.done = {i: asyncio.Event() for i in range(n)}
     start = time.perf_counter()
-    due = [start + t for t in arrivals(n, config.rate, config.seed)]
+    offsets = list(times) if times is not None else arrivals(n, config.rate, config.seed)
+    due = [start + t for t in offsets]
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=config.timeout_s, limits=limits) as client:
         await asyncio.gather(*(_one(client, run, i, due[i]) for i in range(n)))
@@ -207,7 +211,8 @@ async def run_load(config: LoadConfig, workload: Workload,
 
 
 def load(config: LoadConfig, workload: Workload,
-         on_reply: Callable[[Reply], None] | None = None) -> LoadResult:
+         on_reply: Callable[[Reply], None] | None = None,
+         times: Sequence[float] | None = None) -> LoadResult:
     """``run_load`` in a fresh event loop (blocks until every reply is in)."""
-    return asyncio.run(run_load(config, workload, on_reply))
+    return asyncio.run(run_load(config, workload, on_reply, times))
 

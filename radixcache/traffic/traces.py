@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import enum
 import json
-import random
-from array import array
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NamedTuple, assert_never
@@ -36,6 +35,8 @@ if TYPE_CHECKING:
     from radixcache.wire.mirror import Mirror, MirrorNode
 
 MOONCAKE_BLOCK = 512
+MAX_TRACE_BYTES = 64 * 1024**3  # readers stream; this bounds a run on a mistaken file
+BOM = b"\xef\xbb\xbf"
 
 
 class TraceError(ValueError):
@@ -81,59 +82,61 @@ def token_access(req: TokenRequest, block: int) -> Access:
     return Access(req.cached[: n * block].tobytes(), len(req.prompt) // block, len(req.prompt))
 
 
-class _Mooncake(msgspec.Struct):
-    input_length: int
-    hash_ids: list[int]
-    output_length: int = 0
-    timestamp: float = 0.0
-
-
 class _Tokens(msgspec.Struct):
     prompt: list[int]
     output: list[int] = []
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """Non-blank lines with their 1-based numbers, streamed."""
+def open_trace(path: Path) -> IO[bytes]:
+    """``path`` opened for reading if it is a regular file of at most ``MAX_TRACE_BYTES``;
+    ``TraceError`` otherwise (checked before opening: opening a FIFO with no writer blocks for
+    ever, and a device such as /dev/zero never ends)."""
     try:
-        f: IO[bytes] = path.open("rb")
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise TraceError(f"{path}: not a regular file")
+        if st.st_size > MAX_TRACE_BYTES:
+            raise TraceError(f"{path}: {st.st_size:,} bytes exceeds the "
+                             f"{MAX_TRACE_BYTES:,}-byte limit")
+        return path.open("rb")
     except OSError as exc:
-        raise TraceError(f"{path}: cannot open: {exc.strerror}") from None
-    with f:
+        raise TraceError(f"{path}: cannot open: {exc.strerror or exc}") from None
+
+
+def lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Non-blank lines with their 1-based numbers, streamed; a UTF-8 byte order mark at byte 0
+    is dropped (some editors write one)."""
+    with open_trace(path) as f:
         for i, line in enumerate(f, 1):
+            if i == 1 and line.startswith(BOM):
+                line = line[len(BOM):]
             if line.strip():
                 yield i, line
 
 
-def read_mooncake(path: Path, hash_block_size: int = MOONCAKE_BLOCK) -> Iterator[Access]:
-    """Stream a Mooncake-format trace as ``Access`` items (units: 8-byte hash ids)."""
-    dec = msgspec.json.Decoder(_Mooncake)
-    for i, line in _lines(path):
-        try:
-            rec = dec.decode(line)
-            ids = array("q", rec.hash_ids)
-        except (msgspec.DecodeError, OverflowError) as exc:
-            raise TraceError(f"{path}:{i}: not a Mooncake-format request: {exc}") from None
-        if rec.input_length < 1 or not ids or min(ids) < 0:
-            raise TraceError(
-                f"{path}:{i}: need input_length >= 1 and a non-empty hash_ids of ids >= 0")
-        if rec.input_length > len(ids) * hash_block_size:
-            raise TraceError(
-                f"{path}:{i}: input_length {rec.input_length} exceeds {len(ids)} blocks of "
-                f"{hash_block_size} tokens: is --hash-block-size right?")
-        yield Access(ids.tobytes(), len(ids), rec.input_length)
+def decode_problem(line: bytes, exc: Exception) -> str:
+    """msgspec's reason for refusing ``line``, worded for a person: msgspec calls a string with
+    a lone UTF-16 surrogate escape (``"\\ud800"``) "truncated", which it is not."""
+    try:
+        json.loads(line)
+    except ValueError:
+        return str(exc)
+    if isinstance(exc, msgspec.DecodeError) and "truncated" in str(exc):
+        return "a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff)"
+    return str(exc)
 
 
 def read_token_jsonl(path: Path) -> Iterator[TokenRequest]:
     """Stream a token JSONL trace (see the module docstring for the format)."""
     dec = msgspec.json.Decoder(_Tokens)
-    for i, line in _lines(path):
+    for i, line in lines(path):
         try:
             rec = dec.decode(line)
             prompt = np.asarray(rec.prompt, dtype=np.int64)
             out = np.asarray(rec.output[:-1], dtype=np.int64)
         except (msgspec.DecodeError, OverflowError) as exc:
-            raise TraceError(f"{path}:{i}: not a token request: {exc}") from None
+            raise TraceError(f"{path}:{i}: not a token request: {decode_problem(line, exc)}"
+                             ) from None
         both = np.concatenate((prompt, out))
         if not len(prompt) or both.min() < 0 or both.max() >= 2**32:
             raise TraceError(f"{path}:{i}: need a non-empty prompt of token ids in [0, 2^32)")
@@ -147,7 +150,7 @@ def detect_format(source: str) -> TraceFormat:
     path = Path(source)
     if path.suffix == ".rcx":
         return TraceFormat.RECORDING
-    for i, line in _lines(path):
+    for i, line in lines(path):
         try:
             keys = json.loads(line)
         except ValueError:  # not JSON, or not UTF-8
@@ -158,39 +161,6 @@ def detect_format(source: str) -> TraceFormat:
             return TraceFormat.TOKENS
         raise TraceError(f"{path}:{i}: neither a Mooncake request (hash_ids) nor tokens (prompt)")
     raise TraceError(f"{path}: empty trace")
-
-
-def generate_mooncake(n: int, seed: int) -> Iterator[dict[str, object]]:
-    """A seeded Mooncake-format trace of ``n`` requests with Mooncake-like reuse: 64 shared
-    system prompts (Zipf-popular, 1-8 blocks), multi-turn sessions that resend their whole
-    history plus 1-4 new blocks, and one-off documents; ~1 request in 5 opens a session."""
-    rnd = random.Random(seed)
-    systems = [list(range(k * 8, k * 8 + rnd.randint(1, 8))) for k in range(64)]
-    weights = [1 / (k + 1) for k in range(64)]
-    next_id = 64 * 8
-    sessions: list[list[int]] = []
-    t = 0.0
-    for _ in range(n):
-        t += rnd.expovariate(1 / 20)
-        roll = rnd.random()
-        if roll < 0.7 and sessions:  # the next turn of a recent session
-            k = len(sessions) - 1 - min(int(rnd.expovariate(1 / 40)), len(sessions) - 1)
-            ids = sessions[k]
-            if len(ids) > 96:  # a context limit: the session ends
-                sessions.pop(k)
-        elif roll < 0.9:  # a new session under a shared system prompt
-            ids = list(rnd.choices(systems, weights)[0])
-            sessions.append(ids)
-            if len(sessions) > 2000:
-                sessions.pop(0)
-        else:  # a one-off document
-            ids = []
-        grow = rnd.randint(1, 4)
-        ids.extend(range(next_id, next_id + grow))
-        next_id += grow
-        length = len(ids) * MOONCAKE_BLOCK - rnd.randrange(MOONCAKE_BLOCK)
-        yield {"timestamp": round(t), "input_length": length,
-               "output_length": rnd.randint(16, 512), "hash_ids": list(ids)}
 
 
 class RequestTracker:

@@ -159,8 +159,11 @@ def _node_state(st: ev.NodeState, num_blocks: int, seen: Mapping[int, int]) -> N
     if st.parent not in seen:
         raise Malformed(f"{what}: parent {st.parent} not listed before it")
     _int(st.start, f"{what} start")
-    _int(st.lock, f"{what} lock", 0, MAX_DELTA)
+    _int(st.pins, f"{what} pins", 0, MAX_DELTA)
     _int(st.clock, f"{what} clock")
+    for pos, clock in st.older:  # schema 4: the node's older access times
+        _int(pos, f"{what} older position")
+        _int(clock, f"{what} older clock")
     _tokens(st.tokens, what)
     _blocks(st.blocks, num_blocks, what)
 
@@ -243,6 +246,8 @@ def _access(e: ev.Access, n: int) -> None:
     if not (0 <= e.node <= MAX_INT and 0 <= e.clock <= MAX_INT):
         _int(e.node, "access node")
         _int(e.clock, "access clock")
+    if e.end is not None:  # schema 4: the use ended inside the node
+        _int(e.end, "access end")
 
 
 def _alloc(e: ev.BlockAlloc | ev.BlockFree, n: int) -> None:

@@ -1,0 +1,249 @@
+"""Mooncake-format traces: reading them (one request at a time, or as flat arrays for the
+array pass), and generating valid ones.
+
+The format (what Mooncake publishes its traces in, and Dynamo's and AIPerf's tools read): one
+request a line, ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]}``;
+``hash_ids`` name the prompt's blocks of ``hash_block_size`` tokens (512 by default), equal ids
+meaning a shared prefix up to and including that block. Every line obeys
+``radixcache.core.blockrule``: exactly ``ceil(input_length / block)`` ids, each in [0, 2^64).
+The array pass also holds each id to one length over the whole trace (aiperf's rule).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import msgspec
+import numpy as np
+
+from radixcache.core.blockrule import hash_id_problem, hash_run_problem
+from radixcache.traffic.mooncake_scan import scan_chunk
+from radixcache.traffic.traces import (
+    BOM,
+    MOONCAKE_BLOCK,
+    Access,
+    TraceError,
+    decode_problem,
+    lines,
+    open_trace,
+)
+
+CHUNK_BYTES = 8 << 20  # the array reader decodes this much of the file at once
+
+
+class MooncakeRequest(msgspec.Struct):
+    """One line of a Mooncake-format trace."""
+
+    input_length: int
+    hash_ids: list[int]
+    output_length: int = 0
+    timestamp: float = 0.0
+
+
+class HashRuns(NamedTuple):
+    """Consecutive requests of a hash-id trace as flat arrays: request i's ids are
+    ``ids[ends[i] - n_i : ends[i]]`` (``ends`` cumulative from 0 at the batch start), its prompt
+    ``tokens[i]`` tokens; ``first_line`` is the file line of request 0 (0: not from a file)."""
+
+    ids: np.ndarray  # uint64
+    ends: np.ndarray  # int64
+    tokens: np.ndarray  # int64
+    first_line: int
+    line_nos: np.ndarray | None = None  # each request's line, where blank lines intervene
+
+
+def request_problem(rec: MooncakeRequest, hash_block_size: int) -> str | None:
+    """Why one decoded request breaks ``radixcache.core.blockrule``, or ``None``."""
+    ids = rec.hash_ids
+    why = hash_run_problem(len(ids), rec.input_length, hash_block_size)
+    if why is None and ids:
+        why = hash_id_problem(min(ids), max(ids))
+    return why
+
+
+def _decode(dec: msgspec.json.Decoder[MooncakeRequest], path: Path, i: int,
+            line: bytes, block: int) -> MooncakeRequest:
+    try:
+        rec = dec.decode(line)
+    except msgspec.DecodeError as exc:
+        raise TraceError(f"{path}:{i}: not a Mooncake-format request: "
+                         f"{decode_problem(line, exc)}") from None
+    why = request_problem(rec, block)
+    if why is not None:
+        raise TraceError(f"{path}:{i}: {why}"
+                         + (": is --hash-block-size right?" if "hash ids for" in why else ""))
+    return rec
+
+
+def read_requests(path: Path, hash_block_size: int = MOONCAKE_BLOCK
+                  ) -> Iterator[tuple[int, MooncakeRequest]]:
+    """Stream the valid requests of a Mooncake-format trace with their line numbers."""
+    dec = msgspec.json.Decoder(MooncakeRequest)
+    for i, line in lines(path):
+        yield i, _decode(dec, path, i, line, hash_block_size)
+
+
+def read_mooncake(path: Path, hash_block_size: int = MOONCAKE_BLOCK) -> Iterator[Access]:
+    """Stream a Mooncake-format trace as ``Access`` items (units: 8-byte hash ids)."""
+    for _, rec in read_requests(path, hash_block_size):
+        ids = array("Q", rec.hash_ids)
+        yield Access(ids.tobytes(), len(ids), rec.input_length)
+
+
+def _runs(recs: list[MooncakeRequest], first_line: int, block: int,
+          line_nos: np.ndarray | None = None) -> HashRuns | None:
+    """The requests as flat arrays; ``None`` when one breaks the rule (the caller names it)."""
+    try:
+        counts = np.fromiter((len(r.hash_ids) for r in recs), np.int64, len(recs))
+        ends = np.cumsum(counts)
+        flat = itertools.chain.from_iterable(r.hash_ids for r in recs)
+        ids = np.fromiter(flat, np.uint64, int(ends[-1]) if len(ends) else 0)
+        tokens = np.fromiter((r.input_length for r in recs), np.int64, len(recs))
+    except OverflowError:  # an id outside [0, 2^64) or a length outside int64
+        return None
+    return _checked(HashRuns(ids, ends, tokens, first_line, line_nos), block)
+
+
+def _checked(runs: HashRuns, block: int) -> HashRuns | None:
+    """``runs`` if every request obeys ``radixcache.core.blockrule``'s count rule."""
+    counts = np.diff(runs.ends, prepend=0)
+    t = runs.tokens
+    if len(t) and (t.min() < 1 or np.any(counts != (t + block - 1) // block)):
+        return None
+    return runs
+
+
+def _chunk_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """The file in chunks of whole lines, with the line number each chunk starts at."""
+    with open_trace(path) as f:
+        line_no, rest = 1, b""
+        while True:
+            data = f.read(CHUNK_BYTES)
+            if line_no == 1 and not rest and data.startswith(BOM):
+                data = data[len(BOM):]
+            buf = rest + data
+            cut = buf.rfind(b"\n") + 1 if data else len(buf)
+            chunk, rest = buf[:cut], buf[cut:]
+            if not data and chunk and not chunk.endswith(b"\n"):
+                chunk += b"\n"  # the last line, unterminated
+            if chunk:
+                yield line_no, chunk
+                line_no += chunk.count(b"\n")
+            if not data:
+                return
+
+
+def _slow(dec: msgspec.json.Decoder[MooncakeRequest], path: Path, first: int, chunk: bytes,
+          block: int) -> HashRuns:
+    """Line by line: names the first bad line, and numbers the lines past blank ones."""
+    numbered = [(first + n, line) for n, line in enumerate(chunk.split(b"\n")) if line.strip()]
+    recs = [_decode(dec, path, i, line, block) for i, line in numbered]
+    runs = _runs(recs, first, block, np.asarray([i for i, _ in numbered], np.int64))
+    assert runs is not None  # every line passed ``_decode``
+    return runs
+
+
+def read_hash_runs(path: Path, hash_block_size: int = MOONCAKE_BLOCK) -> Iterator[HashRuns]:
+    """A Mooncake-format trace as ``HashRuns`` of about 8 MB of file each: msgspec decodes a
+    chunk of lines at once and numpy checks the rule on all of them; only a chunk with a bad
+    (or blank) line is walked line by line, to name it."""
+    dec = msgspec.json.Decoder(MooncakeRequest)
+    for first, chunk in _chunk_lines(path):
+        runs = None
+        scanned = scan_chunk(chunk)  # the common shape, compiled; else msgspec
+        if scanned is not None:
+            runs = _checked(HashRuns(*scanned, first), hash_block_size)
+        elif b"\n\n" not in chunk and not chunk[:1].isspace():
+            with contextlib.suppress(msgspec.DecodeError):
+                runs = _runs(dec.decode_lines(chunk), first, hash_block_size)
+        if runs is None:
+            runs = _slow(dec, path, first, chunk, hash_block_size)
+        if len(runs.tokens):
+            yield runs
+
+
+def head(runs: HashRuns, n: int) -> HashRuns:
+    """The first ``n`` requests of ``runs``."""
+    if n >= len(runs.tokens):
+        return runs
+    cut = int(runs.ends[n - 1]) if n > 0 else 0
+    lines_kept = None if runs.line_nos is None else runs.line_nos[:n]
+    return HashRuns(runs.ids[:cut], runs.ends[:n], runs.tokens[:n], runs.first_line, lines_kept)
+
+
+def line_of(runs: HashRuns, i: int) -> int:
+    """The file line of request ``i`` of ``runs``."""
+    return runs.first_line + i if runs.line_nos is None else int(runs.line_nos[i])
+
+
+def generate_runs(n: int, seed: int, batch: int = 1 << 16) -> Iterator[HashRuns]:
+    """A seeded Mooncake-format trace of ``n`` requests (512-token blocks) with Mooncake-like
+    reuse: 64 shared system prompts (Zipf-popular, 1-8 blocks), multi-turn sessions that resend
+    their history plus 1-4 blocks of new tokens, and one-off documents; ~1 request in 5 opens a
+    session. Valid by construction: a request's last block, when partial, gets an id of its
+    own that no later request asks for (the next turn's block at that place holds more tokens,
+    so it is another block), so every id names one block of one length."""
+    rng = np.random.default_rng([11, seed])
+    systems = [list(range(k * 8, k * 8 + int(m))) for k, m in enumerate(rng.integers(1, 9, 64))]
+    zipf = np.cumsum([1 / (k + 1) for k in range(64)])
+    next_id, done = 64 * 8, 0
+    sessions: list[list[int]] = []
+    while done < n:
+        m = min(batch, n - done)
+        roll, back = rng.random(m), rng.exponential(40, m).astype(np.int64)
+        pick = np.searchsorted(zipf, rng.random(m) * zipf[-1], side="right")
+        new = rng.integers(1, 4 * MOONCAKE_BLOCK + 1, m)  # new tokens: 1 to 4 blocks' worth
+        flat: list[int] = []
+        ends, tokens = np.empty(m, np.int64), np.empty(m, np.int64)
+        for i in range(m):
+            hist = _history(sessions, systems, float(roll[i]), int(back[i]), int(pick[i]))
+            nb, part = -(-int(new[i]) // MOONCAKE_BLOCK), int(new[i]) % MOONCAKE_BLOCK
+            fresh = range(next_id, next_id + nb)
+            flat += hist
+            flat += fresh
+            tokens[i] = len(hist) * MOONCAKE_BLOCK + int(new[i])
+            hist += fresh[: nb - 1] if part else fresh  # the session keeps its whole blocks
+            next_id += nb
+            ends[i] = len(flat)
+        done += m
+        yield HashRuns(np.asarray(flat, np.uint64), ends, tokens, 0)
+
+
+def _history(sessions: list[list[int]], systems: list[list[int]], roll: float, back: int,
+             pick: int) -> list[int]:
+    """The whole blocks a request resends: a recent session's (70%), a new session's system
+    prompt (20%), or none (a one-off document)."""
+    if roll < 0.7 and sessions:
+        k = len(sessions) - 1 - min(back, len(sessions) - 1)
+        hist = sessions[k]
+        if len(hist) > 96:  # a context limit: the session ends with this turn
+            sessions.pop(k)
+        return hist
+    if roll < 0.9:
+        hist = list(systems[pick])
+        sessions.append(hist)
+        if len(sessions) > 2000:
+            sessions.pop(0)
+        return hist
+    return []
+
+
+def generate_mooncake(n: int, seed: int) -> Iterator[dict[str, object]]:
+    """``generate_runs`` as Mooncake-format lines (dicts), with Poisson timestamps (ms, mean gap
+    20) and output lengths of 16-512 tokens."""
+    rng = np.random.default_rng([12, seed])
+    t = 0.0
+    for runs in generate_runs(n, seed):
+        gaps = rng.exponential(20.0, len(runs.tokens))
+        outs = rng.integers(16, 513, len(runs.tokens))
+        start = 0
+        for i, end in enumerate(runs.ends.tolist()):
+            t += float(gaps[i])
+            yield {"timestamp": round(t), "input_length": int(runs.tokens[i]),
+                   "output_length": int(outs[i]), "hash_ids": runs.ids[start:end].tolist()}
+            start = end

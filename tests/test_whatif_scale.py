@@ -1,0 +1,204 @@
+"""The array pass over hash-id traces (``analysis.hashstack``) against the trie's one pass, its
+SHARDS sample against the exact curve, and generated traces against aiperf's rule."""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixcache.analysis.hashstack import HashStack, HashStackError
+from radixcache.analysis.whatif import one_pass
+from radixcache.traffic.mooncake import (
+    HashRuns,
+    generate_mooncake,
+    generate_runs,
+    line_of,
+    read_hash_runs,
+    read_mooncake,
+)
+from radixcache.traffic.traces import Access, TraceError
+
+ODD = 0x9E3779B97F4A7C15  # x -> x * ODD mod 2^64 is a bijection: the same trace, sparse ids
+
+
+def accesses(runs: list[HashRuns]) -> list[Access]:
+    out = []
+    for r in runs:
+        start = 0
+        for end, tok in zip(r.ends.tolist(), r.tokens.tolist(), strict=True):
+            ids = array("Q", r.ids[start:end].tolist())
+            out.append(Access(ids.tobytes(), end - start, tok))
+            start = end
+    return out
+
+
+def stacked(runs: list[HashRuns], rate: float = 1.0) -> HashStack:
+    hs = HashStack(512, rate)
+    for r in runs:
+        hs.add(r.ids, r.ends, r.tokens)
+    return hs
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_array_pass_equals_the_trie(seed):
+    runs = list(generate_runs(4000, seed, batch=1000))
+    want = one_pass(accesses(runs), 8, 512)
+    got = stacked(runs).curve()
+    assert np.array_equal(got.cum, want.cum)
+    assert (got.requests, got.prompt_tokens) == (want.requests, want.prompt_tokens) == (
+        4000, sum(int(r.tokens.sum()) for r in runs))
+
+
+def test_sparse_ids_move_the_blocks_to_a_table_mid_run_and_change_nothing():
+    runs = list(generate_runs(4000, 3, batch=1000))
+    whole = [r._replace(ids=r.ids * np.uint64(ODD)) for r in runs]  # sparse from the start
+    hs = stacked(whole)
+    assert not hs.dense and np.array_equal(hs.curve().cum, stacked(runs).curve().cum)
+    # dense ids for two batches, then sparse ones (a valid trace too): the blocks move to a
+    # table after the second batch, and the curve is still the trie's
+    mixed = runs[:2] + whole[2:]
+    hs = HashStack(512)
+    for i, r in enumerate(mixed):
+        hs.add(r.ids, r.ends, r.tokens)
+        assert hs.dense == (i < 2)
+    assert np.array_equal(hs.curve().cum, one_pass(accesses(mixed), 8, 512).cum)
+
+
+def test_a_sample_estimates_the_curve_within_a_point_where_it_resolves():
+    runs = list(generate_runs(100_000, 0))
+    exact = stacked(runs).curve()
+    caps = np.unique(np.geomspace(1, 2 * exact.saturation_units, 400).astype(np.int64))
+    p = exact.prompt_tokens
+    for rate in (0.1, 0.01):
+        est = stacked(runs, rate).curve()
+        assert est.prompt_tokens == p and est.unit_step == pytest.approx(1 / rate, rel=1e-5)
+        resolved = caps >= 100 / rate
+        err = np.abs(est.hits(caps) - exact.hits(caps))[resolved].max() / p
+        assert err < 0.01, (rate, err)
+
+
+def test_generated_traces_obey_aiperfs_rule(tmp_path):
+    """Every hash id names one block of one length (aiperf refuses a trace that asks for an id
+    at 512 tokens after making it at 338), has one parent, and a request has exactly
+    ceil(input_length / 512) ids."""
+    length: dict[int, int] = {}
+    parent: dict[int, int] = {}
+    lines = list(generate_mooncake(5000, 7))
+    for rec in lines:
+        ids, n = rec["hash_ids"], rec["input_length"]
+        assert isinstance(ids, list) and isinstance(n, int)
+        assert len(ids) == -(-n // 512)
+        for k, h in enumerate(ids):
+            size = 512 if k < len(ids) - 1 else n - 512 * (len(ids) - 1)
+            assert length.setdefault(h, size) == size, (h, length[h], size)
+            assert parent.setdefault(h, ids[k - 1] if k else -1) == (ids[k - 1] if k else -1)
+    assert sum(1 for v in length.values() if v < 512) > 1000  # partial blocks do occur
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    hs = HashStack(512)
+    for r in read_hash_runs(path):
+        hs.add(r.ids, r.ends, r.tokens)
+    assert np.array_equal(hs.curve().cum, one_pass(read_mooncake(path), 8, 512).cum)
+
+
+def test_the_array_reader_reads_what_the_line_reader_reads(tmp_path):
+    path = tmp_path / "m.jsonl"
+    recs = list(generate_mooncake(50, 1))
+    body = "".join(json.dumps(x) + "\n" + ("\n" if i == 20 else "") for i, x in enumerate(recs))
+    path.write_bytes(b"\xef\xbb\xbf" + body.encode())  # a BOM, and a blank line after line 21
+    runs = list(read_hash_runs(path))
+    assert accesses(runs) == list(read_mooncake(path))
+    assert [line_of(runs[0], i) for i in (0, 20, 21, 49)] == [1, 21, 23, 51]
+
+
+def test_a_broken_rule_names_the_request():
+    hs = HashStack(512)
+    ids = np.asarray([1, 2, 1, 2, 3], np.uint64)
+    with pytest.raises(HashStackError) as exc:
+        hs.add(ids, np.asarray([2, 5]), np.asarray([1000, 1500]))
+    assert exc.value.index == 1 and "hash id 2 is asked for at 512 tokens" in str(exc.value)
+    with pytest.raises(HashStackError, match="hash id 5 appears out of its place"):
+        HashStack(512).add(np.asarray([5, 5], np.uint64), np.asarray([2]), np.asarray([1024]))
+    with pytest.raises(HashStackError, match="hash id 2 appears out of its place"):  # 2 under 1,
+        HashStack(512).add(np.asarray([1, 2, 9, 2], np.uint64),  # then under 9
+                           np.asarray([2, 4]), np.asarray([1024, 1024]))
+
+
+def test_whatif_sample_on_the_command_line(tmp_path, capsys):
+    from cli.main import main
+
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in generate_mooncake(3000, 2)))
+    with pytest.raises(SystemExit) as exc:
+        main(["whatif", str(path), "--sample", "0.5", "--json"])
+    assert exc.value.code == 0
+    fig = json.loads(capsys.readouterr().out)
+    assert fig["sample_rate"] == pytest.approx(0.5) and fig["requests"] == 3000
+    with pytest.raises(SystemExit) as exc:
+        main(["whatif", str(path), "--limit", "10", "--json"])
+    assert json.loads(capsys.readouterr().out)["requests"] == 10
+
+
+@given(st.lists(st.tuples(
+    st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=6),
+    st.integers(1, 511),  # tokens in the last block
+    st.permutations(["input_length", "hash_ids", "timestamp", "note"]),
+    st.sampled_from(["", " ", "  ", "\t"]),
+    st.one_of(st.integers(-5, 10**6), st.floats(0, 1e9, allow_nan=False), st.text(max_size=5)),
+), min_size=1, max_size=8))
+@settings(max_examples=60, deadline=None)
+def test_the_scanner_reads_what_msgspec_reads(tmp_path_factory, lines):
+    """Keys in any order, any spacing, other values of any kind: the array reader (scanner or
+    msgspec) and the line reader (msgspec alone) agree."""
+    from radixcache.traffic.mooncake import read_requests
+
+    path = tmp_path_factory.mktemp("scan") / "m.jsonl"
+    text = []
+    for ids, last, keys, ws, other in lines:
+        tokens = 512 * (len(ids) - 1) + last
+        vals = {"input_length": tokens, "hash_ids": ids, "timestamp": other, "note": other}
+        sep = f",{ws}"
+        text.append("{" + ws + sep.join(f'"{k}":{ws}{json.dumps(vals[k])}' for k in keys)
+                    + ws + "}\n")
+    path.write_text("".join(text))
+
+    def scanned() -> object:
+        return accesses(list(read_hash_runs(path)))
+
+    def decoded() -> object:
+        return [Access(array("Q", r.hash_ids).tobytes(), len(r.hash_ids), r.input_length)
+                for _, r in read_requests(path)]
+
+    assert outcome(scanned) == outcome(decoded)
+
+
+def outcome(read: Callable[[], object]) -> object:
+    """What a reader gives: its result, or the one line of its ``TraceError``."""
+    try:
+        return read()
+    except TraceError as exc:
+        return str(exc)
+
+
+def test_the_scale_section_has_its_keys():
+    """`bench whatif --scale N`'s JSON contract (a small N: the keys, and the exact passes in
+    process and from the file agree)."""
+    from radixcache.tools.bench_whatif_scale import run_scale
+
+    fig = run_scale(3000, 0, 0.5)
+    assert set(fig) == {"requests", "seed", "sample_rate", "load_average", "distinct_blocks",
+                        "in_process", "write_seconds", "file"}
+    for where in ("in_process", "file"):
+        part = fig[where]
+        assert set(part) == {"exact", "sample", "time_ratio"}
+        assert {"seconds", "peak_rss_mb", "max_hit_rate", "jit_seconds"} <= set(part["exact"])
+        assert {"max_abs_error_points", "max_abs_error_points_all",
+                "resolved_from_tokens"} <= set(part["sample"])
+        assert part["exact"]["requests"] == part["sample"]["requests"] == 3000
+    assert fig["in_process"]["exact"]["max_hit_rate"] == fig["file"]["exact"]["max_hit_rate"]
