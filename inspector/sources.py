@@ -16,14 +16,16 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from inspector.feed import Feed
 from inspector.layout import TokenText
 from radixcache.traffic import sharegpt
 from radixcache.traffic.sharegpt import TokenArray
 from radixcache.traffic.workloads import Vocabulary
 from radixcache.wire.commands import AnyCommand, AnyReply
+
+if TYPE_CHECKING:  # `tree FILE` needs DatasetWords only: not the feed and its what-if (numba)
+    from inspector.feed import Feed
 
 DATASET_CONVERSATIONS: int | None = None  # every conversation's words: the trace draws on all
 

@@ -73,19 +73,25 @@ class View(NamedTuple):
     measured_prompt: int
     scope: str
     causes: dict[str, int] | None = None  # missed tokens by cause (a live source)
+    engine_finished: int = 0  # requests the engine finished, its own count (0: unknown)
 
     @classmethod
     def of(cls, r: RunningCurve, scope: str, causes: dict[str, int] | None = None) -> View:
         """Copy what ``r`` holds now."""
         m = r.mirror
+        done = m.counters.finished if m.counters is not None else 0
         return cls(r.curve(), r.capacity_tokens, m.num_blocks, m.block_size, r.measured_hits,
-                   r.measured_prompt, scope, causes)
+                   r.measured_prompt, scope, causes, done)
 
 
 def headline(v: View) -> str:
     """The screen's first lines: requests seen, the pool, predicted against measured."""
     c = v.curve
     if not c.requests:
+        if v.engine_finished:  # a late joiner: the engine's requests began before it came
+            return (f"what if: {v.scope}: none of the requests followed from their start has "
+                    f"finished yet (the engine has finished {v.engine_finished:,}, begun before "
+                    "this inspector joined); the curve grows as they finish")
         return (f"what if: {v.scope}: no request has finished yet; the curve grows as they "
                 "finish")
     p = max(c.prompt_tokens, 1)

@@ -173,3 +173,20 @@ async def test_the_reset_reply_stays_on_screen_beside_the_selection_note() -> No
         await wait_until(pilot, lambda: app.messages[-1] == note)
         assert str(app.query_one("#message").render()) == (
             f"✓ reset: the cache is empty (0 requests cancelled) · {note}")
+
+
+def test_the_what_if_headline_of_a_late_joiner_counts_the_engines_finished_requests() -> None:
+    from inspector.whatif_screen import View, headline
+    from radixcache.analysis.follow import RunningCurve
+    from radixcache.wire.mirror import Mirror
+
+    m = Mirror()
+    m.counters = ev.Counters(0, 64, 64, 0, 8_000, 6_000, 0, 0, 0, 0, 0, False)
+    view = View.of(RunningCurve(m), "since the inspector joined (seq 120)")
+    assert headline(view) == (
+        "what if: since the inspector joined (seq 120): none of the requests followed from "
+        "their start has finished yet (the engine has finished 64, begun before this inspector "
+        "joined); the curve grows as they finish")
+    m.counters = None
+    assert headline(View.of(RunningCurve(m), "x")) == (
+        "what if: x: no request has finished yet; the curve grows as they finish")
