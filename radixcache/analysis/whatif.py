@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from radixcache.analysis.hashstack import HashStack, HashStackError
 from radixcache.analysis.replay import Policy, ReplayCache, replay
 from radixcache.analysis.stackdist import Curve, StackDistances
 from radixcache.core import events as ev
@@ -129,6 +128,10 @@ class Source:
 
     def hash_curve(self, progress: Progress | None = None) -> Curve:
         """The LRU curve of a Mooncake-format trace by the array pass (``hashstack``)."""
+        # numba costs ~0.3-0.9 s to import: only a Mooncake-format trace pays it, not every
+        # screen that imports the what-if analysis
+        from radixcache.analysis.hashstack import HashStack, HashStackError
+
         path, left = Path(self.cfg.source), self.cfg.limit
         stack = HashStack(self.cfg.hash_block_size, self.cfg.sample)
         for runs in read_hash_runs(path, self.cfg.hash_block_size):

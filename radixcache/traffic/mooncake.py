@@ -22,7 +22,6 @@ import msgspec
 import numpy as np
 
 from radixcache.core.blockrule import hash_id_problem, hash_run_problem
-from radixcache.traffic.mooncake_scan import scan_chunk
 from radixcache.traffic.traces import (
     BOM,
     MOONCAKE_BLOCK,
@@ -152,6 +151,8 @@ def read_hash_runs(path: Path, hash_block_size: int = MOONCAKE_BLOCK) -> Iterato
     """A Mooncake-format trace as ``HashRuns`` of about 8 MB of file each: msgspec decodes a
     chunk of lines at once and numpy checks the rule on all of them; only a chunk with a bad
     (or blank) line is walked line by line, to name it."""
+    from radixcache.traffic.mooncake_scan import scan_chunk  # numba: imported when read
+
     dec = msgspec.json.Decoder(MooncakeRequest)
     for first, chunk in _chunk_lines(path):
         runs = None
