@@ -23,7 +23,7 @@ from textual.strip import Strip
 from inspector.frame import EMPTY, Cell, Frame
 from inspector.widgets.styled import Styled
 
-NAMES = {Cell.SELECTED: "selected node", Cell.PINNED: "locked", Cell.COW: "COW copy",
+NAMES = {Cell.SELECTED: "selected node", Cell.PINNED: "pinned", Cell.COW: "COW copy",
          Cell.SHARED: "shared", Cell.CACHED: "cached", Cell.EVICTED: "just evicted",
          Cell.FREE: "free"}
 GLYPH = {Cell.COW: "◆", Cell.EVICTED: "░", Cell.FREE: "·"}  # the others: a full block
