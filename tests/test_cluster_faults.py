@@ -87,9 +87,13 @@ def test_a_stopped_replica_leaves_the_rotation_and_comes_back(cluster):
         popen.send_signal(signal.SIGCONT)
     assert wait_for(lambda: cluster.router_state().out_of_rotation == (), timeout=10)
     one = finished(cluster, 1)
-    for i in range(2):
+    # routed to again: the router health-checks a worker it is given back before it routes to
+    # it, and /server_info counts a request once its step has finished it, so allow a few
+    for i in range(6):
         complete(cluster, 20 + i)
-    assert finished(cluster, 1) == one + 1  # routed to again
+        if wait_for(lambda: finished(cluster, 1) > one, timeout=2):
+            break
+    assert finished(cluster, 1) > one
 
 
 def test_restart_router_on_the_cluster_screen(cluster):

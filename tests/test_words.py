@@ -46,7 +46,8 @@ def test_completion_help_and_readme_read_the_table() -> None:
     assert complete("sn") == "snapshot "
     text = help_text()
     assert "chat 20 · system 50 · tot 3 4 · fork 8 · flood 500\n" in text
-    assert "evict 4096 · watermark 0.9 0.8 · pause · resume · reset · stats · snapshot\n" in text
+    assert ("evict 4096 · watermark 0.9 0.8 · pause · resume · reset · stats · snapshot · "
+            "schedule lpm\n") in text
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert readme_list() in readme
 

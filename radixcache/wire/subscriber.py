@@ -320,9 +320,9 @@ class Subscriber:
             self.stats.epochs += 1
         self.epoch, self.seq, self._replay_asks = epoch, seq, 0
         self.stats.snapshots += 1
-        self.synced.set()
         if self._on_snapshot is not None:
             self._on_snapshot(epoch, seq, snapshot)
+        self.synced.set()  # after the hook: a recorder's file exists once a waiter wakes
         self._drop_ahead(epoch, seq)
         self._go_live()
 
