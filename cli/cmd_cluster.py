@@ -22,7 +22,9 @@ from rich.table import Table
 
 from cli.app import RUN, CliError, app, bench_app
 from cli.cluster_screens import streams_screen
+from cli.options import SCHEDULE_HELP
 from radixcache.serving.cluster import Policy  # stdlib only: cheap at start-up
+from radixcache.serving.policy import Policy as Schedule
 from radixcache.wire.endpoints import LOOPBACK_HOSTS
 
 if TYPE_CHECKING:
@@ -231,6 +233,7 @@ def cluster(
     router_arg: list[str] = typer.Option([], "--router-arg", help="More sglang-router flags, "
                                          "split as a shell would (repeatable), e.g. "
                                          "--router-arg='--cache-threshold 0.5'."),
+    schedule: Schedule = typer.Option(Schedule.FCFS, help="Each replica's " + SCHEDULE_HELP),
 ) -> None:
     """Start N engine replicas behind sglang-router (127.0.0.1) and open the cluster screen;
     q stops every process it started. Send load with `radixcache load --url ROUTER`.
@@ -247,7 +250,7 @@ def cluster(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--router-arg") from None
     config = ClusterConfig(replicas, policy, blocks, http_base, zmq_base, router_port,
-                           router_args=extra)
+                           router_args=extra, schedule=schedule.value)
     try:
         with console.status(f"starting {replicas} replicas and sglang-router ..."):
             c = Cluster(config).start()

@@ -15,20 +15,28 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.app import app
-from radixcache.tools.demo import DemoError, DemoStats, EngineProcess, MixLoop, headless
+from cli.options import SCHEDULE_HELP
+from radixcache.serving.policy import Policy
+from radixcache.tools.demo import (
+    DEFAULT_MIX,
+    DemoError,
+    DemoStats,
+    EngineProcess,
+    MixLoop,
+    headless,
+)
 from radixcache.traffic.workloads import WorkloadError, build_workload
 
-DEFAULT_MIX = ("chat 8", "system 30 256", "tot 3 3", "fork 8")
-"""One round of the demo's workload; each round uses the next seed, so the tree keeps changing."""
 console = Console(stderr=True)
+DEMO_SCHEDULE = Policy.LPM  # cache-aware: `bench engine --schedule` measured it (README)
 QUIT_GRACE_S = 1.0  # q: the demo's engine holds nothing to save, so it gets 1 s, then SIGKILL
 
 
 @contextlib.contextmanager
-def running_demo(blocks: int, mix: tuple[str, ...], interval_s: float) -> Iterator[
-        tuple[EngineProcess, MixLoop]]:
+def running_demo(blocks: int, mix: tuple[str, ...], interval_s: float,
+                 schedule: Policy = Policy.FCFS) -> Iterator[tuple[EngineProcess, MixLoop]]:
     """An engine that answers, fed by a running mix loop; both stopped on the way out."""
-    with EngineProcess(blocks) as engine:
+    with EngineProcess(blocks, schedule=schedule.value) as engine:
         engine.start()
         engine.wait_ready()
         loop = MixLoop(engine, mix, interval_s).start()
@@ -134,6 +142,7 @@ def demo(
                             "as typed in the inspector's command line."),
     interval: float = typer.Option(0.7, min=0.05, help="Seconds between two workloads."),
     as_json: bool = typer.Option(False, "--json", help="With --no-inspect: one JSON object."),
+    schedule: Policy = typer.Option(DEMO_SCHEDULE, help=SCHEDULE_HELP),
 ) -> None:
     """Start an engine with a looping mixed workload and open the inspector on it (see
     ``DEMO_HELP``); the engine process is stopped however the demo ends."""
@@ -142,10 +151,10 @@ def demo(
     lines = _parse_mix(mix)
     _interrupt_on_sigterm()
     if not no_inspect:
-        with EngineProcess(blocks, grace_s=QUIT_GRACE_S) as engine:
+        with EngineProcess(blocks, grace_s=QUIT_GRACE_S, schedule=schedule.value) as engine:
             _run_inspector(engine.start(), lines, interval)
         return
-    with running_demo(blocks, lines, interval) as (engine, loop):
+    with running_demo(blocks, lines, interval, schedule) as (engine, loop):
         stats = headless(engine, loop, seconds)
     if as_json:
         typer.echo(_json(stats))

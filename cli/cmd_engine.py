@@ -4,6 +4,7 @@ that `radixcache doctor --gpu` runs."""
 from __future__ import annotations
 
 import json
+import sys
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from rich.progress import (
 from rich.table import Table
 
 from cli.app import bench_app
+from radixcache.tools.demo import DEFAULT_MIX
 from radixcache.traffic.workloads import WorkloadError, build_workload
 
 if TYPE_CHECKING:  # the engine and the GPU check import torch: imported in the commands
@@ -48,11 +50,33 @@ def _print_table(r: dict[str, float | int | str | bool]) -> None:
 def bench_engine(
     workload: str = typer.Option("chat", help="Workload name (chat, system, tot, fork, flood)."),
     requests: int | None = typer.Option(None, help="Serve only the first N requests."),
-    blocks: int = typer.Option(4096, help="KV pool blocks (of 16 tokens)."),
+    blocks: int = typer.Option(4096, help="KV pool blocks (of 16 tokens); with --schedule "
+                               "the demo's 2048 unless given."),
     step_tokens: int = typer.Option(512, help="Tokens per scheduler step (prefill budget)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
+    schedule: str | None = typer.Option(None, help="Compare scheduling policies instead, "
+                                        "comma-separated (fcfs,lpm,dfs-weight), on the demo's "
+                                        "mix as the demo sends it."),
+    mix: str = typer.Option(",".join(DEFAULT_MIX), help="With --schedule: the workloads."),
+    rounds: int = typer.Option(4, min=1, help="With --schedule: rounds of the mix."),
+    interval: float = typer.Option(0.7, min=0.0, help="With --schedule: seconds between two "
+                                   "workloads (the demo's pace)."),
 ) -> None:
-    """Serve one workload with the cache on, then off; compare prefill work, TTFT, decode rate."""
+    """Serve one workload with the cache on, then off; compare prefill work, TTFT, decode rate.
+    With --schedule: the demo's mix under each scheduling policy (hit rate against the
+    what-if curve, in-flight misses, queue wait, TTFT, throughput, equal outputs)."""
+    if schedule is not None:
+        from cli.bench_schedule import bench_schedule
+
+        bench_schedule(schedule, mix, rounds, interval,
+                       blocks if _given("--blocks") else 2048, as_json)
+    else:
+        _cache_on_off(workload, requests, blocks, step_tokens, as_json)
+
+
+def _cache_on_off(workload: str, requests: int | None, blocks: int, step_tokens: int,
+                  as_json: bool) -> None:
+    """The workload with the cache on, then off (``bench engine`` without --schedule)."""
     import torch
 
     from radixcache.serving.engine import EngineConfig
@@ -80,6 +104,11 @@ def bench_engine(
         typer.echo(json.dumps(report))
     else:
         _print_table(report)
+
+
+def _given(option: str) -> bool:
+    """True when ``option`` is on the command line (its default differs by mode)."""
+    return any(a == option or a.startswith(option + "=") for a in sys.argv)
 
 
 def gpu_doctor(as_json: bool) -> None:

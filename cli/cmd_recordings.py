@@ -22,8 +22,16 @@ from rich.console import Console
 from rich.tree import Tree
 
 from cli.app import CliError, app
-from cli.options import CURVE_HELP, AnswerMode, ModelSize, engine_config, sized_workload
+from cli.options import (
+    CURVE_HELP,
+    SCHEDULE_HELP,
+    AnswerMode,
+    ModelSize,
+    engine_config,
+    sized_workload,
+)
 from inspector.sources import DatasetWords
+from radixcache.serving.policy import Policy
 from radixcache.traffic.workloads import Vocabulary, Workload, WorkloadError
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.export import jsonl_lines, perfetto_json
@@ -40,7 +48,6 @@ if TYPE_CHECKING:
     from radixcache.core import events as ev
     from radixcache.serving.engine import Engine
     from radixcache.serving.server import RecordResult
-    from radixcache.traffic.workload_types import Workload
 
 # piped (not a terminal), lines are never wrapped at Rich's default 80 columns: a node's line
 # stays one line for grep and for whatever reads it
@@ -69,6 +76,11 @@ def _stopped(damage: Damage | None) -> None:
         _warn(f"warning: stopped at byte {damage.offset:,}: {damage.reason}")
 
 
+ANSWERS_HELP = ("Headless: prefill folds each forced answer into its prompt (same tree, ~50x "
+                "faster on a CPU; RequestStart then counts answers as prompt); decode generates "
+                "them token by token.")
+
+
 @app.command()
 def record(
     out: Path = typer.Option(..., "--out", help="Recording file to write."),
@@ -82,12 +94,10 @@ def record(
                                                    "(small enough that the workload evicts)."),
     model: ModelSize = typer.Option(ModelSize.TINY, help="Headless model: tiny is 1 layer, "
                                                          "d_model 32, 1 K/V head of 16."),
-    answers: AnswerMode = typer.Option(AnswerMode.PREFILL, help="Headless: prefill folds each "
-                                       "forced answer into its prompt (same tree, ~50x faster "
-                                       "on a CPU; RequestStart then counts answers as prompt); "
-                                       "decode generates them token by token."),
+    answers: AnswerMode = typer.Option(AnswerMode.PREFILL, help=ANSWERS_HELP),
     device: str | None = typer.Option(None, help="Headless torch device (default: cuda)."),
     threads: int = typer.Option(1, help="torch CPU threads."),
+    schedule: Policy = typer.Option(Policy.FCFS, help="Headless: " + SCHEDULE_HELP),
     keyframe_every: int = typer.Option(50_000, help="Events between snapshot keyframes."),
     curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),
 ) -> None:
@@ -100,11 +110,12 @@ def record(
 
     w = _first_requests(workload, workload_args, requests)
     n = len(w.requests)
-    engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value)))
+    engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value),
+                                  schedule))
     header: dict[str, str | int | float] = {
         "num_blocks": blocks, "block_size": 16, "model": model.value, "answers": answers.value,
         "workload": f"{workload} {workload_args}".strip(), "requests": n,
-        "device": str(engine.model.device)}
+        "schedule": schedule.value, "device": str(engine.model.device)}
     t0 = time.perf_counter()
     r = _record_to(out, header, keyframe_every, engine, w)
     c = r.counters

@@ -14,7 +14,8 @@ import zmq
 from rich.console import Console
 
 from cli.app import RUN, app
-from cli.options import CURVE_HELP, AnswerMode, ModelSize, engine_config
+from cli.options import CURVE_HELP, SCHEDULE_HELP, AnswerMode, ModelSize, engine_config
+from radixcache.serving.policy import Policy
 from radixcache.wire.endpoints import BindPolicy, EndpointError, Endpoints
 from radixcache.wire.security import CurveError, create_keys
 
@@ -70,6 +71,7 @@ def serve(
                                        "token, or fold them into the prefill."),
     device: str | None = typer.Option(None, help="torch device (default: cuda when present)."),
     threads: int = typer.Option(1, help="torch CPU threads (1 is fastest for the tiny model)."),
+    schedule: Policy = typer.Option(Policy.FCFS, help=SCHEDULE_HELP),
     digest_every: int = typer.Option(64, help="A Digest event every N batches (0: none)."),
     curve_keys: Path | None = typer.Option(None, help=CURVE_HELP + " Every socket bound is a "
                                            "CURVE server accepting only client keys in DIR."),
@@ -83,7 +85,8 @@ def serve(
     from radixcache.serving.loop import DEFAULT_PROGRAM, LoopConfig
     from radixcache.serving.server import ServerConfig
 
-    engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value)))
+    engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value),
+                                  schedule))
     config = ServerConfig(LoopConfig(digest_every, program=DEFAULT_PROGRAM if loop else ()),
                           block_size=16, num_blocks=blocks)
     server = _bind(engine, config, _endpoints(port, endpoint_host, ipc), allow_remote,

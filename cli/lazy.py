@@ -77,12 +77,18 @@ COMMANDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
     "bench cluster": ("cli.cmd_cluster", "",
         "Every sglang-router policy on the chat workload over N replicas: hit rate, load "
         "imbalance, TTFT and the tokens cached on more than one replica."),
+    "bench http": ("cli.cmd_cluster", "",
+        "A hostile client against `serve --http`: /health latency while huge prompts are "
+        "refused, clients that leave, a burst of concurrent requests, server RSS under huge "
+        "words."),
     "bench engine": ("cli.cmd_engine", "",
         "Serve one workload with the cache on, then off; compare prefill work, TTFT, decode "
-        "rate."),
+        "rate. With --schedule: the demo's mix under each scheduling policy (hit rate against "
+        "the what-if curve, in-flight misses, queue wait, TTFT, throughput, equal outputs)."),
     "bench tui": ("cli.cmd_inspect", "",
         "The inspector headless on a big tree fed 50,000 events/s: frame cost while scrolling "
-        "and while nodes change, key latency, events ingested/s, memory pane redraws/s."),
+        "and while nodes change, key latency, events ingested/s, memory pane redraws/s, command "
+        "reply time."),
 })
 
 

@@ -6,10 +6,15 @@ import enum
 import shlex
 from typing import TYPE_CHECKING
 
+from radixcache.serving.policy import Policy
 from radixcache.traffic.workloads import WORKLOADS, Workload, build_workload
 
 if TYPE_CHECKING:  # these import torch (seconds): imported when a command runs
     from radixcache.serving.engine import Answers, EngineConfig
+
+SCHEDULE_HELP = ("How waiting requests are admitted: fcfs (arrival order), lpm (longest cached "
+                 "prefix first) or dfs-weight (depth-first over the cached tree); the last "
+                 "two also hold a request whose prefix a running request is computing.")
 
 CURVE_HELP = ("A key directory from `radixcache keys DIR`: CURVE-encrypt and authenticate "
               "(for non-loopback use).")
@@ -30,8 +35,8 @@ class AnswerMode(enum.StrEnum):
     PREFILL = "prefill"
 
 
-def engine_config(model: ModelSize, blocks: int, device: str | None,
-                  threads: int, answers: Answers) -> EngineConfig:
+def engine_config(model: ModelSize, blocks: int, device: str | None, threads: int,
+                  answers: Answers, schedule: Policy = Policy.FCFS) -> EngineConfig:
     """The engine's configuration for these options (sets torch's CPU threads)."""
     import torch
 
@@ -40,7 +45,8 @@ def engine_config(model: ModelSize, blocks: int, device: str | None,
 
     torch.set_num_threads(threads)
     mc = tiny_model() if model is ModelSize.TINY else ModelConfig()
-    return EngineConfig(num_blocks=blocks, model=mc, device=device, answers=answers)
+    return EngineConfig(num_blocks=blocks, model=mc, device=device, answers=answers,
+                        schedule=schedule)
 
 
 def sized_workload(name: str, args: str, requests: int) -> Workload:

@@ -25,6 +25,7 @@ from radixcache.serving.loop import LoopConfig
 from radixcache.serving.service import CacheService, Submitted
 from radixcache.serving.stats import Stats
 from radixcache.traffic.workloads import Workload
+from radixcache.wire import commands as cmd
 
 FLOOD_CLOCK = 1 << 40  # the flood's access clocks start here (past any the tree hands out)
 
@@ -118,6 +119,10 @@ class FloodService:
     def reset(self) -> int:
         """The inner cache's."""
         return self.inner.reset()
+
+    def set_schedule(self, policy: cmd.Policy) -> None:
+        """The inner cache's."""
+        self.inner.set_schedule(policy)
 
     def snapshot(self) -> ev.Snapshot:
         """The inner cache's."""

@@ -24,6 +24,7 @@ from inspector.widgets.event_log import KINDS, NOISY, EventLog
 from radixcache.wire import commands as cmd
 
 MESSAGES_KEPT = 100  # the last messages shown, newest last
+NOTE_AFTER_S = 5.0  # a note this soon after a reply joins the reply's line
 
 
 class CommandReplies:
@@ -39,6 +40,7 @@ class CommandReplies:
         self.messages: deque[str] = deque(maxlen=MESSAGES_KEPT)
         self.replies = 0
         self.command_ms: deque[float] = deque(maxlen=10_000)
+        self._shown = (Text(), -1e9)  # the message line and when it was said
 
     def submit(self, value: str) -> None:
         """Parse ``value``; say what is wrong, or send it from a worker thread."""
@@ -101,7 +103,8 @@ class CommandReplies:
                      error=True)
             return
         self.app.query_one("#events", EventLog).set_kinds(kinds)
-        hidden = " (heartbeats wm, counters hidden: filter wm shows them)" if (
+        noisy = ", ".join(k for k in KINDS if k in NOISY)
+        hidden = f" (heartbeats {noisy} hidden: filter wm shows them)" if (
             rest == ("all",)) else ""
         self.say(f"✓ showing {' '.join(k for k in KINDS if k in kinds)}{hidden}")
 
@@ -113,4 +116,17 @@ class CommandReplies:
         """Show a one-line message above the command line (in red for an error)."""
         self.messages.append(text)
         style = "bold #e06c75" if error else "#98c379"
-        self.app.query_one("#message", Static).update(Text(text, style))
+        self._shown = (Text(text, style), time.monotonic())
+        self.app.query_one("#message", Static).update(self._shown[0])
+
+    def note(self, text: str) -> None:
+        """A consequence of what just happened (the selection followed a merge, or cleared):
+        after a reply of the last ``NOTE_AFTER_S`` it is added to that line, not put over it
+        (a reset's reply was replaced by "selection cleared" at once)."""
+        shown, at = self._shown
+        if time.monotonic() - at > NOTE_AFTER_S or not shown.plain.startswith(("✓", "✗")):
+            self.say(text)
+            return
+        self.messages.append(text)
+        line = shown + Text(f" · {text}", "dim")
+        self.app.query_one("#message", Static).update(line)

@@ -159,7 +159,7 @@ class Feed:
     def _after_snapshot(self, d: Delta, ts: float) -> None:
         self._unlink_dropped()
         self.out_of_sync = False
-        self.pinned = {n.id for n in self.mirror.nodes.values() if n.lock > 0}
+        self.pinned = {n.id for n in self.mirror.nodes.values() if n.pins > 0}
         self._clocks, self._clock_ts = [self.mirror.clock], [ts]
         d.rebuild = d.structure = True
         d.blocks.update(range(self.mirror.num_blocks))
@@ -185,7 +185,7 @@ class Feed:
                 d.flashes[e.node] = d.flashes[e.prefix] = Flash.SPLIT
                 d.blocks.update(e.suffix_blocks[:1])  # the boundary block may now be shared
                 prefix = self.mirror.nodes.get(e.prefix)
-                if prefix is not None and prefix.lock > 0:
+                if prefix is not None and prefix.pins > 0:
                     self.pinned.add(e.prefix)
             case ev.Merge():
                 d.structure = True
@@ -209,7 +209,7 @@ class Feed:
             case ev.Snapshot() | ev.Reset():
                 self._after_snapshot(d, batch.ts)
             case (ev.RequestStart() | ev.RequestFinish() | ev.Counters() | ev.Fault()
-                  | ev.Digest()):
+                  | ev.Digest() | ev.RequestCached() | ev.Queue()):
                 pass  # the log has them; the panes read them off the mirror
             case _:
                 assert_never(e)
@@ -229,7 +229,7 @@ class Feed:
     def _repin(self, n: MirrorNode | None) -> None:
         """Bring ``pinned`` up to date along the path of a Pin event."""
         while n is not None:
-            if n.lock > 0:
+            if n.pins > 0:
                 self.pinned.add(n.id)
             else:
                 self.pinned.discard(n.id)

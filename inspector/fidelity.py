@@ -59,7 +59,7 @@ class Fidelity:
         the same priority as the map: selected, free/evicted, pinned, COW, shared, cached."""
         pinned = set(m.request_blocks)
         for n in m.nodes.values():
-            if n.lock > 0 and n.parent is not None:
+            if n.pins > 0 and n.parent is not None:
                 pinned.update(n.blocks)
         ref = np.array(m.ref, dtype=np.int64)
         state = np.where(ref > 1, Cell.SHARED, Cell.CACHED).astype(np.uint8)
@@ -114,7 +114,7 @@ class Fidelity:
                 out.append(f"selection n{sel.node.id} is gone")
             elif not str(tree.border_subtitle).startswith(
                     f"n{n.id}: {n.num_tokens:,} tok @{n.start} {block_ranges(n.blocks, 30)} "
-                    f"r{n.lock} "):
+                    f"r{n.pins} "):
                 out.append(f"footer {tree.border_subtitle!r} does not match n{n.id}")
         return out
 
@@ -127,7 +127,7 @@ class Fidelity:
             if n is None or not is_victim(n):
                 out.append(f"LRU entry n{nid} is not a live unpinned leaf")
                 continue
-            if prev is not None and (n.clock, n.id) < prev:
+            if prev is not None and (n.tail_clock, n.id) < prev:
                 out.append(f"LRU entry n{nid} out of order")
-            prev = (n.clock, n.id)
+            prev = (n.tail_clock, n.id)
         return out

@@ -8,7 +8,7 @@ the header, the tree, the block map, the memory pane, the LRU queue and the foot
 disagree with each other, however fast the mirror moves on underneath.
 
 Per-block states are kept in one ``bytearray`` and only the blocks a batch touched (and those
-whose lock or selection changed) are reclassified, so a frame costs what changed, not the pool.
+whose pins or selection changed) are reclassified, so a frame costs what changed, not the pool.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class NodeView:
     num_tokens: int
     start: int
     blocks: tuple[int, ...]
-    lock: int
+    pins: int
     clock: int
     age: str
     leaf: bool
@@ -66,7 +66,7 @@ class Selection:
         """``n12: 96 tok @40 b3-8 r1 · LRU #2``: what the tree pane's footer says."""
         n = self.node
         return (f"n{n.id}: {n.num_tokens:,} tok @{n.start} {block_ranges(n.blocks, 30)} "
-                f"r{n.lock} · {self.place}")
+                f"r{n.pins} · {self.place}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +92,7 @@ class Frame:
     selection: Selection | None
     # blocks whose cell changed since the previous frame (None: all of them)
     changed: frozenset[int] | None = field(default=None, compare=False)
+    queue: ev.Queue | None = None  # the engine's waiting queue and why each waits
 
     def count(self, state: Cell) -> int:
         """Blocks drawn in ``state``."""
@@ -142,13 +143,13 @@ class Builder:
         if sel is not None:
             node = self._view(feed, m, sel)
             rank = next((i + 1 for i, v in enumerate(lru) if v.id == sel), None)
-            place = f"LRU #{rank}" if rank else ("locked" if node.lock else "not a victim yet")
+            place = f"LRU #{rank}" if rank else ("locked" if node.pins else "not a victim yet")
             selection = Selection(node, place)
         free = self._bytes.count(Cell.FREE) + self._bytes.count(Cell.EVICTED)
         return Frame(feed.seq, feed.epoch, feed.now(), m.num_blocks, self._bytes,
                      m.num_blocks - free, len(m.nodes) - 1, dataclasses.replace(m.stats),
                      m.counters, m.fault, m.watermark, m.high, m.low,
-                     MappingProxyType(views), tuple(lru), selection, self._changed)
+                     MappingProxyType(views), tuple(lru), selection, self._changed, m.queue)
 
     def _follow(self, m: Mirror, d: Delta, wanted: int | None) -> int | None:
         """The selected node at this seq: a merged parent's tokens live on in its child; an
@@ -223,11 +224,11 @@ class Builder:
     def _view(feed: Feed, m: Mirror, nid: int) -> NodeView:
         n = m.nodes.get(nid)
         if n is None:
-            return NodeView(nid, alive=False, num_tokens=0, start=0, blocks=(), lock=0,
+            return NodeView(nid, alive=False, num_tokens=0, start=0, blocks=(), pins=0,
                             clock=0, age="-", leaf=True, head=b"")
         at = feed.access_time(n.clock)
         return NodeView(nid, alive=True, num_tokens=n.num_tokens, start=n.start,
-                        blocks=tuple(n.blocks), lock=n.lock, clock=n.clock,
+                        blocks=tuple(n.blocks), pins=n.pins, clock=n.clock,
                         age=human_age(None if at is None else feed.now() - at),
                         leaf=not n.children, head=n.tokens[:PREVIEW_BYTES])
 
@@ -240,9 +241,8 @@ class Builder:
         out: list[NodeView] = []
         for cand, clock in want.lru_candidates:
             n = m.nodes.get(cand.id)
-            if n is cand and is_victim(n) and n.clock == clock:
+            if n is cand and is_victim(n) and n.tail_clock == clock:  # in their order
                 out.append(self._view(feed, m, n.id))
                 if len(out) == want.lru_rows:
                     break
-        out.sort(key=lambda v: (v.clock, v.id))
         return out

@@ -90,7 +90,7 @@ class Painter:
         for err in d.errors:
             self.commands.say(f"[out of sync] {err}", error=True)
         if note:
-            self.commands.say(note)
+            self.commands.note(note)
         if d.watermarks:  # each sample, so the sparkline does not depend on the frame rate
             note = out.status.memory_note
             for sample in d.watermarks[-HISTORY:]:

@@ -373,7 +373,7 @@ def test_engine_rejects_empty_and_oversized_prompts():
         assert (m.submitted, m.finished, m.rejected) == (2, 1, 1)
         engine.tree.check()
         snap = engine.tree.snapshot()
-        assert sum(n.lock for n in snap.nodes) == 0
+        assert sum(n.pins for n in snap.nodes) == 0
     finally:
         engine.close()
 

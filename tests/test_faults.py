@@ -190,7 +190,7 @@ def test_pool_full_of_locked_blocks():
     tree.insert(list(range(500, 520)), lease)
     tree.unpin(m2.node)
     tree.check()
-    assert sum(n.lock for n in tree.snapshot().nodes) == 0
+    assert sum(n.pins for n in tree.snapshot().nodes) == 0
 
 
 def test_engine_waits_while_the_pool_is_locked_then_serves():
@@ -212,7 +212,7 @@ def test_engine_waits_while_the_pool_is_locked_then_serves():
             engine.step()
         assert len(h.result(0).tokens) == 3
         tree.check()
-        assert sum(n.lock for n in tree.snapshot().nodes) == 0
+        assert sum(n.pins for n in tree.snapshot().nodes) == 0
     finally:
         engine.close()
 

@@ -151,3 +151,25 @@ async def test_z_zooms_the_block_map_while_the_tree_has_the_focus() -> None:
         assert app.blocks.zoomed and app.blocks.per_cell == 1
         await pilot.press("z")
         assert not app.blocks.zoomed
+
+
+@sync
+async def test_the_reset_reply_stays_on_screen_beside_the_selection_note() -> None:
+    from radixcache.wire import commands as cmd
+    from tests.helpers.pilot import type_line
+
+    src = ManualSource(num_blocks=64)
+    app = app_for(src)
+    async with app.run_test(size=SIZE) as pilot:
+        _children(src, 2)
+        await wait_until(pilot, lambda: len(app.tree_pane.rows) == 3 and app.caught_up())
+        await pilot.press("down")  # n1
+        await wait_until(pilot, lambda: app.view.selection is not None)
+        src.reply = cmd.Ok("reset: the cache is empty (0 requests cancelled)")
+        await type_line(pilot, "reset")
+        await wait_until(pilot, lambda: app.replies == 1)
+        src.push([ev.Reset()])
+        note = "n1 is gone (the cache was reset or resynced): selection cleared"
+        await wait_until(pilot, lambda: app.messages[-1] == note)
+        assert str(app.query_one("#message").render()) == (
+            f"✓ reset: the cache is empty (0 requests cancelled) · {note}")

@@ -58,6 +58,8 @@ def stream() -> list[ev.AnyEvent]:
         ev.Fault("rc-service-loop", "RuntimeError: boom"),
         ev.Reset(),
         ev.Digest(Mirror(B, N).digest()),
+        ev.RequestCached(1, 11),  # (a request's prompt cached while it decodes)
+        ev.Queue("lpm", 3, 1, [ev.Waiting(2, ev.WaitReason.SHARING, 1, 1, 0, 8)]),
     ]
 
 
@@ -143,7 +145,9 @@ def test_the_feed_and_the_log_take_every_kind() -> None:
         "access": "", "rfinish": "req 1 +2 tok", "split": "n1 after its first 4 tok → prefix n2",
         "cow": "0→3 (2 slots)", "free": "1 blocks", "evict": "n1 8 tok, 2 blocks freed",
         "merge": "n2+n3", "wm": "2/8 blocks", "counters": "", "reset": "", "digest": "",
-        "fault": "thread rc-service-loop died: RuntimeError: boom"}
+        "fault": "thread rc-service-loop died: RuntimeError: boom",
+        "rcached": "req 1: its prompt of 11 tok is cached, it decodes",
+        "queue": "lpm: 1 waiting (the stats pane says why)"}
 
 
 def test_the_exports_take_every_kind() -> None:
@@ -151,7 +155,8 @@ def test_the_exports_take_every_kind() -> None:
     assert [line.split('"kind":"')[1].split('"')[0] for line in jsonl_lines([batch])] == [
         TAGS[type(e)] for e in stream()]
     names = [e["name"] for e in perfetto_events([batch]) if e.get("ph") != "M"]
-    assert names == ["req 1", "req 1", "split", "cow", "evict", "merge", "pool", "reset"]
+    assert names == ["req 1", "req 1", "split", "cow", "evict", "merge", "pool", "reset",
+                     "prompt cached", "queue"]
 
 
 def _dispatchers() -> set[str]:

@@ -46,7 +46,7 @@ def busy_tree() -> tuple[RadixTree, Mirror, MatchResult, Lease]:
 
 def shape(m: Mirror) -> list[tuple[int, int, int, bytes, list[int], int, int]]:
     return sorted(
-        (n.id, n.parent.id if n.parent else -1, n.start, n.tokens, list(n.blocks), n.lock, n.clock)
+        (n.id, n.parent.id if n.parent else -1, n.start, n.tokens, list(n.blocks), n.pins, n.clock)
         for n in m.nodes.values()
     )
 
@@ -64,7 +64,7 @@ def test_snapshot_mirror_equals_tree_and_event_mirror() -> None:
     want_lru = [n.id for n in tree.lru_order(10)]
     assert [n.id for n, _ in next_victims(snap, 10)] == [
         n.id for n, _ in next_victims(from_start, 10)] == want_lru
-    assert snap.node(running.node.id).lock == 1 and snap.root.lock == 1
+    assert snap.node(running.node.id).pins == 1 and snap.root.pins == 1
     # both keep following the stream
     tree.release(lease)
     tree.unpin(running.node)
@@ -129,7 +129,7 @@ def test_stats_follow_the_events() -> None:
         ev.Evict(999, 4, []),
         ev.BlockAlloc([32]),
     ],
-    ids=["access", "lock", "create", "split", "merge", "evict", "alloc-out-of-range"],
+    ids=["access", "pin", "create", "split", "merge", "evict", "alloc-out-of-range"],
 )
 def test_event_that_does_not_fit_raises(event: ev.AnyEvent) -> None:
     _tree, m, _, _ = busy_tree()
@@ -159,7 +159,7 @@ def test_digest_detects_any_difference() -> None:
     base = tree.digest()
     assert m.digest() == base
     node = m.node(running.node.id)
-    for attr, value in (("lock", 7), ("clock", 10**6), ("start", node.start + 1),
+    for attr, value in (("pins", 7), ("clock", 10**6), ("start", node.start + 1),
                         ("tokens", node.tokens[:-4] + b"\xff\xff\x00\x00"),
                         ("blocks", [*node.blocks[:-1], 31])):
         old = getattr(node, attr)
@@ -217,6 +217,42 @@ def test_a_schema_2_stream_with_merge_dropped_minus_one_still_reads() -> None:
         mirror.apply_batch(batch)
     assert merges > 0
     assert mirror.digest() == tree.digest()
+
+
+def test_a_schema_3_stream_without_the_schema_4_trailing_fields_still_reads() -> None:
+    """Schema 4 appended ``Access.end``, ``Merge.keeps_times`` and ``NodeState.older``; a
+    schema 3 stream or recording has none of them: they read as nil, false and empty, and a
+    merge takes the parent's clock for the whole joined node, as schema 3 engines did."""
+    import msgspec
+
+    def t(lo: int, hi: int) -> bytes:
+        return toks(list(range(lo, hi))).tobytes()
+
+    snapshot = ["snapshot", B, 8, [[0, -1, 0, b"", [], 0, 1]], 1, 1, [], 0.92, 0.85]
+    events = [
+        ["create", 1, 0, 0, t(1, 33), [0, 1], False],
+        ["create", 2, 1, 32, t(33, 49), [2], False],
+        ["access", 2, 5],  # the path root..2 used at 5
+        ["access", 1, 7],  # then root..1 at 7: node 2 stays at 5
+        ["merge", 1, 2, None],  # schema 3: no keeps_times
+    ]
+    raw = msgspec.msgpack.encode({"seq": 1, "epoch": 1, "ts": 0.0, "engine": "v3",
+                                  "events": [snapshot, *events]})
+    batch = ev.decode_batch(raw)
+    assert batch.events[3] == ev.Access(2, 5, None)
+    assert batch.events[5] == ev.Merge(1, 2, None, keeps_times=False)
+    assert isinstance(batch.events[0], ev.Snapshot) and batch.events[0].nodes[0].older == ()
+    m = Mirror(B, 8)
+    m.apply_batch(batch)
+    (node,) = m.root.children.values()
+    assert (node.id, node.start, node.end, node.blocks) == (2, 0, 48, [0, 1, 2])
+    assert (node.clock, node.older) == (7, ())
+    # the same merge from a schema 4 engine keeps node 2's older time for its own tokens
+    m4 = Mirror(B, 8)
+    m4.apply_batch(ev.Batch(1, 1, 0.0, "v4", [*batch.events[:5],
+                                             ev.Merge(1, 2, None, keeps_times=True)]))
+    (node,) = m4.root.children.values()
+    assert (node.clock, node.older) == (7, ((32, 5),))
 
 
 def test_every_watcher_sees_every_event_in_order_until_it_unwatches() -> None:

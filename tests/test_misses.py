@@ -51,9 +51,10 @@ class Followed:
         assert len(ids) == 1
         return ids[0]
 
-    def evict_seq(self, node: int) -> int:
-        return next(b.seq for b in self.batches for e in b.events
-                    if isinstance(e, ev.Evict) and e.node == node)
+    def evict_seqs(self, node: int) -> list[int]:
+        """The batches whose events evicted (part of) ``node``, in order."""
+        return [b.seq for b in self.batches for e in b.events
+                if isinstance(e, ev.Evict) and e.node == node]
 
 
 def test_a_first_request_was_never_seen_and_a_repeat_hits_whole():
@@ -80,7 +81,9 @@ def test_evicted_tokens_name_the_batch_that_evicted_them():
     again = f.serve(first)
     why = f.follower.misses.why(again)
     assert why is not None and why.hit_tokens == 0
-    assert why.spans == [Span(0, 64, Cause.EVICTED, f.evict_seq(node))]
+    # the leaf gave up its tail first (one block), then the rest: two spans, two batches
+    tail, rest = f.evict_seqs(node)
+    assert why.spans == [Span(0, 48, Cause.EVICTED, rest), Span(48, 64, Cause.EVICTED, tail)]
     assert f.follower.misses.why(a) is not None
 
 
@@ -103,7 +106,7 @@ def test_part_evicted_part_new():
     c = f.serve(list(range(1000, 1032)) + list(range(3000, 3010)))
     why = f.follower.misses.why(c)
     assert why is not None and why.hit_tokens == 0
-    assert why.spans == [Span(0, 32, Cause.EVICTED, f.evict_seq(leaf)),
+    assert why.spans == [Span(0, 32, Cause.EVICTED, f.evict_seqs(leaf)[-1]),
                          Span(32, 42, Cause.NEVER_SEEN)]
 
 
@@ -303,12 +306,13 @@ def test_a_snapshot_forward_keeps_the_history_and_one_back_starts_it_again():
     node = max(f.mirror.nodes)
     for k in range(3):
         f.serve(list(range(2000 + 100 * k, 2060 + 100 * k)))
-    evicted_at = f.evict_seq(node)
+    tail, rest = f.evict_seqs(node)  # the tail first, then the rest
     now = f.batches[-1].seq
     f.mirror.load_snapshot(f.service.snapshot(), now)  # forward: the same stream goes on
     again = f.serve(first)
     why = f.follower.misses.why(again)
-    assert why is not None and why.spans == [Span(0, 64, Cause.EVICTED, evicted_at)]
+    assert why is not None
+    assert why.spans == [Span(0, 48, Cause.EVICTED, rest), Span(48, 64, Cause.EVICTED, tail)]
     assert f.follower.misses.since == 0
     f.mirror.load_snapshot(f.service.snapshot(), 1)  # back: a seek to seq 1
     assert f.follower.misses.since == 1

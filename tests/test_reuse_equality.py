@@ -96,14 +96,18 @@ def test_requests_after_eviction_and_merge_match() -> None:
     base = _words(10, 40)
     p1, p2 = base + _words(11, 20), base + _words(12, 20)
     f1, f2 = _words(20, 70), _words(21, 20)
-    # 12 blocks: p1 4, p2 +2 (split at 40, boundary copy), f1 +5 = 11; p2 again refreshes its
-    # path; f2 (2 blocks) passes the high mark: evicts p1's tail (its prefix then merges into
-    # p2's tail) and f1, the least recently used leaves. p2 and p1 are served after that.
+    # 12 blocks: p1 4, p2 +2 (split at 40, boundary copy), f1 +5 = 11. p2 again: its match
+    # ends inside its own node (split there, merged back at unpin) and its answer passes the
+    # high mark: the LRU leaf, p1's tail (23 tokens), goes whole and the shared prefix merges
+    # into p2's tail. f2 fits. p2 a third time (split, merge) needs room again: the next LRU
+    # leaf, f1, gives up only its last 25 tokens and stays cached (per-block tail eviction).
+    # p1 then splits the merged node at 40.
     results = []
     for prompt in [p1, p2, f1, p2, f2, p2, p1]:
         results.append((_serve(on, prompt, 4), _serve(off, prompt, 4), prompt))
     s = on.tree.stats
-    assert (s.splits, s.evicted_nodes, s.merges) == (2, 2, 1)  # p1 splits the merged node
+    assert (s.splits, s.evicted_nodes, s.merges, s.evict_calls) == (4, 1, 3, 2)
+    assert s.evicted_tokens == 23 + 25
     assert [r.metrics.hit_tokens for r, _, _ in results] == [0, 40, 0, 59, 0, 59, 40]
     for r_on, r_off, prompt in results:
         _assert_same(r_on, r_off, on, prompt)

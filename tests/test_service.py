@@ -58,6 +58,13 @@ def test_bad_command_lines_say_their_usage() -> None:
     assert loop.command_line("evict abc") == "error: usage: evict TOKENS (e.g. evict 4096)"
     assert loop.command_line("watermark 0.5 0.9") == (
         "error: watermark needs 0 < LOW <= HIGH <= 1, e.g. watermark 0.9 0.8")
+    assert loop.command_line("schedule") == (
+        "error: usage: schedule fcfs|lpm|dfs-weight (e.g. schedule lpm)")
+    assert loop.command_line("schedule sjf") == (
+        "error: unknown schedule 'sjf': choose one of fcfs, lpm, dfs-weight")
+    assert loop.command_line("schedule lpm") == (
+        "error: schedule lpm: the tree driver has no scheduler (it serves requests one at a "
+        "time, in order)")
     assert loop.command_line("blah").startswith("error: unknown workload 'blah' (known: ")
 
 
@@ -90,7 +97,7 @@ def test_counters_restart_with_a_new_generation_after_reset() -> None:
     loop.command(cmd.Evict(10_000))
     before = driver.stats()
     assert (before.splits, before.merges, before.cow_copies, before.evicted_nodes) == (
-        3, 3, 5, 10)
+        2, 2, 4, 8)
     loop.command(cmd.Reset())
     last = batches[-1].events[-1]
     assert isinstance(last, ev.Counters)
@@ -201,7 +208,9 @@ def test_the_engine_and_the_driver_serve_one_workload_through_the_same_loop() ->
                 "running", "paused", "steps", "prompt_tokens", "hit_tokens", "prefill_tokens",
                 "output_tokens", "busy_s", "hit_rate", "decode_tokens_per_s", "nodes",
                 "used_blocks", "num_blocks", "splits", "merges", "cow_copies", "evicted_nodes",
-                "evicted_tokens", "cache", "model", "device"}
+                "evicted_tokens", "cache", "model", "device", "schedule", "held_for_sharing",
+                "aged", "waiting_order", "waiting_sharing", "waiting_pool", "waiting_batch",
+                "waiting_paused"}
         assert set(driver.stats().figures()) == set(engine.stats().figures()) == keys
         d, e = driver.stats(), engine.stats()
         assert (d.finished, e.finished, d.model, d.paused) == (

@@ -95,7 +95,10 @@ def test_worked_example_split_and_cow() -> None:
     a_id = s.result.node.id
 
     m = tree.match_and_pin(toks(FORK))
-    assert (m.length, m.node.id, m.block_table.tolist()) == (40, a_id, [1, 2, 3])
+    # the match ends inside A: A is split there, and the pin holds just the matched prefix
+    assert (m.length, m.block_table.tolist()) == (40, [1, 2, 3])
+    assert span(m.node) == (0, 40, [1, 2, 3]) and tree.node(a_id).parent is m.node
+    assert (m.node.pins, tree.node(a_id).pins) == (1, 0)
     lease = tree.allocate(m, len(FORK))
     assert lease.table.tolist() == [1, 2, 8, 9, 10]
     assert (lease.private_from, lease.inplace, lease.matched, lease.total) == (2, None, 40, 70)
@@ -195,7 +198,7 @@ def test_a_leaf_pinned_by_two_requests_gets_a_child_then_merges() -> None:
     assert tree.alloc.refcount(1) == 2 and tree.stats.extends == 0
     tree.unpin(other.node)  # n0 and the leaf now hold the same path pins: path compression
     events = sync(tree, mirror)
-    assert kinds(events, ev.Merge) == [ev.Merge(n0.id, leaf.id, 1)]
+    assert kinds(events, ev.Merge) == [ev.Merge(n0.id, leaf.id, 1, keeps_times=True)]
     assert len(tree) == 1 and not n0.alive
     assert span(leaf) == (0, 30, [0, 1])
     assert tree.alloc.refcount(1) == 1 and tree.alloc.claim(1) == 14
@@ -288,21 +291,54 @@ def test_eviction_order_is_last_access() -> None:
     assert tree.stats.evicted_nodes == 5 and tree.stats.evicted_tokens == 80
 
 
-def test_evict_on_demand_exact_result() -> None:
+def test_evict_on_demand_frees_the_lru_leafs_tail_blocks_first() -> None:
+    """Per-block tail eviction: the LRU leaf gives up its last blocks, as few as needed, and
+    stays cached with the rest; it goes whole once all of it is wanted."""
     _, tree, mirror = make(32)
-    serve(tree, list(range(1, 41)))  # 3 blocks
-    serve(tree, list(range(200, 220)))  # 2 blocks
-    serve(tree, list(range(300, 316)))  # 1 block
+    x = serve(tree, list(range(1, 41))).result.node  # [0, 40): blocks 0 1 2 (2 holds 8)
+    y = serve(tree, list(range(200, 220))).result.node  # blocks 3 4
+    z = serve(tree, list(range(300, 316))).result.node  # block 5
+    assert x is not None and y is not None and z is not None
     sync(tree, mirror)
     assert tree.evict(0) == EvictResult(0, 0, 0)
-    assert tree.evict(1) == EvictResult(1, 40, 3)  # rounds up to one block: the LRU leaf goes
-    assert tree.evict(17) == EvictResult(1, 20, 2)
-    assert tree.evict(10_000) == EvictResult(1, 16, 1)
-    assert tree.evict(10_000) == EvictResult(0, 0, 0)
+    assert tree.evict(1) == EvictResult(0, 8, 1)  # one block: x's last, its 8 tokens
+    events = sync(tree, mirror)
+    assert kinds(events, ev.Evict) == [ev.Evict(x.id, 8, [2])]
+    assert x.alive and span(x) == (0, 32, [0, 1]) and tree.alloc.claim(1) == 16
+    assert [n.id for n in tree.lru_order(3)] == [x.id, y.id, z.id]  # x keeps its access time
+    assert tree.evict(17) == EvictResult(1, 32, 2)  # two blocks: the rest of x, whole
+    assert tree.evict(10_000) == EvictResult(2, 36, 3, exhausted=True)
+    assert tree.evict(10_000) == EvictResult(0, 0, 0, exhausted=True)
     with pytest.raises(ValueError):
         tree.evict(-1)
+    events = sync(tree, mirror)
+    assert kinds(events, ev.Evict) == [ev.Evict(x.id, 32, [0, 1]), ev.Evict(y.id, 20, [3, 4]),
+                                       ev.Evict(z.id, 16, [5])]
+    assert tree.alloc.free_blocks() == [*range(6, 32), 2, 0, 1, 3, 4, 5]
+
+
+def test_tail_eviction_never_frees_the_boundary_block_shared_with_the_parent() -> None:
+    """A leaf that continues in its parent's last block holds that block too: cutting the
+    leaf's tail frees its own blocks only, and the last cut gives the shared one back to the
+    parent (its claim falls back to where the parent ends)."""
+    _, tree, mirror = make(32)
+    n0 = serve(tree, list(range(1, 21))).result.node  # [0, 20): blocks 0 1, claim(1) = 4
+    assert n0 is not None
+    other = tree.match_and_pin(toks(list(range(1, 21))))  # a second pin: the next is a child
+    leaf = serve(tree, list(range(1, 61))).result.node
+    assert leaf is not None and leaf.parent is n0 and span(leaf) == (20, 60, [1, 2, 3])
+    assert tree.alloc.refcount(1) == 2 and tree.alloc.claim(3) == 12
     sync(tree, mirror)
-    assert tree.alloc.free_blocks() == [*range(6, 32), *range(6)]
+    assert tree.evict(1) == EvictResult(0, 12, 1)  # block 3: positions 48..59
+    assert span(leaf) == (20, 48, [1, 2])
+    assert tree.evict(1) == EvictResult(1, 28, 1)  # block 2 freed; block 1 stays n0's
+    events = sync(tree, mirror)
+    assert kinds(events, ev.Evict) == [ev.Evict(leaf.id, 12, [3]), ev.Evict(leaf.id, 28, [2])]
+    assert not leaf.alive and not n0.children
+    assert tree.alloc.refcount(1) == 1 and tree.alloc.claim(1) == 4
+    assert tree.evict(1) == EvictResult(0, 0, 0, exhausted=True)  # n0 is pinned
+    tree.unpin(other.node)
+    sync(tree, mirror)
 
 
 def test_watermark_band() -> None:
@@ -348,7 +384,7 @@ def test_pinned_paths_never_evicted_and_pool_exhausted() -> None:
     digest = tree.digest()
     with pytest.raises(PoolExhausted):
         tree.allocate(m, 3)
-    assert tree.evict(10_000) == EvictResult(0, 0, 0)
+    assert tree.evict(10_000) == EvictResult(0, 0, 0, exhausted=True)
     unchanged(tree, mirror, digest)
     tree.unpin(m.node)
     tree.unpin(held[1].node)  # now exactly one leaf (seqs[1], blocks 2 and 3) is evictable
@@ -372,16 +408,18 @@ def test_merge_after_eviction_drops_boundary_reference() -> None:
     assert prefix is not None
     sync(tree, mirror)
     assert tree.alloc.refcount(3) == 2
-    free_before = tree.alloc.free_count
-    res = tree.evict(1)  # the suffix [40, 100) is least recently used after UNRELATED
+    res = tree.evict(1)  # UNRELATED is least recently used: its one block goes
     assert res == EvictResult(1, 16, 1)
     sync(tree, mirror)
     free_before = tree.alloc.free_count
+    # FORK's match used A up to 40, so block 3 (shared with the prefix) too: the suffix's
+    # least recent part is [48, 100), blocks 4-7; then [40, 48) goes, and the merge frees 3
+    assert tree.evict(4 * B) == EvictResult(0, 52, 4)
     res = tree.evict(1)
     events = sync(tree, mirror)
-    assert res.nodes == 1 and res.tokens == 60
-    assert kinds(events, ev.Evict) == [ev.Evict(a.id, 60, [4, 5, 6, 7])]
-    assert kinds(events, ev.Merge) == [ev.Merge(prefix.id, f.id, 3)]
+    assert res == EvictResult(1, 8, 1)
+    assert kinds(events, ev.Evict) == [ev.Evict(a.id, 52, [4, 5, 6, 7]), ev.Evict(a.id, 8, [])]
+    assert kinds(events, ev.Merge) == [ev.Merge(prefix.id, f.id, 3, keeps_times=True)]
     assert not prefix.alive and f.parent is tree.root
     assert span(f) == (0, 70, [1, 2, 8, 9, 10])
     assert tree.alloc.refcount(3) == 0 and 3 in tree.alloc.free_blocks()
@@ -682,7 +720,7 @@ def test_evicting_an_inplace_leaf_gives_the_slots_back() -> None:
     assert tree.evict(1) == EvictResult(1, 10, 1)
     events = sync(tree, mirror)
     assert kinds(events, ev.Evict) == [ev.Evict(ny.id, 10, [])]
-    assert kinds(events, ev.Merge) == [ev.Merge(x_id, nz.id, 1)]
+    assert kinds(events, ev.Merge) == [ev.Merge(x_id, nz.id, 1, keeps_times=True)]
     assert span(nz) == (0, 25, [0, 2])
     assert tree.alloc.refcount(1) == 0 and tree.alloc.claims()[1] == 0
     assert cached_kv(tree, z) == z

@@ -133,7 +133,7 @@ def test_many_threads_shared_prefixes(fast_switching: None) -> None:
         mirror.apply(e)
     tree.check()
     snap = tree.snapshot()
-    assert [n.lock for n in snap.nodes] == [0] * len(snap.nodes)
+    assert [n.pins for n in snap.nodes] == [0] * len(snap.nodes)
     assert snap.request_blocks == []
     assert mirror.digest() == tree.digest()
     assert mirror.ref == [pool.allocator.refcount(b) for b in range(NUM_BLOCKS)]

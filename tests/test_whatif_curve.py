@@ -1,5 +1,5 @@
-"""The one-pass curve against independent direct replays, token for token, and what the real
-tree does differently (whole-leaf eviction), on small traces with exact expectations."""
+"""The one-pass curve against independent direct replays, and against the real tree (per-block
+tail eviction: equal at block 1, token for token), on small traces with exact expectations."""
 
 from __future__ import annotations
 
@@ -95,23 +95,46 @@ def test_block_size_16_counts_whole_blocks_only():
     assert curve_hits(acc, 64, 16, [0, 1, 2, 3]) == [0, 16, 32, 32]
 
 
-def test_whole_leaf_eviction_is_why_the_real_tree_differs():
+def test_tail_eviction_keeps_what_the_stack_model_keeps():
     # A (10 tokens), B (10 other tokens), A again, capacity 15. The stack model drops A's 5
-    # deepest tokens for B and keeps A's first 5: A again hits 5. The tree evicts A's whole
-    # leaf (one node of 10 tokens) to make room: A again hits 0.
+    # deepest tokens for B and keeps A's first 5: A again hits 5. So does the tree: A's leaf
+    # gives up its last 5 tokens for B and stays cached with the first 5 (whole-leaf
+    # eviction lost all 10 and hit 0).
     a, b = tok(list(range(10))), tok(list(range(100, 110)))
     reqs = [TokenRequest(s, s) for s in (a, b, a)]
     acc = [token_access(r, 1) for r in reqs]
     assert curve_hits(acc, 4, 1, [15]) == direct_hits(acc, 4, 1, [15]) == [5]
-    assert replay_tree(reqs, 15, 1).hit_tokens == 0
+    assert replay_tree(reqs, 15, 1).hit_tokens == 5
     # with room for both, nothing is evicted and all three agree
     assert curve_hits(acc, 4, 1, [20]) == [10]
     assert replay_tree(reqs, 20, 1).hit_tokens == 10
 
 
+def test_a_match_inside_a_node_does_not_refresh_the_rest_of_it():
+    # A = 0..9, C = 100..104, then B matches A's first 3 tokens and adds 5, then A and C
+    # again; capacity 17. B touches only A's 0 1 2, so A's 3..9 stay older than C: B's 5 new
+    # tokens take the 2 free slots and A's 9 8 7. A again hits 0..6 (7) and its 3 re-inserted
+    # tokens push out C's 104 103 102; C again hits 2. A tree that stamped all of A as used
+    # by B evicts C's tail for B instead and hits 15: not the LRU the curve models.
+    a, c = tok(list(range(10))), tok(list(range(100, 105)))
+    b = tok([0, 1, 2, 50, 51, 52, 53, 54])
+    reqs = [TokenRequest(s, s) for s in (a, c, b, a, c)]
+    acc = [token_access(r, 1) for r in reqs]
+    assert curve_hits(acc, 4, 1, [17]) == [0 + 0 + 3 + 7 + 2]
+    assert replay_tree(reqs, 17, 1).hit_tokens == 12
+
+
+@given(st.integers(0, 10_000))
+def test_the_real_tree_equals_the_curve_at_block_1_token_for_token(seed):
+    reqs = conversations(seed, 60)
+    longest = max(len(r.cached) for r in reqs)
+    caps = [longest + k for k in (0, 1, 2, 4, 7, 12, 20, 35, 60, 1000)]
+    acc = [token_access(r, 1) for r in reqs]
+    assert [replay_tree(reqs, c, 1).hit_tokens for c in caps] == curve_hits(acc, 4, 1, caps)
+
+
 def test_the_real_tree_equals_the_curve_when_leaves_are_evicted_whole_anyway():
-    # requests that never share a node with a later one: each leaf is evicted whole in the
-    # stack model too (capacity a multiple of the request size), at 8 capacities
+    # requests that never share a node with a later one, at 8 capacities
     reqs = [TokenRequest(tok([i % 7 * 10 + j for j in range(4)]), tok([i % 7 * 10 + j
                                                                       for j in range(4)]))
             for i in range(50)]

@@ -184,3 +184,21 @@ def outcome(read: Callable[[], object]) -> object:
         return read()
     except TraceError as exc:
         return str(exc)
+
+
+def test_the_scale_section_has_its_keys():
+    """`bench whatif --scale N`'s JSON contract (a small N: the keys, and the exact passes in
+    process and from the file agree)."""
+    from radixcache.tools.bench_whatif_scale import run_scale
+
+    fig = run_scale(3000, 0, 0.5)
+    assert set(fig) == {"requests", "seed", "sample_rate", "load_average", "distinct_blocks",
+                        "in_process", "write_seconds", "file"}
+    for where in ("in_process", "file"):
+        part = fig[where]
+        assert set(part) == {"exact", "sample", "time_ratio"}
+        assert {"seconds", "peak_rss_mb", "max_hit_rate", "jit_seconds"} <= set(part["exact"])
+        assert {"max_abs_error_points", "max_abs_error_points_all",
+                "resolved_from_tokens"} <= set(part["sample"])
+        assert part["exact"]["requests"] == part["sample"]["requests"] == 3000
+    assert fig["in_process"]["exact"]["max_hit_rate"] == fig["file"]["exact"]["max_hit_rate"]

@@ -19,7 +19,7 @@ from radixcache.core.kinds import KINDS as ALL_KINDS
 from radixcache.core.kinds import TAGS, exhaustive
 
 KINDS = tuple(TAGS[k] for k in ALL_KINDS if k not in UNLOGGED)  # the kinds the log can show
-NOISY = frozenset({"wm", "counters"})  # heartbeats: `filter all` leaves them out
+NOISY = frozenset({"wm", "counters", "queue"})  # heartbeats: `filter all` leaves them out
 # rfinish: one line per request, and the one Enter explains (the why screen needs a request)
 DEFAULT_KINDS = frozenset(
     {"create", "extend", "split", "merge", "evict", "cow", "rfinish", "snapshot", "reset"}
@@ -42,6 +42,8 @@ _LINES: Mapping[type[ev.Event], str] = exhaustive("inspector.event_log", {
     ev.Watermark: "{used_blocks}/{total_blocks} blocks",
     ev.RequestStart: "req {req} {prompt_tokens} tok, {hit_tokens} hit",
     ev.RequestFinish: "req {req} +{output_tokens} tok",
+    ev.RequestCached: "req {req}: its prompt of {prompt_tokens} tok is cached, it decodes",
+    ev.Queue: "{policy}: {waiting} waiting (the stats pane says why)",
     ev.Snapshot: "{nodes} nodes",
     ev.Fault: "thread {thread} died: {error}",
     ev.Pin: "", ev.Access: "", ev.Reset: "", ev.Counters: "", ev.Digest: "",

@@ -16,6 +16,7 @@ from textual.widget import Widget
 from inspector.frame import EMPTY, Frame
 from inspector.layout import human_count
 from inspector.sources import ConnState, SourceStatus
+from radixcache.core import events as ev
 
 _DOT = {ConnState.CONNECTING: ("◌", "#e5c07b"), ConnState.LIVE: ("●", "#98c379"),
         ConnState.LOCAL: ("●", "#61afef"),
@@ -85,12 +86,12 @@ class StatsPane(Widget):
 
     def show(self, frame: Frame, req_per_s: float) -> None:
         """Copy the figures to draw; the border title says what they count since."""
-        old = (self.frame.stats, self.frame.counters, round(self.req_per_s))
+        old = (self.frame.stats, self.frame.counters, self.frame.queue, round(self.req_per_s))
         self.frame, self.req_per_s = frame, req_per_s
         title = f"stats · {figures(frame).label}"  # from the first frame, changed or not
         if self.border_title != title:
             self.border_title = title
-        if old != (frame.stats, frame.counters, round(req_per_s)):
+        if old != (frame.stats, frame.counters, frame.queue, round(req_per_s)):
             self.refresh()
 
     def rows(self) -> list[tuple[str, str]]:
@@ -106,6 +107,14 @@ class StatsPane(Widget):
         ]
         if c is not None:
             rows.insert(3, ("waiting/running", f"{c.waiting:,} / {c.running:,}"))
+        q = self.frame.queue
+        if q is not None and q.waiting:
+            why = " · ".join(f"{n} {r.value}" for r, n in q.counts().items() if n)
+            rows.insert(4, ("why waiting", why))
+            held = next((w for w in q.entries if w.reason is ev.WaitReason.SHARING), None)
+            if held is not None:  # the first request held for another's prompt
+                rows.insert(5, ("  e.g. held", f"r{held.req} for r{held.on_req} "
+                                               f"(+{held.shared} tok after n{held.node})"))
         return rows
 
     def render(self) -> Text:
@@ -137,6 +146,7 @@ def header_line(status: SourceStatus, frame: Frame, req_per_s: float, now: float
         (f"hit {figures(frame).hit_rate:.1%}", "bold #98c379"),
         (f"blocks {frame.used_blocks:,}/{frame.num_blocks:,}", ""),
         ("" if gone else f"{req_per_s:,.0f} req/s", ""),
+        (f"schedule {c.schedule}" if c is not None and c.schedule else "", ""),
         (f"seq {max(frame.seq, 0):,}", "dim"),
         (f"({status.detail})" if status.detail else "", "dim"),
         (f"epoch {frame.epoch & 0xFFFF:04x}" if frame.epoch >= 0 else "", "dim"),

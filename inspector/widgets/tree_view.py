@@ -50,7 +50,7 @@ class TreeView(ScrollView, can_focus=True):
     come from the layout (order, depth); what a row says comes from the frame (``show``)."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
-        "tree--count", "tree--text", "tree--dim", "tree--lock", "tree--gone", "tree--cursor",
+        "tree--count", "tree--text", "tree--dim", "tree--pinned", "tree--gone", "tree--cursor",
         "tree--selected", "tree--create", "tree--split", "tree--merge", "tree--evict"}
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -208,7 +208,7 @@ class TreeView(ScrollView, can_focus=True):
                 Segment(text, base + self._style("text"))]
         right = {
             "blocks": Segment(f" {block_ranges(v.blocks, BLOCKS_W):<{BLOCKS_W}}", dim),
-            "ref": Segment(f" r{v.lock:<2}", base + self._style("lock") if v.lock else dim),
+            "ref": Segment(f" r{v.pins:<2}", base + self._style("pinned") if v.pins else dim),
             "age": Segment(f" {v.age:>4}", dim),
             "id": Segment(f" n{v.id:<6}", dim),
         }

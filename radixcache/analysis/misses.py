@@ -109,6 +109,7 @@ class Why:
     finished: bool = False
     prompt: bytes = b""  # once finished, until explained
     insert_from: int = 0  # event counter before its own insert (later ones are its own)
+    cached: bool = False  # its prompt was inserted before its finish (``RequestCached``)
 
     @property
     def missed(self) -> int:
@@ -182,8 +183,17 @@ class MissHistory:
     def _finish(self, e: ev.RequestFinish) -> None:
         why = self.whys.get(e.req)
         if why is not None:  # its insert is every event since the last start or finish
-            why.finished, why.insert_from = True, self._edge
+            why.finished = True
+            if not why.cached:
+                why.insert_from = self._edge
         self._edge = self.mirror.version
+
+    def _cached(self, e: ev.RequestCached) -> None:
+        why = self.whys.get(e.req)
+        if why is not None:  # its prompt's insert: every event since the last edge
+            why.cached, why.insert_from = True, self._edge
+        self._edge = self.mirror.version
+        self._match, self._dropped = None, b""  # its re-pin after the insert is no match
 
     def _reset(self, _: ev.Reset) -> None:
         self.ghosts.evict_all(self.mirror.version, self.mirror.seq)
@@ -278,9 +288,10 @@ _HANDLERS: Mapping[type, Callable[[MissHistory, Any], None]] = exhaustive(
     {ev.NodeCreated: MissHistory._held, ev.Extend: MissHistory._held,
      ev.Evict: MissHistory._evicted, ev.Pin: MissHistory._pin,
      ev.RequestStart: MissHistory._start, ev.RequestFinish: MissHistory._finish,
+     ev.RequestCached: MissHistory._cached,
      ev.Reset: MissHistory._reset, ev.Snapshot: MissHistory._restart},
     ignored=(ev.Split, ev.Merge, ev.Access, ev.BlockAlloc, ev.BlockFree, ev.Cow, ev.Watermark,
-             ev.Counters, ev.Fault, ev.Digest),
+             ev.Counters, ev.Fault, ev.Digest, ev.Queue),
 )
 
 def _held_unmatched(lo: int, hi: int, p: int, dropped: int) -> list[Span]:

@@ -1,18 +1,18 @@
 """The curve against the real ``RadixTree``: the same requests, one at a time, through a tree
 with a pool of the given size (evicting on demand only: watermarks at 1.0).
 
-Per request: ``match_and_pin(prompt)``, ``allocate`` room for the cached sequence, ``insert``
-it, ``unlock``. The hit is the matched length. This is the sequential model of the curve,
-with three differences the tree has by design, so it is measured, not asserted:
+Per request: ``match_and_pin`` of its whole cached sequence (what the curve's request touches),
+``allocate`` room for the rest of it, ``insert`` it, ``unpin``. The hit is the matched length
+within the prompt. This is the sequential model of the curve, and at block size 1 the tree is
+that model exactly: eviction gives up the least recently used leaf's tail, token by token
+(per block), and a match that ends inside a node leaves the rest of it at its older access
+time (``radixcache.core.recency``), so the tree holds the top ``capacity`` tokens of the
+curve's recency stack after every request.
 
-- eviction frees whole leaves (a node of many blocks goes at once; the stack model gives up
-  only the blocks it needs), which lowers the tree's hits slightly;
-- a match that ends inside a node stamps the whole node as used (the stack model touches only
-  the matched part), which can keep an unmatched tail longer;
-- at block size B > 1 a node's last block is partly filled and a branch inside a block takes a
-  copy (COW) of up to B - 1 slots: capacity that the token-granular curve does not see. The
-  slots the tree spends beyond its tokens are measured (``waste_slots``), so the curve at
-  ``capacity - waste`` and at ``capacity`` bracket what the tree can hold.
+At block size B > 1 a node's last block is partly filled and a branch inside a block takes a
+copy (COW) of up to B - 1 slots: capacity that the token-granular curve does not see. The
+slots the tree spends beyond its tokens are measured (``waste_slots``), so the curve at
+``capacity - waste`` and at ``capacity`` bracket what the tree can hold.
 """
 
 from __future__ import annotations
@@ -52,11 +52,11 @@ def replay_tree(
     tree = RadixTree(pool, high=1.0, low=1.0, record_events=False)
     hits = peak = 0
     for i, r in enumerate(requests, 1):
-        m = tree.match_and_pin(r.prompt.tobytes())
+        m = tree.match_and_pin(r.cached.tobytes())
         lease = tree.allocate(m, len(r.cached))
         tree.insert(r.cached.tobytes(), lease)
         tree.unpin(m.node)
-        hits += m.length
+        hits += min(m.length, len(r.prompt))
         if sample_every and i % sample_every == 0:
             peak = max(peak, tree.alloc.used_count * block_size - tree.cached_tokens)
     used = tree.alloc.used_count * block_size

@@ -13,35 +13,33 @@ integer (vLLM's and Mooncake's hashes are), and it names one block of one length
 run of a trace (aiperf refuses a trace that asks for id c at 512 tokens after it was made at
 176): ``check_length`` is that test, for whoever keeps the lengths.
 
-Pure functions: each returns the reason a claim breaks the rule, or ``None``.
+Pure functions: each returns the reason a claim breaks the rule, or ``None``. The count rule
+is ``radixcache.core.tokens.check_span``'s, shared with the native stream's snapshot nodes and
+(for full blocks) the KV events: one rule, worded here for trace lines.
 """
 
 from __future__ import annotations
 
-HASH_ID_LIMIT = 2**64  # hash ids are in [0, 2^64)
+from radixcache.core.tokens import InvalidSpan, blocks_spanned, check_span
+
+HASH_ID_LIMIT = 2**64  # trace hash ids are unsigned: [0, 2^64) (KV events also allow SGLang's
+# signed ids: ``tokens.check_hash_id``)
 MAX_BLOCK_TOKENS = 1 << 20  # a block size above a million tokens is a mistake, not a cache
 
 
-def blocks_for(tokens: int, block_size: int) -> int:
-    """How many blocks of ``block_size`` tokens hold ``tokens`` tokens (the last may be partial)."""
-    return -(-tokens // block_size)
-
-
-def block_size_problem(block_size: int) -> str | None:
-    """Why ``block_size`` cannot be a block size, or ``None``."""
-    if not 1 <= block_size <= MAX_BLOCK_TOKENS:
-        return f"block size {block_size} is outside [1, {MAX_BLOCK_TOKENS:,}]"
-    return None
-
-
 def hash_run_problem(n_ids: int, tokens: int, block_size: int) -> str | None:
-    """Why ``n_ids`` hash ids of ``block_size``-token blocks cannot hold ``tokens`` tokens."""
-    if tokens < 1:
-        return f"a token count of {tokens} (want >= 1)"
-    want = blocks_for(tokens, block_size)
-    if n_ids != want:
+    """Why ``n_ids`` hash ids of ``block_size``-token blocks cannot hold ``tokens`` tokens: the
+    span rule of ``tokens.check_span`` (the one a radix node's blocks obey) from position 0,
+    worded for a trace line."""
+    try:
+        check_span(0, tokens, n_ids, block_size)
+    except InvalidSpan as exc:
+        if tokens < 1:
+            return f"a token count of {tokens} (want >= 1)"
+        if block_size < 1:
+            return str(exc)
         return (f"{n_ids} hash ids for {tokens} tokens: blocks of {block_size} tokens need "
-                f"exactly {want}")
+                f"exactly {blocks_spanned(0, tokens, block_size)}")
     return None
 
 
@@ -51,11 +49,6 @@ def hash_id_problem(lo: int, hi: int) -> str | None:
         bad = lo if lo < 0 else hi
         return f"hash id {bad} is outside [0, 2^64)"
     return None
-
-
-def last_block_tokens(tokens: int, block_size: int) -> int:
-    """Tokens in the last block of a run holding ``tokens`` (1 .. ``block_size``)."""
-    return tokens - (blocks_for(tokens, block_size) - 1) * block_size
 
 
 def check_length(hash_id: int, had: int, now: int) -> str | None:

@@ -16,12 +16,14 @@ arrays of ints, and a decoded event holds lists.
 
 from __future__ import annotations
 
+import enum
 from array import array
 from collections.abc import Sequence
 
 import msgspec
 
-SCHEMA_VERSION = 3  # 2: Extend; 3: Counters, Fault
+SCHEMA_VERSION = 5  # 2: Extend; 3: Counters, Fault; 4: tail eviction, Access.end,
+# NodeState.older, Merge.keeps_times; 5: Queue, RequestCached, Counters.schedule
 
 
 class Event(msgspec.Struct, tag_field="kind", array_like=True, frozen=True):
@@ -71,11 +73,15 @@ class Split(Event, tag="split", frozen=True):
 class Merge(Event, tag="merge", frozen=True):
     """``child`` absorbed its only-child ``parent`` (path compression); ``dropped`` is the
     boundary block reference the parent held that the joined node no longer holds, or None
-    (schema 3; streams of schema 2 said -1, which is read as None right here)."""
+    (schema 3; streams of schema 2 said -1, which is read as None right here).
+    ``keeps_times`` (schema 4, always true from this engine): the joined node keeps each
+    token's access time (``radixcache.core.recency.join``); false (older streams): it takes
+    the parent's clock for all of them."""
 
     parent: int
     child: int
     dropped: int | None
+    keeps_times: bool = False
 
     def __post_init__(self) -> None:
         if self.dropped == -1:  # schema 2's "none": no reader sees the sentinel
@@ -83,7 +89,10 @@ class Merge(Event, tag="merge", frozen=True):
 
 
 class Evict(Event, tag="evict", frozen=True):
-    """Leaf ``node`` removed; ``freed`` are the blocks that went back to the free list."""
+    """Leaf ``node`` gave up its last ``tokens`` tokens; ``freed`` are the blocks that went
+    back to the free list. ``tokens`` equal to the node's length: the node is removed;
+    fewer (schema 4, tail eviction): it stays, ending ``tokens`` earlier, and its blocks past
+    the new end are the ones freed (the new end is on a block boundary)."""
 
     node: int
     tokens: int
@@ -100,10 +109,13 @@ class Pin(Event, tag="lock", frozen=True):
 
 
 class Access(Event, tag="access", frozen=True):
-    """The path from ``node`` to the root was used at logical time ``clock``."""
+    """The path from ``node`` to the root was used at logical time ``clock``; ``end`` (schema
+    4): the use ended at that absolute position inside ``node``, whose tokens from there on
+    keep their older time (``radixcache.core.recency``); None: all of ``node`` was used."""
 
     node: int
     clock: int
+    end: int | None = None
 
 
 class BlockAlloc(Event, tag="alloc", frozen=True):
@@ -154,6 +166,16 @@ class RequestFinish(Event, tag="rfinish", frozen=True):
     ttft_ms: float
 
 
+class RequestCached(Event, tag="rcached", frozen=True):
+    """Request ``req``'s prompt of ``prompt_tokens`` tokens is in the tree (schema 5): its
+    prefill ended and it goes on decoding, so waiting requests can read its prompt now. The
+    tree events right before it are that insert; the rest of its sequence is inserted at its
+    ``RequestFinish``."""
+
+    req: int
+    prompt_tokens: int
+
+
 class NodeState(msgspec.Struct, array_like=True, frozen=True):
     """One node in a snapshot (root has id 0 and parent -1)."""
 
@@ -162,8 +184,9 @@ class NodeState(msgspec.Struct, array_like=True, frozen=True):
     start: int
     tokens: bytes
     blocks: list[int]
-    lock: int
+    pins: int  # pins on the paths through this node (the tree's path_pins)
     clock: int
+    older: tuple[tuple[int, int], ...] = ()  # schema 4: see ``radixcache.core.recency``
 
 
 class Snapshot(Event, tag="snapshot", frozen=True):
@@ -203,6 +226,7 @@ class Counters(Event, tag="counters", frozen=True):
     waiting: int
     running: int
     paused: bool
+    schedule: str | None = None  # the scheduling policy (schema 5; None: none, or older)
 
 
 class Fault(Event, tag="fault", frozen=True):
@@ -211,6 +235,48 @@ class Fault(Event, tag="fault", frozen=True):
 
     thread: str
     error: str
+
+
+class WaitReason(enum.Enum):
+    """Why a waiting request was not admitted at the last scheduling step."""
+
+    ORDER = "order"  # others come first in the scheduling policy's order
+    SHARING = "sharing"  # a running request is computing its prefix: it waits for that insert
+    POOL = "pool full"  # the pool cannot hold it now (pinned blocks); those behind it wait too
+    BATCH = "batch full"  # the most running requests are running
+    PAUSED = "paused"  # the engine admits nothing until ``resume``
+
+
+class Waiting(msgspec.Struct, array_like=True, frozen=True):
+    """One waiting request: why it waits and since which scheduling step (``Queue.step``).
+    ``SHARING`` names the running request ``on_req`` whose insert it waits for, the cached
+    node ``node`` its prefix continues now, and the ``shared`` tokens it will read then."""
+
+    req: int
+    reason: WaitReason
+    queued: int
+    on_req: int | None = None
+    node: int | None = None
+    shared: int = 0
+
+
+class Queue(Event, tag="queue", frozen=True):
+    """The waiting queue, sent when a step changed it (schema 5): the scheduling ``policy``
+    (``fcfs``, ``lpm``, ``dfs-weight``), the scheduler's ``step`` count, how many requests
+    wait, and the first ``len(entries)`` of them in the order they would be admitted."""
+
+    policy: str
+    step: int
+    waiting: int
+    entries: list[Waiting]
+
+    def counts(self) -> dict[WaitReason, int]:
+        """Waiting requests by reason; the ones past ``entries`` count as ``ORDER``."""
+        out = dict.fromkeys(WaitReason, 0)
+        for w in self.entries:
+            out[w.reason] += 1
+        out[WaitReason.ORDER] += max(0, self.waiting - len(self.entries))
+        return out
 
 
 class Digest(Event, tag="digest", frozen=True):
@@ -233,12 +299,14 @@ AnyEvent = (
     | BlockFree
     | Watermark
     | RequestStart
+    | RequestCached
     | RequestFinish
     | Snapshot
     | Reset
     | Digest
     | Counters
     | Fault
+    | Queue
 )
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable
 from typing import NamedTuple, Protocol
 
+from radixcache.core import recency
 from radixcache.core.blocks import BlockAllocator, PoolExhausted
 from radixcache.core.nodes import EvictResult, RadixNode, TreeStats
 
@@ -29,9 +30,9 @@ class Cut(NamedTuple):
 class Cutter(Protocol):
     """What the evictor asks of the tree's structure."""
 
-    def cut(self, leaf: RadixNode) -> tuple[Cut, RadixNode | None]:
-        """Remove the evictable ``leaf``; the second item is a node that may have become an
-        evictable leaf meanwhile (its parent, or the child its parent merged into)."""
+    def cut(self, leaf: RadixNode, want: int) -> tuple[Cut, RadixNode | None]:
+        """Free blocks of the evictable ``leaf``'s least recent tokens (as few as give
+        ``want``); the second item is its parent when that became an evictable leaf."""
         ...
 
     def live_nodes(self) -> Iterable[RadixNode]:
@@ -45,7 +46,8 @@ class Cutter(Protocol):
 
 class Evictor:
     """LRU over the evictable leaves (unpinned, childless, not the root): one heap entry a
-    leaf, keyed by the access clock it had when queued, with lazy re-queue.
+    leaf, keyed by the access time of its deepest tokens (``tail_clock``) when queued, with
+    lazy re-queue.
 
     A touch does not push (entries only ever understate a clock): ``_pop`` re-queues an entry
     whose node was used since, so the first entry it finds current is the least recently
@@ -68,13 +70,22 @@ class Evictor:
         self._heap = []
         self.clock = 0
 
-    def touch(self, node: RadixNode) -> int:
-        """Stamp the path root..``node`` used now; returns the new clock."""
+    def touch(self, node: RadixNode, upto: int) -> int:
+        """Stamp the path root..``node`` used now, ``node`` itself up to position ``upto``
+        (its tokens from there on keep their older time); returns the new clock."""
         self.clock += 1
         c = self.clock
-        n: RadixNode | None = node
+        if upto < node.end:
+            B = self.alloc.block_size
+            node.older = recency.stamp(node.clock, node.older, node.end, upto, c, B)
+        else:
+            node.older = ()
+        node.clock = c
+        n = node.parent
         while n is not None:
             n.clock = c
+            if n.older:
+                n.older = ()
             n = n.parent
         return c
 
@@ -83,7 +94,7 @@ class Evictor:
         """Queue ``node`` if it became an evictable leaf and has no entry yet."""
         if not node.queued and node.evictable:
             node.queued = True
-            heapq.heappush(self._heap, (node.clock, node.id, node))
+            heapq.heappush(self._heap, (node.tail_clock, node.id, node))
 
     def _pop(self) -> RadixNode | None:
         """The least recently used evictable leaf, taken off the heap (None: nothing to evict)."""
@@ -91,8 +102,9 @@ class Evictor:
         while heap:
             clock, _, node = heap[0]
             if node.alive and node.evictable:
-                if node.clock != clock:  # used since it was queued: re-queue at that time
-                    heapq.heapreplace(heap, (node.clock, node.id, node))
+                tail = node.tail_clock
+                if tail != clock:  # used (or cut) since it was queued: re-queue at that time
+                    heapq.heapreplace(heap, (tail, node.id, node))
                     continue
                 heapq.heappop(heap)
                 node.queued = False
@@ -107,7 +119,7 @@ class Evictor:
 
     def order(self, limit: int) -> list[RadixNode]:
         """The next ``limit`` victims in order (changes nothing)."""
-        live = [(n.clock, n.id, n) for _, _, n in self._heap if n.alive and n.evictable]
+        live = [(n.tail_clock, n.id, n) for _, _, n in self._heap if n.alive and n.evictable]
         return [n for _, _, n in heapq.nsmallest(limit, live)]
 
     def _rebuild(self, tree: Cutter) -> None:
@@ -115,28 +127,33 @@ class Evictor:
         for n in tree.live_nodes():
             n.queued = n.evictable
             if n.queued:
-                heap.append((n.clock, n.id, n))
+                heap.append((n.tail_clock, n.id, n))
         heapq.heapify(heap)
         self._heap = heap
 
     # -- eviction --------------------------------------------------------------------------
     def evict(self, want: int) -> EvictResult:
-        """Cut LRU leaves until ``want`` blocks are freed (or nothing evictable is left)."""
+        """Free ``want`` blocks (or all that can go) from the tails of LRU leaves: the least
+        recently used leaf gives up its least recent tokens, tail first, as few blocks as
+        complete ``want``, and stays cached with the rest. Per block this is exact LRU (the
+        deepest tokens of the leaf with the oldest tail are the least recent of all)."""
         tree = self._tree
         freed = nodes = tokens = 0
         while freed < want:
             victim = self._pop()
             if victim is None:
                 break
-            cut, exposed = tree.cut(victim)
+            cut, exposed = tree.cut(victim, want - freed)
             if exposed is not None:
                 self.offer(exposed)
+            if victim.alive:  # it gave up its tail: it stays a leaf, keyed by what is left
+                self.offer(victim)
             freed += cut.blocks
             tokens += cut.tokens
             nodes += cut.removed
         if len(self._heap) > 2 * len(tree) + 32:  # entries of merged-away nodes linger
             self._rebuild(tree)
-        return EvictResult(nodes, tokens, freed)
+        return EvictResult(nodes, tokens, freed, freed < want)
 
     def evict_sparing(self, want: int, keep: RadixNode) -> None:
         """``evict`` while holding ``keep``'s path (a pin that nets to zero: no event)."""

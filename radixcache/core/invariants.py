@@ -9,8 +9,10 @@
 - each node's blocks cover its span, one per logical block;
 - pin counts are not negative, and no non-root node with one child is unpinned (that pair
   would be merged: their path pin counts are equal);
+- each node's access times (``clock`` and ``older`` steps, ``core.recency``) decrease with
+  depth: steps on block boundaries inside its span, and no child used after its parent's tail;
 - every evictable leaf (unpinned, childless, not root) has exactly one LRU heap entry, keyed
-  no later than its last access; ``queued`` marks the nodes that have one.
+  no later than the access of its deepest tokens; ``queued`` marks the nodes that have one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Protocol
 
+from radixcache.core import recency
 from radixcache.core import tokens as tk
 from radixcache.core.blocks import BlockAllocator
 from radixcache.core.evict import Evictor
@@ -66,6 +69,10 @@ def _check_node(tree: TreeState, n: RadixNode, out: list[str]) -> None:
         out.append(f"node {n.id}: {len(n.blocks)} blocks for span [{n.start},{n.end}), want {want}")
     if n.pins < 0:
         out.append(f"node {n.id}: {n.pins} pins")
+    if not recency.well_formed(n.start, n.end, n.clock, n.older, B):
+        out.append(f"node {n.id}: older steps {n.older} out of order for [{n.start},{n.end})")
+    if n.clock > p.tail_clock and p.parent is not None:
+        out.append(f"node {n.id}: used at {n.clock}, after its parent's tail ({p.tail_clock})")
     if len(n.children) == 1 and n.pins == 0:
         (c,) = n.children.values()
         out.append(f"node {n.id}: mergeable with its only child {c.id}")
@@ -120,7 +127,7 @@ def _check_lru(tree: TreeState, out: list[str]) -> None:
     twice = sorted(i for i, c in queued.items() if c > 1)
     if twice:
         out.append(f"LRU holds nodes {twice[:5]} twice")
-    ahead = sorted(n.id for c, _, n in heap if n.alive and c > n.clock)
+    ahead = sorted(n.id for c, _, n in heap if n.alive and c > n.tail_clock)
     if ahead:
         out.append(f"LRU entries of nodes {ahead[:5]} are newer than their access")
     flags = sorted(n.id for n in tree.live_nodes() if n.queued != (n.id in queued))

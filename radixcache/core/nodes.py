@@ -7,6 +7,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import NamedTuple, NewType
 
+from radixcache.core.recency import Steps
+
 NodeId = NewType("NodeId", int)
 
 ROOT_ID = NodeId(0)
@@ -41,7 +43,8 @@ class RadixNode:
     blocks: array[int]  # int32: 4 bytes a block, not a 36-byte int object
     children: dict[int, RadixNode] = field(default_factory=dict)
     pins: int = 0  # pins taken on this very node (a pin holds the whole path: see ``pin``)
-    clock: int = 0
+    clock: int = 0  # last access of its first token
+    older: Steps = ()  # where deeper tokens were last used earlier (``core.recency``)
     alive: bool = True
     queued: bool = False  # has an entry in the LRU heap (one at most)
 
@@ -49,6 +52,11 @@ class RadixNode:
     def num_tokens(self) -> int:
         """Tokens in this node's span."""
         return self.end - self.start
+
+    @property
+    def tail_clock(self) -> int:
+        """Last access of its deepest tokens: what the LRU orders leaves by."""
+        return self.older[-1][1] if self.older else self.clock
 
     @property
     def evictable(self) -> bool:
@@ -106,11 +114,14 @@ class InsertResult(NamedTuple):
 
 
 class EvictResult(NamedTuple):
-    """What one eviction pass removed."""
+    """What one eviction pass freed: ``nodes`` removed whole (others may have given up only
+    their tail), ``tokens`` no longer cached, ``blocks`` back on the free list;
+    ``exhausted``: it stopped short of what was asked, nothing unpinned being left."""
 
     nodes: int
     tokens: int
     blocks: int
+    exhausted: bool = False
 
 
 @dataclass(slots=True)

@@ -64,7 +64,7 @@ def snapshot_of(tree: TreeView) -> ev.Snapshot:
     nodes = [
         ev.NodeState(
             n.id, n.parent.id if n.parent else -1, n.start, n.tokens, n.blocks.tolist(),
-            pins[n.id], n.clock,
+            pins[n.id], n.clock, n.older,
         )
         for n in order
     ]
@@ -91,6 +91,8 @@ class _DigestNode(Protocol):
     @property
     def clock(self) -> int: ...
     @property
+    def older(self) -> Sequence[tuple[int, int]]: ...
+    @property
     def parent(self) -> _DigestNode | None: ...
     @property
     def blocks(self) -> Sequence[int]: ...
@@ -105,6 +107,8 @@ def structure_digest(
     for n in sorted(nodes, key=lambda n: n.id):
         parent = n.parent.id if n.parent is not None else -1
         h.update(struct.pack("<qqqqq", n.id, parent, n.start, pins[n.id], n.clock))
+        if n.older:  # schema 4; absent, the digest is the one older engines computed
+            h.update(b"older" + np.asarray(n.older, dtype="<i8").tobytes())
         h.update(n.tokens)
         h.update(np.asarray(n.blocks, dtype="<i8").tobytes())
         h.update(b"|")

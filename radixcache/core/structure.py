@@ -19,12 +19,13 @@ from array import array
 from collections.abc import Iterable
 
 from radixcache.core import events as ev
+from radixcache.core import recency
 from radixcache.core import tokens as tk
 from radixcache.core.blocks import BlockAllocator
 from radixcache.core.eventlog import EventLog
 from radixcache.core.evict import Cut
 from radixcache.core.nodes import ROOT_ID, NodeId, RadixNode, TreeStats, UnknownNode
-from radixcache.core.tokens import TOKEN_BYTES
+from radixcache.core.tokens import TOKEN_BYTES, common_units
 from radixcache.core.tokens import unpack_token as _first
 
 
@@ -57,6 +58,22 @@ class Structure:
         if not node.alive or self.nodes.get(node.id) is not node:
             raise UnknownNode(f"node {node.id} is not in the tree")
         return node
+
+    def descend(self, seq: bytes, node: RadixNode, pos: int) -> tuple[RadixNode, int]:
+        """Follow ``seq`` down from ``node`` (whose path covers ``seq[:pos]``): the deepest node
+        touched (the match may end inside it) and the matched length. No state change."""
+        n = tk.count(seq)
+        while pos < n:
+            child = node.children.get(_first(seq, pos * TOKEN_BYTES)[0])
+            if child is None:
+                break
+            node = child
+            if seq.startswith(child.tokens, pos * TOKEN_BYTES):
+                pos = child.end
+            else:
+                pos += common_units(seq, pos * TOKEN_BYTES, child.tokens)
+                break
+        return node, pos
 
     # -- grow ------------------------------------------------------------------------------
     def add_leaf(
@@ -105,9 +122,11 @@ class Structure:
             self.alloc.incref(suffix_blocks[0])
         parent = node.parent
         assert parent is not None
+        head = node.clock
+        prefix_older, node.clock, node.older = recency.split(head, node.older, p)
         prefix = RadixNode(
             NodeId(self.next_id), parent, s, p, tk.span(node.tokens, 0, k), prefix_blocks,
-            clock=node.clock,
+            clock=head, older=prefix_older,
         )
         self.next_id += 1
         self.nodes[prefix.id] = prefix
@@ -121,12 +140,13 @@ class Structure:
         return prefix
 
     # -- shrink ----------------------------------------------------------------------------
-    def merge(self, parent: RadixNode) -> tuple[int, RadixNode | None]:
+    def merge(self, parent: RadixNode) -> int:
         """Join ``parent`` into its only child when both hold the same path pins (path
-        compression). Returns the blocks that freed (the parent's boundary block when only it
-        held it) and the joined child when it became more recent (to be re-offered)."""
+        compression); returns the blocks that freed (the parent's boundary block when only it
+        held it). The joined node keeps each token's access time (``recency.join``), so its
+        deepest time, the LRU's key, is the child's as before."""
         if parent is self.root or len(parent.children) != 1 or parent.pins:
-            return 0, None
+            return 0
         (child,) = parent.children.values()
         dropped: int | None = None
         freed = False
@@ -142,22 +162,61 @@ class Structure:
         grand = parent.parent
         assert grand is not None
         grand.children[_first(parent.tokens, 0)[0]] = child
+        child.older = recency.join(parent.clock, parent.older, child.start, child.clock,
+                                   child.older, self.B, child.end)
+        child.clock = parent.clock
         child.parent, child.start = grand, parent.start
         child.tokens = parent.tokens + child.tokens
-        newer = parent.clock > child.clock
-        if newer:
-            child.clock = parent.clock
         parent.alive = False
         parent.tokens, parent.blocks = b"", array("i")
         del self.nodes[parent.id]
         self.stats.merges += 1
         if self.log.on:
-            self.log.emit(ev.Merge(parent.id, child.id, dropped))
-        return int(freed), child if newer else None
+            self.log.emit(ev.Merge(parent.id, child.id, dropped, keeps_times=True))
+        return int(freed)
 
-    def cut(self, leaf: RadixNode) -> tuple[Cut, RadixNode | None]:
-        """Remove the evictable ``leaf``; returns what that freed and its parent when the
-        parent became a leaf, or the child its parent merged into (to be re-offered)."""
+    def cut(self, leaf: RadixNode, want: int) -> tuple[Cut, RadixNode | None]:
+        """Give up blocks of the evictable ``leaf``'s least recent tokens, its deepest
+        stretch (``leaf.older``'s last, or the whole leaf): as few as free ``want`` blocks,
+        or the whole stretch. The rest of the leaf stays with its access times. Returns what
+        that freed and, when the leaf went whole, its parent if it became a leaf (to be offered
+        to the evictor)::
+
+            leaf [s ........ q ............ e)    q: where its deepest stretch starts
+                  newer      | least recent |     blocks from q // B on: freed from the
+                             [ b5 ][ b6 ][ b7 ]   tail, b7 first; all of them and q == s:
+                                                  the leaf goes (a boundary block it shares
+                                                  with its parent stays the parent's)"""
+        B, parent = self.B, leaf.parent
+        assert parent is not None
+        last = (leaf.end - 1) // B
+        q = leaf.older[-1][0] if leaf.older else leaf.start
+        if q > leaf.start:
+            return self._trim(leaf, max(q, (last - want + 1) * B)), None
+        shared = (leaf.start % B != 0 and parent is not self.root
+                  and leaf.blocks[0] == parent.blocks[-1])
+        if want < last - leaf.start // B + 1 - shared:
+            return self._trim(leaf, (last - want + 1) * B), None
+        return self._remove(leaf)
+
+    def _trim(self, leaf: RadixNode, end: int) -> Cut:
+        """Cut ``leaf`` back to ``end`` (a block boundary inside it), freeing its blocks past
+        ``end`` (all private: only a node's first block can be shared with its parent)."""
+        blocks, start = leaf.blocks, leaf.start
+        keep = (end - 1) // self.B - start // self.B + 1
+        freed = self.alloc.release_run(blocks[keep:])
+        tokens = leaf.end - end
+        leaf.tokens = leaf.tokens[: (end - start) * TOKEN_BYTES]
+        leaf.end, leaf.blocks = end, blocks[:keep]  # a new array: events hold the old one
+        if leaf.older:
+            leaf.older = recency.trim(leaf.older, end)
+        self.stats.evicted_tokens += tokens
+        if self.log.on:
+            self.log.emit(ev.Evict(leaf.id, tokens, freed))
+        return Cut(len(freed), tokens, 0)
+
+    def _remove(self, leaf: RadixNode) -> tuple[Cut, RadixNode | None]:
+        """Remove ``leaf`` whole (see ``cut``)."""
         parent = leaf.parent
         assert parent is not None
         freed = self.alloc.release_run(leaf.blocks)
@@ -166,15 +225,14 @@ class Structure:
         del parent.children[_first(leaf.tokens, 0)[0]]
         del self.nodes[leaf.id]
         leaf.alive = False
-        self.stats.evicted_nodes += 1
-        self.stats.evicted_tokens += leaf.num_tokens
-        if self.log.on:
-            self.log.emit(ev.Evict(leaf.id, leaf.num_tokens, freed))
         tokens = leaf.num_tokens
+        self.stats.evicted_nodes += 1
+        self.stats.evicted_tokens += tokens
+        if self.log.on:
+            self.log.emit(ev.Evict(leaf.id, tokens, freed))
         leaf.tokens, leaf.blocks = b"", array("i")  # stale heap entries may still point here
         if parent is self.root:
             return Cut(len(freed), tokens, 1), None
-        if parent.children:
-            more, joined = self.merge(parent)
-            return Cut(len(freed) + more, tokens, 1), joined
+        if parent.children:  # a joined child keeps its LRU entry: its deepest time is unchanged
+            return Cut(len(freed) + self.merge(parent), tokens, 1), None
         return Cut(len(freed), tokens, 1), parent

@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from radixcache.core import events as ev
+from radixcache.core import recency
 from radixcache.core import tokens as tk
 from radixcache.core.eventlog import EventLog
 from radixcache.core.evict import Evictor
@@ -149,22 +150,6 @@ class RadixTree:
                 self.log.emit(event)
 
     # -- match -----------------------------------------------------------------------------
-    def _descend(self, seq: bytes, node: RadixNode, pos: int) -> tuple[RadixNode, int]:
-        """Follow ``seq`` down from ``node`` (whose path covers ``seq[:pos]``): the deepest node
-        touched (the match may end inside it) and the matched length. No state change."""
-        n = tk.count(seq)
-        while pos < n:
-            child = node.children.get(_first(seq, pos * TOKEN_BYTES)[0])
-            if child is None:
-                break
-            node = child
-            if seq.startswith(child.tokens, pos * TOKEN_BYTES):
-                pos = child.end
-            else:
-                pos += common_units(seq, pos * TOKEN_BYTES, child.tokens)
-                break
-        return node, pos
-
     def _walk(self, seq: bytes) -> tuple[RadixNode, int, array[int]]:
         """Deepest match of ``seq`` from the root: (node, matched length, block table), the
         path stamped with a new access clock on the way down (what ``_touch`` does after)."""
@@ -178,23 +163,27 @@ class RadixTree:
             if child is None:
                 break
             node = child
-            child.clock = c
             if child.start % B:
                 table[-1:] = child.blocks
             else:
                 table.extend(child.blocks)
             if seq.startswith(child.tokens, pos * TOKEN_BYTES):
                 pos = child.end
-            else:
+                child.clock = c
+                if child.older:
+                    child.older = ()
+            else:  # the rest of the node keeps its older time
                 pos += common_units(seq, pos * TOKEN_BYTES, child.tokens)
+                child.older = recency.stamp(child.clock, child.older, child.end, pos, c, B)
+                child.clock = c
                 break
         del table[(pos + B - 1) // B :]
         return node, pos, table
 
-    def _touch(self, node: RadixNode) -> None:
-        c = self.evictor.touch(node)
+    def _touch(self, node: RadixNode, upto: int) -> None:
+        c = self.evictor.touch(node, upto)
         if self.log.on:
-            self.log.emit(ev.Access(node.id, c))
+            self.log.emit(ev.Access(node.id, c, upto if upto < node.end else None))
 
     def match(self, tokens: TokenSeq) -> MatchResult:
         """Longest cached prefix of ``tokens`` at token granularity; marks the path used (LRU).
@@ -204,19 +193,33 @@ class RadixTree:
         seq = tk.validated(tokens, self.vocab_limit)
         with self.lock_:
             node, length, table = self._walk(seq)
-            if self.log.on:
-                self.log.emit(ev.Access(node.id, self.evictor.clock))
+            self._access(node, length)
             return MatchResult(length, node, table)
 
+    def peek(self, tokens: TokenSeq) -> tuple[RadixNode, int]:
+        """The deepest node ``tokens`` reach (the match may end inside it) and the matched
+        length, changing nothing: no access time, no event (a scheduler ordering its queue)."""
+        seq = tk.validated(tokens, self.vocab_limit)
+        with self.lock_:
+            return self.structure.descend(seq, self.structure.root, 0)
+
     def match_and_pin(self, tokens: TokenSeq) -> MatchResult:
-        """``match`` and ``pin`` of the result's node, atomically."""
+        """``match`` and ``pin``, atomically. A match that ends inside a node splits it there
+        first (as SGLang's match does), so the pin holds exactly the matched tokens: the
+        node's unmatched rest stays evictable with its older access time."""
         seq = tk.validated(tokens, self.vocab_limit)
         with self.lock_:
             node, length, table = self._walk(seq)
+            self._access(node, length)
+            if node.start < length < node.end:
+                node = self.structure.split(node, length - node.start)
             self._pin(node)
-            if self.log.on:
-                self.log.emit(ev.Access(node.id, self.evictor.clock))
             return MatchResult(length, node, table)
+
+    def _access(self, node: RadixNode, length: int) -> None:
+        if self.log.on:
+            end = length if length < node.end else None
+            self.log.emit(ev.Access(node.id, self.evictor.clock, end))
 
     # -- pin -------------------------------------------------------------------------------
     def _pin(self, node: RadixNode) -> None:
@@ -244,12 +247,7 @@ class RadixTree:
             if self.log.on:
                 self.log.emit(ev.Pin(node.id, -1))
             self.evictor.offer(node)
-            self._merge(node)
-
-    def _merge(self, parent: RadixNode) -> None:
-        _, joined = self.structure.merge(parent)
-        if joined is not None:
-            self.evictor.offer(joined)
+            self.structure.merge(node)
 
     # -- leases ----------------------------------------------------------------------------
     def allocate(self, match: MatchResult, total: int) -> Lease:
@@ -298,8 +296,8 @@ class RadixTree:
                 if leaf is not None:
                     self.evictor.offer(leaf)
                     # attached under a node the request did not pin (cached meanwhile): compress
-                    self._merge(node if leaf.parent is None else leaf.parent)
-            self._touch(leaf or node)
+                    self.structure.merge(node if leaf.parent is None else leaf.parent)
+            self._touch(leaf or node, n)
             self.stats.inserted_tokens += n - pos if leaf else 0
             return InsertResult(leaf, n - pos if leaf else 0, freed)
 
@@ -328,8 +326,8 @@ class RadixTree:
         if k > 0 and not seq.startswith(tk.span(top.tokens, 0, k), top.start * TOKEN_BYTES):
             raise InvalidTokens("insert tokens do not start with the prefix the lease matched")
         if top.parent is None:
-            return self._descend(seq, top, 0)
-        return self._descend(seq, top.parent, top.start)
+            return self.structure.descend(seq, top, 0)
+        return self.structure.descend(seq, top.parent, top.start)
 
     def _attach(self, seq: bytes, node: RadixNode, pos: int, lease: Lease) -> RadixNode | None:
         """Create the leaf ``[pos, n)``; returns None when its boundary block cannot be had."""
@@ -386,8 +384,8 @@ class RadixTree:
 
     def digest(self) -> str:
         """A stable hash of the structure: every node's id, parent, span, tokens, blocks, path
-        pins and access clock, and the request-held blocks. Equal for a mirror built from
-        events."""
+        pins, access times (clock and older steps), and the request-held blocks. Equal for a
+        mirror built from events."""
         with self.lock_:
             return digest_of(self)
 

@@ -63,6 +63,7 @@ class ClusterConfig(NamedTuple):
     router_port: int = 0
     startup_s: float = 60.0
     router_args: tuple[str, ...] = ()  # more sglang-router flags (e.g. --cache-threshold 0.5)
+    schedule: str = "fcfs"  # each replica's scheduling policy (``serve --schedule``)
 
 
 class Replica(NamedTuple):
@@ -191,7 +192,7 @@ class Cluster:
     def _spawn_replica(self, r: Replica) -> _Proc:
         argv = [sys.executable, "-m", "cli.main", "serve", "--endpoint-host", "127.0.0.1",
                 "--port", str(r.zmq_port), "--http", str(r.http_port),
-                "--blocks", str(self.config.blocks)]
+                "--blocks", str(self.config.blocks), "--schedule", self.config.schedule]
         return self._spawn(f"replica {r.rank}", argv)
 
     def _spawn(self, name: str, argv: list[str]) -> _Proc:

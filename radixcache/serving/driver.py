@@ -21,7 +21,8 @@ from radixcache.core.pool import KVPool, PoolExhausted
 from radixcache.core.tokens import TokenArray
 from radixcache.core.tree import PromptTooLarge, RadixTree
 from radixcache.serving.memory import MemorySource
-from radixcache.serving.service import Submitted, check_room
+from radixcache.serving.policy import Policy
+from radixcache.serving.service import ServiceError, Submitted, check_room
 from radixcache.serving.tree_service import TreeService
 from radixcache.traffic.workloads import Vocabulary, Workload, WorkloadRequest
 
@@ -62,6 +63,12 @@ class TreeDriver(TreeService):
         self._waiting.extend(workload.requests)
         self.totals.submitted += n
         return Submitted(n, self.paused)
+
+    def set_schedule(self, policy: Policy) -> None:
+        """Refused: the driver serves its queue in order, one request at a time, so there is
+        nothing to reorder or share (``ServiceError``)."""
+        raise ServiceError(f"schedule {policy.value}: the tree driver has no scheduler (it "
+                           "serves requests one at a time, in order)")
 
     def reset(self) -> int:
         """Drop the waiting requests, empty the tree, start a new counter generation."""

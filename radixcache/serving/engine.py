@@ -2,9 +2,10 @@
 
 Life of one request (``requests.Request``)::
 
-    submit ─> waiting (FIFO) ─admit─> running: prefill chunks ─> decodes ─> finish
-                │                     match_and_pin(prompt[:-1])     insert(prompt + out[:-1])
-                │                     allocate(m, len(prompt) + max_new - 1)    unlock(m.node)
+    submit ─> waiting (policy order) ─admit─> running: prefill chunks ─> decodes ─> finish
+                │                 match_and_pin(prompt[:-1])    │     insert(prompt + out[:-1])
+                │                 allocate(m, len(prompt) + max_new - 1)         unpin(m.node)
+                │                       lpm/dfs-weight: insert(prompt) at the prefill's end
                 └── PromptTooLarge: failed at once (RequestRejected on its handle)
 
 The match is capped at ``len(prompt) - 1`` (the model needs at least one new token to produce
@@ -12,35 +13,33 @@ the first output's logits), so a full hit recomputes the last prompt token only.
 generated token's K/V are never written: the request holds ``len(prompt) + max_new - 1``
 positions and inserts exactly those tokens.
 
-Scheduling (``step``): decodes first, one token per running request, then prefill chunks of
-the requests still prefilling, in admission order, up to ``max_step_tokens`` in all. All of
-them go through one model forward (continuous batching), unless the padded attention layout
-would waste more than half of its work (decodes padded to a long prefill chunk): then the
-step runs two forwards, decodes and prefills. Admission is FIFO: when the head of the queue
-cannot get blocks (``PoolExhausted``, the pool full of locked blocks) it unlocks its match,
-stays at the head and retries next step; running requests finish and unlock meanwhile. With
-nothing running, the head retries without its match, so every request that fits the pool
-is admitted eventually (no deadlock).
+A step (``step``) asks the ``Scheduler`` (``serving.scheduler``) to admit what fits, in its
+policy's order (``fcfs``, ``lpm``, ``dfs-weight``), then ``Running`` (``serving.running``)
+runs one batched forward of decodes and prefill chunks, then the finished requests are
+inserted and unpinned. When the request next in order cannot get blocks (the pool full of
+pinned blocks) it unpins its match and retries next step; running requests finish and unpin
+meanwhile. With nothing running, it retries without its match, so every request that fits
+the pool is admitted eventually (no deadlock).
 
 Threads: ``submit`` may be called from any thread (the HTTP front's, a workload's
-follow-up from the stepping thread): it takes ``_queue``, the one lock of the engine's own,
-which guards the waiting queue and the request ids. Everything else (``step``, the commands,
-``take_events``, ``stats``) is called by ``ServiceLoop`` under its state lock, one thread at a
-time, as ``CacheService`` says; a test may call them from one thread. Tree and pool
-mutations happen under the tree's lock (inside the tree), model compute outside it.
+follow-up from the stepping thread): it takes ``_queue``, the engine's own lock, which guards
+the request ids and the totals it counts, then the scheduler's queue lock (a leaf).
+Everything else (``step``, the commands, ``take_events``, ``stats``) is called by
+``ServiceLoop`` under its state lock, one thread at a time, as ``CacheService`` says; a test
+may call them from one thread. Tree and pool mutations happen under the tree's lock (inside
+the tree), model compute outside it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future
-from typing import NamedTuple
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from radixcache.core import events as ev
 from radixcache.core import tokens as tk
@@ -49,10 +48,11 @@ from radixcache.core.pool import KVPool
 from radixcache.core.tree import RadixTree
 from radixcache.serving.memory import MemorySource
 from radixcache.serving.model import TinyTransformer
+from radixcache.serving.policy import Policy
 from radixcache.serving.requests import Answers as Answers
 from radixcache.serving.requests import EngineConfig as EngineConfig
 from radixcache.serving.requests import EngineError as EngineError
-from radixcache.serving.requests import Request, TokenHook
+from radixcache.serving.requests import Request, TokenHook, feed_workload
 from radixcache.serving.requests import RequestCancelled as RequestCancelled
 from radixcache.serving.requests import RequestHandle as RequestHandle
 from radixcache.serving.requests import RequestMetrics as RequestMetrics
@@ -63,14 +63,15 @@ from radixcache.serving.requests import TokenPolicy as TokenPolicy
 from radixcache.serving.requests import WorkloadRun as WorkloadRun
 from radixcache.serving.requests import fold_answers as fold_answers
 from radixcache.serving.requests import percentiles as percentiles
+from radixcache.serving.running import Running
 from radixcache.serving.scheduler import Scheduler
 from radixcache.serving.service import Submitted, check_room
 from radixcache.serving.stats import Stats as Stats
 from radixcache.serving.tree_service import TreeService
-from radixcache.traffic.workloads import Workload, WorkloadRequest
+from radixcache.traffic.workloads import Workload
 
 
-class Engine(TreeService, Scheduler):
+class Engine(TreeService):
     """Serves requests on a ``TinyTransformer`` whose K/V live in a ``KVPool`` indexed by a
     ``RadixTree`` (``engine.tree``). ``start()`` runs the scheduler thread; ``step()`` runs
     one scheduling step synchronously (tests). ``close()`` when done."""
@@ -89,9 +90,9 @@ class Engine(TreeService, Scheduler):
             self, tree, memory if memory is not None else MemorySource(device=self.model.device),
             model=f"tiny transformer (layers={cfg.model.n_layers})",
             device=str(self.model.device), cache=cfg.cache)
-        self._queue = threading.Lock()  # the waiting queue, against submitting threads
-        self._waiting: deque[Request] = deque()
-        self._running: list[Request] = []
+        self._queue = threading.Lock()  # request ids and totals, against submitting threads
+        self.scheduler = Scheduler(tree, cfg, self._started)
+        self.running = Running(self.model, self.pool.kv, cfg.max_step_tokens)
         self._events: list[ev.AnyEvent] = []
         self._next_id = 0
         self._aborted: set[int] = set()  # running requests to drop at the next step
@@ -138,7 +139,7 @@ class Engine(TreeService, Scheduler):
             if need > self.config.num_blocks:
                 self.totals.rejected += 1
             else:
-                self._waiting.append(req)
+                self.scheduler.add(req)
         if need > self.config.num_blocks:
             req.handle.settle(None, RequestRejected(
                 f"request {rid}: {req.total} positions need {need} blocks;"
@@ -149,15 +150,7 @@ class Engine(TreeService, Scheduler):
         """Submit the first ``limit`` (default all) requests of ``workload``; a request with
         ``after = i`` is submitted when request ``i`` is done (from the thread finishing it).
         Returns at once; ``run.wait()`` waits for all."""
-        reqs = workload.requests[:limit] if limit is not None else workload.requests
-        proxies = [RequestHandle() for _ in reqs]
-        for r, proxy in zip(reqs, proxies, strict=True):
-            feed = _Feed(self, r, proxy)
-            if r.after is None:
-                feed.submit()
-            else:
-                proxies[r.after].add_done_callback(feed.after_done)
-        return WorkloadRun(proxies)
+        return feed_workload(self.submit, workload, limit)
 
     def close(self) -> None:
         """Cancel every unfinished request and close the memory source."""
@@ -171,7 +164,7 @@ class Engine(TreeService, Scheduler):
         block drawn "locked" with nothing running) raises ``InvariantError``. Call between
         steps, under the loop's lock."""
         self.tree.check()
-        leases = [r.lease for r in self._running if r.lease is not None]
+        leases = [r.lease for r in self.running.requests if r.lease is not None]
         pins = sum(n.pins for n in self.tree.live_nodes())
         held = self.tree.request_blocks()
         private = {b for lease in leases for b in lease.table[lease.private_from:]}
@@ -186,7 +179,7 @@ class Engine(TreeService, Scheduler):
 
     def busy(self) -> bool:
         """True when ``step`` has work: running requests, or waiting ones while not paused."""
-        return bool(self._running) or (bool(self._waiting) and not self.paused)
+        return bool(self.running) or (bool(self.scheduler) and not self.paused)
 
     # -- one step ------------------------------------------------------------------------------
     def step(self) -> StepReport:
@@ -196,21 +189,17 @@ class Engine(TreeService, Scheduler):
         t0 = time.perf_counter()
         self._drop_aborted()
         admitted = self._admit()
-        decodes, prefills = self._plan()
-        forwards = self._forward(decodes, prefills)
-        finished = self._finish_done()
+        work = self.running.step()
+        for r in work.prefilled:
+            self._cache_prompt(r)
+        finished = self._finish(self.running.take_done())
         self.totals.steps += 1
-        if forwards:
+        self.totals.prefill_tokens += work.prefill_tokens
+        if work.forwards:
             self.totals.busy_s += time.perf_counter() - t0
-        report = StepReport(
-            admitted,
-            len(decodes) + len(prefills),
-            sum(len(s.tokens) for _, s in prefills),
-            len(decodes),
-            forwards,
-            finished,
-        )
-        return report
+        return StepReport(admitted, work.sequences, work.prefill_tokens, work.decode_tokens,
+                          work.forwards, finished)
+
     # -- events --------------------------------------------------------------------------------
     def _emit(self, event: ev.AnyEvent) -> None:
         """Append an engine event after the tree events recorded so far (keeps their order)."""
@@ -232,6 +221,8 @@ class Engine(TreeService, Scheduler):
         """Stop admitting requests; running ones go on to finish."""
         with self._queue:
             super().pause()
+        self.scheduler.note_paused()
+        self._emit_queue()
 
     def resume(self) -> None:
         """Admit requests again."""
@@ -240,15 +231,31 @@ class Engine(TreeService, Scheduler):
 
     def depths(self) -> tuple[int, int]:
         """(waiting, running) requests now."""
-        return len(self._waiting), len(self._running)
+        return len(self.scheduler), len(self.running)
+
+    def set_schedule(self, policy: Policy) -> None:
+        """Order the waiting queue by ``policy`` from the next step on."""
+        self.scheduler.set_policy(policy)
+
+    def stats(self) -> Stats:
+        """``TreeService.stats`` and the scheduler's figures: the policy, requests held for
+        sharing or aged so far, and why the waiting ones wait now (``waiting_<reason>``)."""
+        q = self.scheduler.queue().counts()
+        return msgspec.structs.replace(
+            super().stats(), schedule=self.scheduler.policy.value,
+            held_for_sharing=self.scheduler.held, aged=self.scheduler.aged,
+            waiting_order=q[ev.WaitReason.ORDER], waiting_sharing=q[ev.WaitReason.SHARING],
+            waiting_pool=q[ev.WaitReason.POOL], waiting_batch=q[ev.WaitReason.BATCH],
+            waiting_paused=q[ev.WaitReason.PAUSED])
 
     def reset(self) -> int:
         """Cancel every waiting and running request (their handles fail with
         ``RequestCancelled``), then empty the tree, zero the metrics and start a new counter
         generation; returns how many requests were cancelled. The pool is entirely free
         afterwards."""
-        cancelled = len(self._running) + len(self._waiting)
+        cancelled = len(self.running) + len(self.scheduler)
         self._cancel_all()
+        self._emit_queue()
         self.new_generation()
         return cancelled
 
@@ -257,21 +264,20 @@ class Engine(TreeService, Scheduler):
         start of the next step, its pins and blocks released. Its handle fails with
         ``RequestCancelled``. False when no such request is waiting or running."""
         with self._queue:
-            waiting = [r for r in self._waiting if r.id == request_id]
-            running = any(r.id == request_id for r in self._running)
-            if waiting:
-                self._waiting.remove(waiting[0])
-            else:  # running, or being admitted by the step in progress
+            waiting = self.scheduler.take(request_id)
+            running = any(r.id == request_id for r in self.running.requests)
+            if waiting is None:  # running, or being admitted by the step in progress
                 self._aborted.add(request_id)
-        for r in waiting:
-            self._fail(r, RequestCancelled(f"request {r.id} aborted before admission"))
-        return bool(waiting) or running
+        if waiting is not None:
+            self._fail(waiting, RequestCancelled(f"request {waiting.id} aborted before "
+                                                 "admission"))
+        return waiting is not None or running
 
     def pinned_blocks(self) -> int:
         """Blocks the running requests hold (their block tables); the rest of the used blocks
         are cached and evictable. A racy read for metrics, from any thread."""
         held: set[int] = set()
-        for r in list(self._running):
+        for r in list(self.running.requests):
             lease = r.lease
             if lease is not None:
                 held.update(lease.table)
@@ -283,8 +289,7 @@ class Engine(TreeService, Scheduler):
             ids, self._aborted = self._aborted, set()
         if not ids:
             return
-        gone = [r for r in self._running if r.id in ids]
-        self._running = [r for r in self._running if r.id not in ids]
+        gone = self.running.take(ids)
         for r in gone:
             assert r.lease is not None and r.match is not None
             self.tree.release(r.lease)
@@ -299,34 +304,89 @@ class Engine(TreeService, Scheduler):
         if self.config.answers is Answers.PREFILL:
             workload = fold_answers(workload)
         n = len(workload.requests)
-        check_room(len(self._waiting), n)
+        check_room(len(self.scheduler), n)
         self.run_workload(workload)
         return Submitted(n, self.paused)
 
+    # -- admitting and finishing (the stepping thread) ----------------------------------------
+    def _admit(self) -> int:
+        done = self.scheduler.admit(self.running.requests, paused=self.paused)
+        self.running.requests.extend(done.admitted)
+        for req, error in done.rejected:
+            self._fail(req, error)
+        self._emit_queue()
+        return len(done.admitted)
 
-class _Feed(NamedTuple):
-    """Submits one workload request and reports its outcome on the workload's proxy handle."""
+    def _emit_queue(self) -> None:
+        queue = self.scheduler.queue_event()
+        if queue is not None:
+            self._emit(queue)
 
-    engine: Engine
-    request: WorkloadRequest
-    proxy: RequestHandle
+    def _started(self, req: Request) -> None:
+        """A request was admitted (match pinned, blocks leased): count it, say so."""
+        req.admitted = time.perf_counter()
+        self.totals.prompt_tokens += len(req.prompt)
+        self.totals.hit_tokens += req.computed
+        self._emit(ev.RequestStart(req.id, len(req.prompt), req.computed))
 
-    def submit(self) -> None:
-        r = self.request
-        handle = self.engine.submit(r.prompt, r.max_new_tokens, r.forced_output)
-        self.proxy.id = handle.id
-        handle.add_done_callback(self.copy_outcome)
+    def _cache_prompt(self, r: Request) -> None:
+        """Insert ``r``'s prompt as soon as its prefill is done (SGLang's
+        ``cache_unfinished_req``), so that waiting requests sharing it read it while ``r``
+        decodes: they wait one prefill for it, not a whole answer (``serving.scheduler``).
 
-    def after_done(self, done: Future[RequestResult]) -> None:
-        if isinstance(done.exception(), RequestCancelled):  # a reset or close ends the workload
-            self.proxy.settle(None, RequestCancelled("an earlier request was cancelled"))
+        ``r`` then pins the prompt's node and takes a new lease for its decode positions; the
+        decode blocks the insert freed are free again, so that lease always fits when one
+        block is spare (a boundary copy, when another request cached the same prompt first
+        and continued in its last block, takes one block more). Under ``fcfs`` (today's
+        engine, the baseline), with none spare, with the cache off or nothing left to decode,
+        the prompt is inserted with the answer at the finish."""
+        if not (self.config.cache and self.scheduler.policy.cache_aware) \
+                or len(r.output) >= r.max_new or self.pool.allocator.free_count < 1:
             return
-        self.submit()
+        assert r.lease is not None and r.match is not None
+        self.tree.insert(r.prompt, r.lease)
+        m = self.tree.match_and_pin(r.prompt)
+        self.tree.unpin(r.match.node)
+        r.match = r.match._replace(node=m.node)  # the hit stays the admission's
+        r.lease = self.tree.allocate(m, r.total)
+        self._emit(ev.RequestCached(r.id, len(r.prompt)))
 
-    def copy_outcome(self, done: Future[RequestResult]) -> None:
-        error = done.exception()
-        if error is not None:
-            assert isinstance(error, EngineError)
-            self.proxy.settle(None, error)
+    def _finish(self, done: list[Request]) -> int:
+        now = time.perf_counter()
+        for r in done:
+            self._settle_blocks(r)
+            self.totals.finished += 1
+            self.totals.output_tokens += len(r.output)
+            metrics = r.metrics(now)
+            self._emit(ev.RequestFinish(r.id, len(r.output), metrics.ttft_ms))
+            logits = torch.stack(r.logits) if r.keep_logits else None
+            r.handle.settle(RequestResult(list(r.output), metrics, logits), None)
+        return len(done)
+
+    def _settle_blocks(self, r: Request) -> None:
+        """Insert the request's sequence (cache on) or free its blocks; then unpin."""
+        assert r.lease is not None and r.match is not None
+        if self.config.cache:
+            seq = np.concatenate([r.prompt, np.asarray(r.output[:-1], dtype=np.uint32)])
+            self.tree.insert(seq, r.lease)
         else:
-            self.proxy.settle(done.result(), None)
+            self.tree.release(r.lease)
+        self.tree.unpin(r.match.node)
+        r.lease = None
+
+    def _fail(self, req: Request, error: EngineError) -> None:
+        if isinstance(error, RequestRejected):
+            self.totals.rejected += 1
+        else:
+            self.totals.cancelled += 1
+        req.handle.settle(None, error)
+
+    def _cancel_all(self) -> None:
+        """Fail every waiting and running request with ``RequestCancelled`` (step lock held)."""
+        for r in self.running.take_all():
+            assert r.lease is not None and r.match is not None
+            self.tree.release(r.lease)
+            self.tree.unpin(r.match.node)
+            self._fail(r, RequestCancelled(f"request {r.id} cancelled"))
+        for r in self.scheduler.drain():
+            self._fail(r, RequestCancelled(f"request {r.id} cancelled before admission"))

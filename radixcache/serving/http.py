@@ -31,6 +31,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -183,7 +184,7 @@ class HttpFront:
 
     async def server_info(self, _request: Request) -> Response:
         """SGLang-style server info with the engine's counters."""
-        c = self.backend.counters()
+        c = await run_in_threadpool(self.backend.counters)  # waits for a step: off the loop
         return JSONResponse({"model_path": self.model, "version": _server_version(),
                              "tokenizer_path": str(self.tokenizer.path),
                              "max_total_num_tokens": self.backend.max_context,
@@ -210,7 +211,7 @@ class HttpFront:
         """SGLang's load figures, one entry per data-parallel rank (here one): what
         sglang-router's ``/get_loads`` sums (``num_tokens``, tokens held by running
         requests) and what its power-of-two policy balances on."""
-        c = self.backend.counters()
+        c = await run_in_threadpool(self.backend.counters)  # waits for a step: off the loop
         return JSONResponse([{"dp_rank": 0, "num_reqs": c.running + c.waiting,
                               "num_running_reqs": c.running, "num_waiting_reqs": c.waiting,
                               "num_tokens": c.pinned_blocks * c.block_size,
@@ -218,14 +219,15 @@ class HttpFront:
 
     async def flush_cache(self, _request: Request) -> Response:
         """Empty the cache; 400 while requests are queued or running (SGLang's rule)."""
-        if not self.backend.flush():
+        if not await run_in_threadpool(self.backend.flush):
             return JSONResponse({"message": "cache not flushed: requests are running"},
                                 status_code=400)
         return JSONResponse({"message": "cache flushed"})
 
     async def metrics(self, _request: Request) -> Response:
         """Prometheus text."""
-        return Response(self.stats.text(), media_type="text/plain; version=0.0.4")
+        text = await run_in_threadpool(self.stats.text)
+        return Response(text, media_type="text/plain; version=0.0.4")
 
 
 def _bound_socket(host: str, port: int) -> socket.socket:

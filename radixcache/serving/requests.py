@@ -17,7 +17,8 @@ import torch
 
 from radixcache.core.tree import Lease, MatchResult
 from radixcache.serving.model import ModelConfig, SeqInput
-from radixcache.traffic.workloads import Workload
+from radixcache.serving.policy import Policy
+from radixcache.traffic.workloads import Workload, WorkloadRequest
 
 TokenArray = npt.NDArray[np.uint32]
 TokenHook = Callable[[int], None]  # called with each output token as it is chosen
@@ -77,7 +78,11 @@ def fold_answers(workload: Workload) -> Workload:
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """What an engine runs with. ``cache=False`` serves without reuse (match forced to 0,
-    nothing inserted, blocks freed at finish) for on/off comparisons."""
+    nothing inserted, blocks freed at finish) for on/off comparisons. ``schedule`` orders the
+    waiting queue (``serving.policy``); a request waits at most ``max_wait_steps`` scheduling
+    steps before it goes ahead of every policy choice, and is held for a running request's
+    insert only when they share at least ``share_min_tokens`` uncached tokens
+    (``serving.scheduler``)."""
 
     num_blocks: int = 4096
     block_size: int = 16
@@ -90,6 +95,9 @@ class EngineConfig:
     record_events: bool = True
     answers: Answers = Answers.DECODE  # how workloads' forced answers are computed
     device: str | None = None
+    schedule: Policy = Policy.FCFS
+    max_wait_steps: int = 64
+    share_min_tokens: int = 32
 
 
 class RequestMetrics(NamedTuple):
@@ -165,12 +173,30 @@ class Request:
     logits: list[torch.Tensor] = field(default_factory=list)
     first_token_at: float = 0.0
     on_token: TokenHook | None = None
-    policy: TokenPolicy | None = None
+    policy: TokenPolicy | None = None  # chooses the tokens (sampling), may stop early
+    key: bytes = b""  # prompt[:-1] as uint32 bytes: what the scheduler compares
+    queued: int = 0  # the scheduler's step count when it was queued
+    aged_at: int | None = None  # the step it reached ``max_wait_steps`` waiting, if it did
+    held: bool = False  # was held for a running request's insert at least once
+
+    def __post_init__(self) -> None:
+        self.key = self.prompt[:-1].astype("<u4").tobytes()
 
     @property
     def total(self) -> int:
         """Positions whose K/V the request writes or reuses."""
         return len(self.prompt) + self.max_new - 1
+
+    def metrics(self, now: float) -> RequestMetrics:
+        """This request's figures, finished at ``now`` (``time.perf_counter``)."""
+        hit = self.match.length if self.match is not None else 0
+        span = now - self.first_token_at
+        n = len(self.output)
+        rate = (n - 1) / span if n > 1 and span > 0 else 0.0
+        return RequestMetrics(self.id, len(self.prompt), hit, len(self.prompt) - hit, n,
+                              (self.admitted - self.submitted) * 1e3,
+                              (self.first_token_at - self.submitted) * 1e3,
+                              (now - self.submitted) * 1e3, rate)
 
     def next_input(self) -> SeqInput:
         """The tokens of this request's next forward (a decode: its last output token)."""
@@ -198,6 +224,52 @@ class WorkloadRun(NamedTuple):
                 assert isinstance(err, EngineError)  # the engine fails handles with no other
                 out.append(err)
         return out
+
+Submit = Callable[[TokenArray, int, TokenArray | None], RequestHandle]  # ``Engine.submit``
+
+
+def feed_workload(submit: Submit, workload: Workload, limit: int | None) -> WorkloadRun:
+    """Submit the first ``limit`` (all when None) requests of ``workload`` through
+    ``submit``; a request with ``after = i`` is submitted when request ``i`` is done (from the
+    thread finishing it). Returns at once; ``run.wait()`` waits for all."""
+    reqs = workload.requests[:limit] if limit is not None else workload.requests
+    proxies = [RequestHandle() for _ in reqs]
+    for r, proxy in zip(reqs, proxies, strict=True):
+        feed = _Feed(submit, r, proxy)
+        if r.after is None:
+            feed.submit()
+        else:
+            proxies[r.after].add_done_callback(feed.after_done)
+    return WorkloadRun(proxies)
+
+
+class _Feed(NamedTuple):
+    """Submits one workload request and reports its outcome on the workload's proxy handle."""
+
+    submit_one: Submit
+    request: WorkloadRequest
+    proxy: RequestHandle
+
+    def submit(self) -> None:
+        r = self.request
+        handle = self.submit_one(r.prompt, r.max_new_tokens, r.forced_output)
+        self.proxy.id = handle.id
+        handle.add_done_callback(self.copy_outcome)
+
+    def after_done(self, done: Future[RequestResult]) -> None:
+        if isinstance(done.exception(), RequestCancelled):  # a reset or close ends the workload
+            self.proxy.settle(None, RequestCancelled("an earlier request was cancelled"))
+            return
+        self.submit()
+
+    def copy_outcome(self, done: Future[RequestResult]) -> None:
+        error = done.exception()
+        if error is not None:
+            assert isinstance(error, EngineError)
+            self.proxy.settle(None, error)
+        else:
+            self.proxy.settle(done.result(), None)
+
 
 def _percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else 0.0

@@ -1,121 +1,247 @@
-"""The engine's scheduler: admission (FIFO, match and lock, blocks for the lease), planning
-of one step's decodes and prefill chunks, the model forward, and finishing requests.
+"""The scheduler: the waiting queue, the order it is admitted in, and why each request waits.
 
-A mixin: ``Engine`` owns the state declared below; ``step`` calls these under its step lock.
+The engine calls ``admit`` once per step with the requests running now. A step considers the
+first ``WINDOW`` waiting requests (in arrival order), puts them in the policy's order
+(``serving.policy``) and admits them one by one (match and pin the cached prefix, then a lease
+of blocks) until one does not fit::
+
+    waiting (arrival order) ──window──▶ aged first, then policy order ──▶ for each:
+        batch full?  ─▶ stop: it waits "batch full", the rest "order"
+        shares ≥ 32 tokens a running request is computing? ─▶ held: "sharing" (R, node N)
+        match + pin + allocate ─▶ admitted (``started(req)``) | rejected | "pool full": stop
+
+In-batch prefix sharing (cache-aware policies): a request whose prompt continues, for at least
+``share_min_tokens`` (32, SGLang's threshold) past its cached match, the prompt of a running
+request waits for that request's insert instead of computing the same tokens beside it: the
+first of 40 users of a new system prompt computes it, the other 39 read it.
+
+Aging bounds every reordering: a request waiting ``max_wait_steps`` steps (64) goes before
+every policy choice, in arrival order, and is never held again. Holding or reordering a request
+never changes what it computes (the model reads the same K/V, cached or not), only when.
+
+Threads: ``add`` may be called from any thread; everything else runs on the stepping thread
+(the engine's step lock held).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from array import array
-from collections import deque
-from enum import Enum
-from typing import TYPE_CHECKING
-
-import numpy as np
-import torch
+from collections.abc import Callable, Sequence
+from itertools import islice
+from typing import NamedTuple
 
 from radixcache.core import events as ev
-from radixcache.core.pool import KVPool, PoolExhausted
+from radixcache.core.pool import PoolExhausted
+from radixcache.core.tokens import TOKEN_BYTES, common_units
 from radixcache.core.tree import Lease, MatchResult, PromptTooLarge, RadixTree
-from radixcache.serving.model import SeqInput, TinyTransformer
-from radixcache.serving.requests import (
-    EngineConfig,
-    EngineError,
-    Request,
-    RequestCancelled,
-    RequestMetrics,
-    RequestRejected,
-    RequestResult,
-)
-from radixcache.serving.stats import Totals
+from radixcache.serving.policy import Candidate, Policy, ordered
+from radixcache.serving.requests import EngineConfig, Request, RequestRejected
+
+WINDOW = 128  # waiting requests a step orders (SGLang stops sorting past 128 waiting)
+SHOWN = 64  # waiting requests a ``Queue`` event lists
+
+Started = Callable[[Request], None]
 
 
-class _Admit(Enum):
-    ADMITTED = 1
-    REJECTED = 2
-    BLOCKED = 3
+class Admission(NamedTuple):
+    """What one ``admit`` did: requests admitted (already running: matched, pinned, leased) and
+    requests rejected (they can never fit the pool) with their error."""
 
-
-
-def _choose(r: Request, logits: torch.Tensor, greedy: int) -> int:
-    """The request's next token: forced (a trace's answer), its policy's, else greedy."""
-    if r.forced is not None:
-        return int(r.forced[len(r.output)])
-    return r.policy.choose(logits) if r.policy is not None else int(greedy)
+    admitted: list[Request]
+    rejected: list[tuple[Request, RequestRejected]]
 
 
 class Scheduler:
-    """Admission, planning, the forward and finishing of ``Engine``'s requests."""
+    """The engine's waiting queue and admission (see the module doc)."""
 
-    config: EngineConfig
-    model: TinyTransformer
-    pool: KVPool
-    tree: RadixTree
-    _queue: threading.Lock
-    _waiting: deque[Request]
-    _running: list[Request]
-    totals: Totals
+    def __init__(self, tree: RadixTree, config: EngineConfig, started: Started) -> None:
+        self.tree, self.config = tree, config
+        self.policy = config.schedule
+        self._started = started  # called right after each admission (its RequestStart)
+        self._lock = threading.Lock()
+        self._waiting: dict[int, Request] = {}  # arrival order
+        self.steps = 0
+        self.held = 0  # requests held for a running request's insert (each counted once)
+        self.aged = 0  # requests that reached ``max_wait_steps`` waiting
+        self._entries: list[ev.Waiting] = []
+        self._shown: tuple[object, ...] = ()  # what the last ``Queue`` event said
 
-    if TYPE_CHECKING:
+    # -- the queue -------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        """Queue ``req`` (thread-safe)."""
+        with self._lock:
+            req.queued = self.steps
+            self._waiting[req.id] = req
 
-        @property
-        def paused(self) -> bool: ...
+    def __len__(self) -> int:
+        return len(self._waiting)
 
-        def _emit(self, event: ev.AnyEvent) -> None: ...
+    def take(self, request_id: int) -> Request | None:
+        """Remove and return the waiting request ``request_id`` (None: not waiting)."""
+        with self._lock:
+            return self._waiting.pop(request_id, None)
 
+    def drain(self) -> list[Request]:
+        """Remove and return every waiting request, in arrival order."""
+        with self._lock:
+            out, self._waiting = list(self._waiting.values()), {}
+        self._entries = []
+        return out
 
-    # -- admission -----------------------------------------------------------------------------
-    def _admit(self) -> int:
-        admitted = 0
-        while not self.paused and len(self._running) < self.config.max_running:
-            with self._queue:
-                if not self._waiting:
-                    break
-                req = self._waiting[0]
-            outcome = self._try_admit(req)
-            if outcome is _Admit.BLOCKED:
-                break
-            with self._queue:
-                self._waiting.popleft()
-            if outcome is _Admit.ADMITTED:
-                self._running.append(req)
-                admitted += 1
-        return admitted
+    def set_policy(self, policy: Policy) -> None:
+        """Order the queue by ``policy`` from the next step on."""
+        self.policy = policy
 
-    def _lock_prefix(self, req: Request) -> MatchResult:
+    # -- why they wait ---------------------------------------------------------------------
+    def entries(self) -> list[ev.Waiting]:
+        """Why each considered waiting request waits after the last step, in admission order
+        (the ones past the window wait "order" and are not listed)."""
+        return self._entries
+
+    def queue_event(self) -> ev.Queue | None:
+        """A ``Queue`` event when the queue changed since the last one returned, else None."""
+        q = self.queue()
+        key = (q.waiting, tuple((w.req, w.reason, w.on_req, w.node) for w in q.entries))
+        if key == self._shown:
+            return None
+        self._shown = key
+        return q
+
+    def queue(self) -> ev.Queue:
+        """The queue now: policy, step, how many wait and why the first ``SHOWN`` wait."""
+        return ev.Queue(self.policy.value, self.steps, len(self._waiting),
+                        self._entries[:SHOWN])
+
+    def note_paused(self) -> None:
+        """Every considered request now waits ``PAUSED`` (until the next step)."""
+        self._entries = [w if w.reason is ev.WaitReason.PAUSED else
+                         ev.Waiting(w.req, ev.WaitReason.PAUSED, w.queued) for w in self._entries]
+
+    # -- one step --------------------------------------------------------------------------
+    def admit(self, running: Sequence[Request], *, paused: bool) -> Admission:
+        """Admit what fits now, in the policy's order (see the module doc); ``running`` are
+        the requests running now. Records why every other considered request waits."""
+        self.steps += 1
+        with self._lock:
+            window = list(islice(self._waiting.values(), WINDOW))
+        if paused:
+            self._entries = [ev.Waiting(r.id, ev.WaitReason.PAUSED, r.queued) for r in window]
+            return Admission([], [])
+        out = Admission([], [])
+        inflight = list(running)
+        entries: list[ev.Waiting] = []
+        stop: ev.WaitReason | None = None
+        for c in self._ordered(window, full=len(inflight) >= self.config.max_running):
+            req = window[c.position]
+            if stop is None and len(inflight) >= self.config.max_running:
+                stop = ev.WaitReason.BATCH
+            elif stop is None:
+                hold = self._hold(req, c, inflight)
+                if hold is not None:
+                    entries.append(hold)
+                    continue
+                stop = self._try_admit(req, inflight, out)
+                if stop is None:
+                    continue
+            else:
+                entries.append(ev.Waiting(req.id, ev.WaitReason.ORDER, req.queued))
+                continue
+            entries.append(ev.Waiting(req.id, stop, req.queued))
+        self._remove(out)
+        self._entries = entries
+        return out
+
+    def _remove(self, out: Admission) -> None:
+        with self._lock:
+            for r in out.admitted:
+                del self._waiting[r.id]
+            for r, _ in out.rejected:
+                del self._waiting[r.id]
+
+    def _aged(self, req: Request) -> bool:
+        return self.steps - req.queued >= self.config.max_wait_steps
+
+    def _ordered(self, window: list[Request], *, full: bool) -> list[Candidate]:
+        """The window's candidates: aged ones first in arrival order, then the policy's order
+        (the cache-aware policies peek at each one's cached prefix, touching nothing). With
+        the batch ``full`` nobody is admitted: arrival order, nothing peeked."""
+        if not self.policy.cache_aware or full:
+            return [Candidate(i, None, 0) for i in range(len(window))]
+        cands = [self._peek(i, r) for i, r in enumerate(window)]
+        aged = [c for c in cands if self._aged(window[c.position])]
+        for c in aged:
+            if window[c.position].aged_at is None:
+                window[c.position].aged_at = self.steps
+                self.aged += 1
+        rest = [c for c in cands if window[c.position].aged_at is None]
+        return aged + ordered(self.policy, rest)
+
+    def _peek(self, i: int, req: Request) -> Candidate:
         if not self.config.cache or len(req.prompt) < 2:
-            return self._lock_root()
+            return Candidate(i, self.tree.root, 0)
+        node, cached = self.tree.peek(req.key)
+        return Candidate(i, node, cached)
+
+    def _hold(self, req: Request, c: Candidate, inflight: list[Request]) -> ev.Waiting | None:
+        """A ``SHARING`` entry when a running request is computing at least
+        ``share_min_tokens`` of ``req``'s prompt past its cached match (the one that shares
+        most), unless ``req`` is aged or the policy is ``fcfs``."""
+        if not self.policy.cache_aware or req.aged_at is not None or c.node is None:
+            return None
+        key = req.key  # prompt[:-1], the part a match may cover
+        need = (c.cached + self.config.share_min_tokens) * TOKEN_BYTES
+        if not self.config.cache or len(key) < need:
+            return None
+        head, best, on = key[:need], 0, None
+        for r in inflight:
+            if r.key.startswith(head):
+                n = common_units(r.key, 0, key)
+                if n > best:
+                    best, on = n, r
+        if on is None:
+            return None
+        if not req.held:
+            req.held = True
+            self.held += 1
+        return ev.Waiting(req.id, ev.WaitReason.SHARING, req.queued, on.id, c.node.id,
+                          best - c.cached)
+
+    # -- admission of one request ----------------------------------------------------------
+    def _try_admit(self, req: Request, inflight: list[Request],
+                   out: Admission) -> ev.WaitReason | None:
+        """Match, pin and lease ``req``: admitted (into ``out`` and ``inflight``), rejected
+        (into ``out``), or ``POOL`` when the pool cannot hold it now."""
+        m = self._pin_prefix(req)
+        try:
+            lease = self._allocate(m, req, has_running=bool(inflight))
+        except PromptTooLarge as err:
+            out.rejected.append((req, RequestRejected(f"request {req.id}: {err}")))
+            return None
+        if lease is None:
+            return ev.WaitReason.POOL
+        req.match, req.lease = lease
+        req.computed = req.match.length
+        self._started(req)
+        out.admitted.append(req)
+        inflight.append(req)
+        return None
+
+    def _pin_prefix(self, req: Request) -> MatchResult:
+        if not self.config.cache or len(req.prompt) < 2:
+            return self._pin_root()
         return self.tree.match_and_pin(req.prompt[:-1])
 
-    def _lock_root(self) -> MatchResult:
+    def _pin_root(self) -> MatchResult:
         self.tree.pin(self.tree.root)
         return MatchResult(0, self.tree.root, array("i"))
 
-    def _try_admit(self, req: Request) -> _Admit:
-        m = self._lock_prefix(req)
-        try:
-            lease = self._allocate(m, req)
-        except PromptTooLarge as err:
-            self._fail(req, RequestRejected(f"request {req.id}: {err}"))
-            return _Admit.REJECTED
-        if lease is None:
-            return _Admit.BLOCKED
-        req.match, req.lease = lease[0], lease[1]
-        req.computed = req.match.length
-        req.admitted = time.perf_counter()
-        t = self.totals
-        t.prompt_tokens += len(req.prompt)
-        t.hit_tokens += req.computed
-        self._emit(ev.RequestStart(req.id, len(req.prompt), req.computed))
-        return _Admit.ADMITTED
-
-    def _allocate(self, m: MatchResult, req: Request) -> tuple[MatchResult, Lease] | None:
-        """Blocks for ``req`` after its locked match ``m``; None (and unlocked) when blocked.
+    def _allocate(self, m: MatchResult, req: Request, *,
+                  has_running: bool) -> tuple[MatchResult, Lease] | None:
+        """Blocks for ``req`` after its pinned match ``m``; None (and unpinned) when blocked.
 
         With nothing running, a blocked request retries without its match: a boundary copy
-        or the matched path may be what keeps it from fitting, and nothing else will unlock.
+        or the matched path may be what keeps it from fitting, and nothing else will unpin.
         """
         try:
             return m, self.tree.allocate(m, req.total)
@@ -124,133 +250,11 @@ class Scheduler:
         except PromptTooLarge:
             self.tree.unpin(m.node)
             raise
-        if self._running or m.length == 0:
+        if has_running or m.length == 0:
             return None
-        m = self._lock_root()
+        m = self._pin_root()
         try:
             return m, self.tree.allocate(m, req.total)
         except PoolExhausted:
             self.tree.unpin(m.node)
             return None
-
-    # -- planning and the model ----------------------------------------------------------------
-    def _plan(self) -> tuple[list[tuple[Request, SeqInput]], list[tuple[Request, SeqInput]]]:
-        decodes = [(r, r.next_input()) for r in self._running if r.output]
-        budget = self.config.max_step_tokens - len(decodes)
-        prefills: list[tuple[Request, SeqInput]] = []
-        for r in self._running:
-            if budget <= 0:
-                break
-            if r.output:
-                continue
-            assert r.lease is not None
-            n = min(len(r.prompt) - r.computed, budget)
-            chunk = r.prompt[r.computed : r.computed + n]
-            prefills.append((r, SeqInput(chunk, r.computed, r.lease.table)))
-            budget -= n
-        return decodes, prefills
-
-    def _forward(
-        self,
-        decodes: list[tuple[Request, SeqInput]],
-        prefills: list[tuple[Request, SeqInput]],
-    ) -> int:
-        """Run the model over the planned sequences; returns the number of forwards."""
-        work = decodes + prefills
-        if not work:
-            return 0
-        total = sum(len(s.tokens) for _, s in work)
-        longest = max(len(s.tokens) for _, s in work)
-        groups = [work]
-        if decodes and prefills and len(work) * longest > 2 * total:
-            groups = [decodes, prefills]  # padding decodes to a long chunk would dominate
-        for group in groups:
-            logits = self.model.forward([s for _, s in group], self.pool.kv)
-            self._advance(group, logits)
-        return len(groups)
-
-    def _advance(self, group: list[tuple[Request, SeqInput]], logits: torch.Tensor) -> None:
-        now = time.perf_counter()
-        # one argmax and one device sync per forward, skipped when every token is forced
-        free = any(r.forced is None for r, _ in group)
-        greedy = logits.argmax(-1).tolist() if free else []
-        for i, (r, s) in enumerate(group):
-            n = len(s.tokens)
-            r.computed = s.start + n
-            if not r.output:
-                self.totals.prefill_tokens += n
-                if r.computed < len(r.prompt):
-                    continue  # an inner prefill chunk: no token yet
-                r.first_token_at = now
-            r.output.append(_choose(r, logits[i], greedy[i] if free else 0))
-            if r.on_token is not None:
-                r.on_token(r.output[-1])
-            if r.policy is not None and r.policy.stops_at(r.output[-1]):
-                r.max_new = len(r.output)  # finishes this step, cached as if it had run out
-            if r.keep_logits:
-                r.logits.append(logits[i].detach().to("cpu", copy=True))
-
-    # -- finishing -----------------------------------------------------------------------------
-    def _finish_done(self) -> int:
-        done = [r for r in self._running if len(r.output) == r.max_new]
-        if not done:
-            return 0
-        self._running = [r for r in self._running if len(r.output) < r.max_new]
-        now = time.perf_counter()
-        for r in done:
-            self._settle_blocks(r)
-            self.totals.finished += 1
-            self.totals.output_tokens += len(r.output)
-            metrics = self._metrics_of(r, now)
-            self._emit(ev.RequestFinish(r.id, len(r.output), metrics.ttft_ms))
-            logits = torch.stack(r.logits) if r.keep_logits else None
-            r.handle.settle(RequestResult(list(r.output), metrics, logits), None)
-        return len(done)
-
-    def _settle_blocks(self, r: Request) -> None:
-        """Insert the request's sequence (cache on) or free its blocks; then unlock."""
-        assert r.lease is not None and r.match is not None
-        if self.config.cache:
-            seq = np.concatenate([r.prompt, np.asarray(r.output[:-1], dtype=np.uint32)])
-            self.tree.insert(seq, r.lease)
-        else:
-            self.tree.release(r.lease)
-        self.tree.unpin(r.match.node)
-        r.lease = None
-
-    @staticmethod
-    def _metrics_of(r: Request, now: float) -> RequestMetrics:
-        hit = r.match.length if r.match is not None else 0
-        span = now - r.first_token_at
-        rate = (len(r.output) - 1) / span if len(r.output) > 1 and span > 0 else 0.0
-        return RequestMetrics(
-            r.id,
-            len(r.prompt),
-            hit,
-            len(r.prompt) - hit,
-            len(r.output),
-            (r.admitted - r.submitted) * 1e3,
-            (r.first_token_at - r.submitted) * 1e3,
-            (now - r.submitted) * 1e3,
-            rate,
-        )
-
-    def _fail(self, req: Request, error: EngineError) -> None:
-        if isinstance(error, RequestRejected):
-            self.totals.rejected += 1
-        else:
-            self.totals.cancelled += 1
-        req.handle.settle(None, error)
-
-    def _cancel_all(self) -> None:
-        """Fail every waiting and running request with ``RequestCancelled`` (step lock held)."""
-        for r in self._running:
-            assert r.lease is not None and r.match is not None
-            self.tree.release(r.lease)
-            self.tree.unpin(r.match.node)
-            self._fail(r, RequestCancelled(f"request {r.id} cancelled"))
-        self._running = []
-        with self._queue:
-            waiting, self._waiting = list(self._waiting), deque()
-        for r in waiting:
-            self._fail(r, RequestCancelled(f"request {r.id} cancelled before admission"))

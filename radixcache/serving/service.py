@@ -90,6 +90,11 @@ class CacheService(Protocol):
         generation; returns how many requests were cancelled."""
         ...
 
+    def set_schedule(self, policy: cmd.Policy) -> None:
+        """Order the waiting queue by ``policy`` from the next step on; ``ServiceError`` when
+        the service has no scheduler."""
+        ...
+
     def busy(self) -> bool:
         """True when ``step`` has work: running requests, or waiting ones while not paused."""
         ...
@@ -173,6 +178,10 @@ def _handle(s: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
                           {"cancelled": n})
         case cmd.Stats():
             return cmd.Ok("stats", s.stats().figures())
+        case cmd.SetSchedule():
+            s.set_schedule(c.policy)
+            return cmd.Ok(f"schedule {c.policy}: the waiting queue is ordered by it from the "
+                          "next step")
         case cmd.TakeSnapshot():  # the loop's: it publishes the snapshot in the stream
             return cmd.Error(f"unsupported command {type(c).__name__}")
         case _:
@@ -181,9 +190,9 @@ def _handle(s: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
 
 def _evict_reply(r: EvictResult, asked: int) -> cmd.AnyReply:
     values: Figures = {"nodes": r.nodes, "tokens": r.tokens, "blocks": r.blocks}
-    if r.nodes == 0:
+    if r.tokens == 0:
         return cmd.Ok(f"evicted nothing of {asked} tokens: no unpinned leaf (every cached "
                       "node is pinned by a running request, or the cache is empty)", values)
-    short = " (all that was evictable)" if r.tokens < asked else ""
+    short = " (all that was evictable)" if r.exhausted else ""
     return cmd.Ok(f"evicted {r.nodes} nodes, {r.tokens} tokens, {r.blocks} blocks{short}",
                   values)

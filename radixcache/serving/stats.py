@@ -65,6 +65,15 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True):
     cache: str  # "on", or "off" (the engine computes every prompt from scratch)
     model: str
     device: str
+    # the scheduler's (``serving.scheduler``); the tree driver serves in arrival order
+    schedule: str = "fcfs"  # the policy: fcfs, lpm, dfs-weight
+    held_for_sharing: int = 0  # requests held for a running request's insert, so far
+    aged: int = 0  # requests that waited the aging bound, so far
+    waiting_order: int = 0  # the waiting requests now, by why they wait
+    waiting_sharing: int = 0
+    waiting_pool: int = 0
+    waiting_batch: int = 0
+    waiting_paused: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -90,4 +99,4 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True):
         return ev.Counters(self.generation, self.submitted, self.finished, self.rejected,
                            self.prompt_tokens, self.hit_tokens, self.evicted_nodes,
                            self.evicted_tokens, self.cow_copies, self.waiting, self.running,
-                           self.paused)
+                           self.paused, self.schedule)

@@ -38,6 +38,8 @@ if TYPE_CHECKING:  # headless only: the inspector's demo starts without them (fi
     from radixcache.wire.subscriber import Subscriber
 
 MAX_QUEUED = 24  # the loop waits while this many requests wait (engine busy or paused)
+DEFAULT_MIX = ("chat 8", "system 30 256", "tot 3 3", "fork 8")
+"""One round of the demo's workload; each round uses the next seed, so the tree keeps changing."""
 
 
 class DemoError(Exception):
@@ -71,8 +73,9 @@ class EngineProcess:
     ``start()`` then ``wait_ready()``; ``stop()`` (idempotent, also on ``__exit__``) ends the
     process and removes the directory, so nothing is left behind."""
 
-    def __init__(self, blocks: int, grace_s: float = 5.0) -> None:
+    def __init__(self, blocks: int, grace_s: float = 5.0, schedule: str = "fcfs") -> None:
         self.blocks = blocks
+        self.schedule = schedule
         self.grace_s = grace_s
         self.dir = Path(tempfile.mkdtemp(prefix="rc-demo-", dir=_short_tmp()))
         self.endpoints = Endpoints.ipc(str(self.dir / "engine"))
@@ -82,7 +85,7 @@ class EngineProcess:
     def command(self) -> list[str]:
         """The engine's command line: this interpreter running ``radixcache serve``."""
         return [sys.executable, "-m", "cli.main", "serve", "--ipc", str(self.dir / "engine"),
-                "--blocks", str(self.blocks)]
+                "--blocks", str(self.blocks), "--schedule", self.schedule]
 
     def start(self) -> EngineProcess:
         """Start ``command()`` with its output going to DIR/engine.log."""

@@ -250,7 +250,7 @@ class Soak:
             c.submitted, c.finished, c.rejected, c.cancelled, c.workloads, c.events, c.checks,
             c.recoveries, c.resets, c.evictions, c.evicted_nodes,
             c.hit_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
-            len(self.tree), sum(n.lock for n in snap.nodes), len(snap.request_blocks),
+            len(self.tree), sum(n.pins for n in snap.nodes), len(snap.request_blocks),
             seconds, list(c.violations),
         )
 

@@ -8,26 +8,33 @@ whatif FILE`` predicts can be checked against an engine fed the same requests ov
   at its ``timestamp`` (ms from the first request's).
 - A ShareGPT file (a JSON array of ``{"conversations": [{"from", "value"}, ...]}``): every
   ``gpt`` message after a ``human`` one is a request whose prompt is the conversation so far in
-  the chat template (``traffic.chattext.chat_prompt``); the next turn follows it and carries
-  the engine's real answer (``WorkloadRequest.after``, as the chat workload does). It has no
-  timestamps: it is sent at ``--rate``.
+  the chat template, as the built-in ShareGPT trace builds it
+  (``traffic.sharegpt_text.conversation_requests``), sent as the file's own words; the next
+  turn follows it and carries the engine's real answer (``WorkloadRequest.after``, as the chat
+  workload does). It has no timestamps: it is sent at ``--rate``.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from radixcache.traffic.chattext import TextCodec, chat_prompt
 from radixcache.traffic.mooncake import read_requests
-from radixcache.traffic.sharegpt import EOT
-from radixcache.traffic.sharegpt_text import record_messages
+from radixcache.traffic.sharegpt import TokenArray
+from radixcache.traffic.sharegpt_text import (
+    SPECIAL_NAMES,
+    conversation_requests,
+    record_messages,
+    word_id,
+)
 from radixcache.traffic.traces import MOONCAKE_BLOCK, TraceError, TraceFormat, detect_format
 from radixcache.traffic.workload_types import Vocabulary, Workload, WorkloadRequest
 
-ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
+WORD_RE = re.compile(r"\w+|[^\w\s]")  # sharegpt_text's words
 
 
 class TraceWorkload:
@@ -68,33 +75,50 @@ def mooncake_workload(path: Path, limit: int, hash_block_size: int = MOONCAKE_BL
     return TraceWorkload(w, [t - first for t in stamps])
 
 
+class LearnedWords:
+    """Token ids as the words they were made from, learned while tokenizing a ShareGPT file
+    (``traffic.sharegpt_text``'s words: crc32 ids), so that ``Workload.text`` sends the file's
+    own words, and the template markers as the tokenizer's special tokens."""
+
+    def __init__(self) -> None:
+        self.names: dict[int, str] = dict(SPECIAL_NAMES)
+
+    def tokenize(self, text: str) -> list[int]:
+        """Ids of ``text``'s words, remembering each id's first word."""
+        out = []
+        for w in WORD_RE.findall(text):
+            i = word_id(w)
+            self.names.setdefault(i, w)
+            out.append(i)
+        return out
+
+    def text(self, tokens: Sequence[int] | TokenArray) -> str:
+        """The words of ``tokens`` joined by spaces."""
+        names = self.names
+        return " ".join(names.get(int(t), f"#{int(t)}") for t in tokens)
+
+
 def sharegpt_workload(path: Path, limit: int) -> TraceWorkload:
-    """The first ``limit`` requests of a ShareGPT file, conversation by conversation."""
+    """The first ``limit`` requests of a ShareGPT file, conversation by conversation (the
+    requests of ``traffic.sharegpt_text.conversation_requests``: the built-in trace's)."""
     try:
         records = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
         raise TraceError(f"{path}: not a ShareGPT JSON file: {exc}") from None
     if not isinstance(records, list):
         raise TraceError(f"{path}: not a ShareGPT JSON file: want a JSON array of records")
-    codec, reqs = TextCodec(), list[WorkloadRequest]()
+    words, reqs = LearnedWords(), list[WorkloadRequest]()
     for k, rec in enumerate(records):
         msgs = record_messages(rec) if isinstance(rec, dict) else []
-        prev: int | None = None
-        for j, (role, text) in enumerate(msgs):
-            if len(reqs) >= limit:
-                break
-            if role != "gpt" or j == 0 or msgs[j - 1][0] != "human":
-                continue
-            chat = [(ROLES.get(r, r), t) for r, t in msgs[:j]]
-            prompt = np.asarray(chat_prompt(chat, codec), np.uint32)
-            answer = np.asarray([*codec.encode(text), EOT], np.uint32)
-            reqs.append(WorkloadRequest(prompt, len(answer), answer, f"record {k} turn {j}",
-                                        prev))
+        stream, turns = conversation_requests(msgs, words.tokenize)
+        ids, prev = np.asarray(stream, np.uint32), None
+        for j, (p, o) in enumerate(turns[: max(0, limit - len(reqs))]):
+            reqs.append(WorkloadRequest(ids[:p], o, ids[p : p + o], f"record {k} turn {j}", prev))
             prev = len(reqs) - 1
     if not reqs:
         raise TraceError(f"{path}: no human -> gpt turn in any record")
-    return TraceWorkload(Workload("trace", {"requests": len(reqs)}, reqs, str(path),
-                                  Vocabulary()), None)
+    return TraceWorkload(Workload("trace", {"requests": len(reqs)}, reqs, str(path), words),
+                         None)
 
 
 def trace_workload(source: str, limit: int, hash_block_size: int = MOONCAKE_BLOCK,

@@ -190,8 +190,10 @@ class RequestTracker:
                 return self._finished(e)
             case (ev.NodeCreated() | ev.Extend() | ev.Split() | ev.Merge() | ev.Evict() | ev.Pin()
                   | ev.BlockAlloc() | ev.BlockFree() | ev.Cow() | ev.Watermark() | ev.Snapshot()
-                  | ev.Reset() | ev.Counters() | ev.Fault() | ev.Digest()):
-                pass  # no request starts or ends, no path is touched for one
+                  | ev.Reset() | ev.Counters() | ev.Fault() | ev.Digest() | ev.RequestCached()
+                  | ev.Queue()):
+                pass  # no request starts or ends, no path is touched for one (a request's
+                # early prompt insert, before its RequestCached, is followed by its final one)
             case _:
                 assert_never(e)
         return None

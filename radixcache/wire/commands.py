@@ -6,6 +6,7 @@ A command is one msgpack array whose first item is its tag::
     ["pause"]  ["resume"]  ["reset"]  ["stats"]  ["snapshot"]
     ["watermark", 0.9, 0.8]                      SetWatermark(high, low)
     ["evict", 4096]                              Evict(tokens)
+    ["schedule", "lpm"]                          SetSchedule(policy)
 
 Anything else (unknown tag, wrong field types, trailing garbage) fails to decode and the
 engine answers ``Error``. Replies are ``["ok", message, {name: number|string}]`` or
@@ -14,6 +15,7 @@ engine answers ``Error``. Replies are ``["ok", message, {name: number|string}]``
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import NamedTuple
@@ -66,12 +68,43 @@ class Stats(Command, tag="stats"):
     """Reply with the engine's counters."""
 
 
+class Policy(enum.StrEnum):
+    """A scheduling policy, as ``schedule`` and ``--schedule`` name it (``serving.policy``
+    orders the waiting queue by it)."""
+
+    FCFS = "fcfs"
+    LPM = "lpm"
+    DFS_WEIGHT = "dfs-weight"
+
+    @property
+    def cache_aware(self) -> bool:
+        """True for the policies that match waiting requests against the tree (and hold a
+        request for a running request's insert)."""
+        return self is not Policy.FCFS
+
+    @classmethod
+    def parse(cls, word: str) -> Policy:
+        """The policy named ``word``; ``ValueError`` naming the choices otherwise."""
+        try:
+            return cls(word)
+        except ValueError:
+            names = ", ".join(p.value for p in cls)
+            raise ValueError(f"unknown schedule {word!r}: choose one of {names}") from None
+
+
+class SetSchedule(Command, tag="schedule"):
+    """Order the waiting queue by ``policy`` from the next step on."""
+
+    policy: Policy
+
+
 class TakeSnapshot(Command, tag="snapshot"):
     """Publish a full ``Snapshot`` event in the stream (a keyframe for recorders)."""
 
 
 AnyCommand = (
     StartWorkload | Pause | Resume | SetWatermark | Evict | Reset | Stats | TakeSnapshot
+    | SetSchedule
 )
 
 
@@ -176,6 +209,15 @@ def _watermark(rest: list[str]) -> AnyCommand:
     return SetWatermark(high, low)
 
 
+def _schedule(rest: list[str]) -> AnyCommand:
+    if len(rest) != 1:
+        raise CommandError(f"usage: {CONTROLS['schedule'].usage_line()}")
+    try:
+        return SetSchedule(Policy.parse(rest[0]))
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
 # The control words, in the order help lists them. A first word that is none of these names a
 # workload (``traffic.workloads.WORKLOADS``).
 CONTROLS: Mapping[str, Control] = MappingProxyType({c.word: c for c in (
@@ -187,6 +229,8 @@ CONTROLS: Mapping[str, Control] = MappingProxyType({c.word: c for c in (
     Control("reset", "reset", "empty the cache", _bare(Reset())),
     Control("stats", "stats", "the engine's counters", _bare(Stats())),
     Control("snapshot", "snapshot", "publish a keyframe", _bare(TakeSnapshot())),
+    Control("schedule fcfs|lpm|dfs-weight", "schedule lpm",
+            "order the waiting queue by this policy", _schedule),
 )})
 
 

@@ -12,6 +12,7 @@ used blocks as a counter. Open it at https://ui.perfetto.dev (or chrome://tracin
 
 from __future__ import annotations
 
+import enum
 from array import array
 from collections.abc import Iterable, Iterator
 from typing import assert_never
@@ -37,6 +38,8 @@ def _value(v: object) -> JsonValue:
         return [_value(x) for x in v]
     if v is None or isinstance(v, str | int | float | bool):
         return v
+    if isinstance(v, enum.Enum):
+        return _value(v.value)
     return str(v)
 
 
@@ -101,6 +104,12 @@ def _trace_event(e: ev.AnyEvent, ts: float) -> Iterator[JsonObj]:
             yield _instant(e, base, {"src": e.src, "dst": e.dst, "slots": e.slots})
         case ev.Reset():
             yield _instant(e, base, {})
+        case ev.RequestCached():  # inside its request's span
+            yield {**req, "ph": "n", "cat": "request", "id": e.req, "name": "prompt cached",
+                   "args": {"prompt_tokens": e.prompt_tokens}}
+        case ev.Queue():  # a counter track: how many wait, and why
+            yield {**base, "ph": "C", "name": "queue",
+                   "args": {r.value: n for r, n in e.counts().items()}}
         case (ev.NodeCreated() | ev.Extend() | ev.Pin() | ev.Access() | ev.BlockAlloc()
               | ev.BlockFree() | ev.Snapshot() | ev.Digest() | ev.Counters() | ev.Fault()):
             pass  # not drawn: the jsonl export has them

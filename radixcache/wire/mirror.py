@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixcache.core import events as ev
+from radixcache.core import recency
 from radixcache.core.kinds import exhaustive
+from radixcache.core.recency import Steps
 from radixcache.core.snapshot import structure_digest
 from radixcache.wire.validate import Malformed, MirrorError, check_event, check_snapshot
 
@@ -33,10 +35,11 @@ class MirrorNode:
     start: int
     tokens: bytes
     blocks: list[int]
-    lock: int = 0
+    pins: int = 0  # pins on the paths through it (a Pin event adds to the whole path)
     clock: int = 0
     children: dict[int, MirrorNode] = field(default_factory=dict)
     born: int = 0
+    older: Steps = ()  # where deeper tokens were last used earlier (``core.recency``)
 
     @property
     def end(self) -> int:
@@ -47,6 +50,11 @@ class MirrorNode:
     def num_tokens(self) -> int:
         """Tokens in the node's span."""
         return len(self.tokens) // 4
+
+    @property
+    def tail_clock(self) -> int:
+        """Last access of its deepest tokens: what the LRU orders leaves by."""
+        return recency.tail_clock(self.clock, self.older)
 
 
 @dataclass(slots=True)
@@ -76,15 +84,16 @@ class MirrorStats:
 
 def is_victim(n: MirrorNode) -> bool:
     """What the engine may evict: an unpinned leaf other than the root."""
-    return not n.children and n.lock == 0 and n.parent is not None
+    return not n.children and n.pins == 0 and n.parent is not None
 
 
 def next_victims(mirror: Mirror, limit: int) -> list[tuple[MirrorNode, int]]:
-    """The next ``limit`` eviction victims in the engine's order (unpinned leaves by last
-    access, then id: ``RadixTree.lru_order``), each with its clock as read, in O(n log k).
-    It reads one atomic copy of the node table, so the ingest thread may keep applying; a
-    caller that did not hold the feed's lock re-checks each (``is_victim``, same clock)."""
-    leaves = [(n, n.clock) for n in list(mirror.nodes.values()) if is_victim(n)]
+    """The next ``limit`` eviction victims in the engine's order (unpinned leaves by the last
+    access of their deepest tokens, then id: ``RadixTree.lru_order``), each with that
+    ``tail_clock`` as read, in O(n log k). It reads one atomic copy of the node table, so the
+    ingest thread may keep applying; a caller that did not hold the feed's lock re-checks
+    each (``is_victim``, same tail clock)."""
+    leaves = [(n, n.tail_clock) for n in list(mirror.nodes.values()) if is_victim(n)]
     return heapq.nsmallest(limit, leaves, key=lambda p: (p[1], p[0].id))
 
 
@@ -97,6 +106,7 @@ class Mirror:
         self.watermark: ev.Watermark | None = None
         self.counters: ev.Counters | None = None  # the engine's own, from its heartbeat
         self.fault: ev.Fault | None = None  # a worker thread of the engine died
+        self.queue: ev.Queue | None = None  # the engine's waiting queue, as last sent
         self.version = 0  # bumped on every applied event, never rewound (the UI redraws on change)
         self.seq = 0  # the batch being applied (``apply_batch``; a feed applying event by event
         # sets it) or the snapshot's seq (set by the loader)
@@ -131,14 +141,16 @@ class Mirror:
     def digest(self) -> str:
         """The same hash as ``RadixTree.digest`` over the mirrored state."""
         nodes = self.nodes.values()
-        return structure_digest(nodes, self.request_blocks, {n.id: n.lock for n in nodes})
+        return structure_digest(nodes, self.request_blocks, {n.id: n.pins for n in nodes})
 
     # -- watchers --------------------------------------------------------------------------
     def watch(self, watcher: Callable[[ev.AnyEvent], None]) -> None:
         """Call ``watcher`` after every applied event, and after a snapshot load with the
         snapshot, in the applying thread: it sees each event at the state right after it
-        (an ``Evict`` leaves its node in ``last_evicted``). Watchers run in the order they
-        were added; the stream analysis (``radixcache.analysis.follow``) is one."""
+        (an ``Evict`` leaves the evicted span in ``last_evicted``: the node, or for a tail
+        eviction its tail as a detached node whose parent is the node that stays). Watchers
+        run in the order they were added; the stream analysis (``radixcache.analysis.follow``)
+        is one."""
         self._watchers.append(watcher)
 
     def unwatch(self, watcher: Callable[[ev.AnyEvent], None]) -> None:
@@ -179,7 +191,14 @@ class Mirror:
             watcher(e)
 
     def _access(self, e: ev.Access) -> None:
-        self._path(self.node(e.node), "clock", e.clock)
+        n: MirrorNode | None = self.node(e.node)
+        assert n is not None
+        if e.end is not None and e.end < n.end:  # the rest keeps its older time
+            n.older = recency.stamp(n.clock, n.older, n.end, e.end, e.clock, self.block_size)
+            n.clock, n = e.clock, n.parent
+        while n is not None:
+            n.clock, n.older = e.clock, ()
+            n = n.parent
         self.clock = e.clock
 
     def _pin_event(self, e: ev.Pin) -> None:
@@ -206,6 +225,9 @@ class Mirror:
 
     def _fault(self, e: ev.Fault) -> None:
         self.fault = e
+
+    def _request(self, e: ev.Queue | ev.RequestCached) -> None:  # (rcached: the events
+        self.queue = e if isinstance(e, ev.Queue) else self.queue  # before it did its insert)
 
     def _watermark(self, e: ev.Watermark) -> None:
         self.watermark = e
@@ -244,10 +266,11 @@ class Mirror:
         self.high, self.low, self.clock = s.high, s.low, s.clock
         for st in s.nodes:
             if st.parent < 0:
-                self.root.lock, self.root.clock = st.lock, st.clock
+                self.root.pins, self.root.clock = st.pins, st.clock
                 continue
             parent = self.node(st.parent)
-            n = MirrorNode(st.node, parent, st.start, st.tokens, list(st.blocks), st.lock, st.clock)
+            n = MirrorNode(st.node, parent, st.start, st.tokens, list(st.blocks), st.pins, st.clock,
+                           older=tuple(st.older))
             parent.children[_first(st.tokens, 0)[0]] = n
             self.nodes[n.id] = n
             for b in n.blocks:
@@ -257,15 +280,9 @@ class Mirror:
         self.request_blocks = set(s.request_blocks)
 
     @staticmethod
-    def _path(n: MirrorNode | None, attr: str, value: int) -> None:
-        while n is not None:
-            setattr(n, attr, value)
-            n = n.parent
-
-    @staticmethod
     def _lock(n: MirrorNode | None, delta: int) -> None:
         while n is not None:
-            n.lock += delta
+            n.pins += delta
             n = n.parent
 
     def _create(self, e: ev.NodeCreated) -> None:
@@ -292,26 +309,17 @@ class Mirror:
         if parent is None or not 0 < e.offset < n.num_tokens:
             raise MirrorError(f"bad split of node {e.node} at {e.offset}")
         k = e.offset * 4
-        p = MirrorNode(
-            e.prefix,
-            parent,
-            n.start,
-            n.tokens[:k],
-            list(e.prefix_blocks),
-            n.lock,
-            n.clock,
-            born=self.version,
-        )
+        prefix_older, suffix_clock, suffix_older = recency.split(n.clock, n.older,
+                                                                 n.start + e.offset)
+        p = MirrorNode(e.prefix, parent, n.start, n.tokens[:k], list(e.prefix_blocks), n.pins,
+                       n.clock, born=self.version, older=prefix_older)
+        n.clock, n.older = suffix_clock, suffix_older
         if (n.start + e.offset) % self.block_size:
             self.ref[e.suffix_blocks[0]] += 1
         parent.children[_first(n.tokens, 0)[0]] = p
         p.children[_first(n.tokens, k)[0]] = n
-        n.parent, n.start, n.tokens, n.blocks = (
-            p,
-            n.start + e.offset,
-            n.tokens[k:],
-            list(e.suffix_blocks),
-        )
+        n.parent, n.start, n.tokens, n.blocks = p, n.start + e.offset, n.tokens[k:], list(
+            e.suffix_blocks)
         self.nodes[p.id] = p
         self.stats.splits += 1
 
@@ -325,25 +333,43 @@ class Mirror:
             c.blocks = p.blocks[:-1] + c.blocks
         else:
             c.blocks = p.blocks + c.blocks
+        if e.keeps_times:
+            c.older = recency.join(p.clock, p.older, c.start, c.clock, c.older,
+                                   self.block_size, c.end)
+        c.clock = max(c.clock, p.clock)  # the parent's (older streams: for all its tokens)
         grand.children[_first(p.tokens, 0)[0]] = c
         c.parent, c.start, c.tokens = grand, p.start, p.tokens + c.tokens
-        c.clock = max(c.clock, p.clock)
         del self.nodes[p.id]
         self.stats.merges += 1
 
     def _evict(self, e: ev.Evict) -> None:
         n = self.node(e.node)
-        if n.children or n.parent is None:
-            raise MirrorError(f"evict of non-leaf {e.node}")
-        for b in n.blocks:
-            self.ref[b] -= 1
+        if n.children or n.parent is None or not 0 < e.tokens <= n.num_tokens:
+            raise MirrorError(f"evict of non-leaf {e.node} or of {e.tokens} tokens")
         self.evicted_blocks.update(e.freed)
         self.cow_blocks.difference_update(e.freed)
+        self.stats.evicted_tokens += e.tokens
+        if e.tokens < n.num_tokens:  # schema 4: the leaf gives up its tail and stays
+            self._trim(n, n.end - e.tokens)
+            return
+        for b in n.blocks:
+            self.ref[b] -= 1
         del n.parent.children[_first(n.tokens, 0)[0]]
         del self.nodes[n.id]
         self.last_evicted = n  # its parent link kept: observers read the evicted span's path
         self.stats.evictions += 1
-        self.stats.evicted_tokens += e.tokens
+
+    def _trim(self, n: MirrorNode, end: int) -> None:
+        keep = (end - 1) // self.block_size - n.start // self.block_size + 1
+        if end % self.block_size or keep < 1:
+            raise MirrorError(f"tail eviction of node {n.id} to {end}, not a block boundary")
+        for b in n.blocks[keep:]:
+            self.ref[b] -= 1
+        cut = (end - n.start) * 4
+        # observers read the evicted span's path: the tail, hanging from the node that stays
+        self.last_evicted = MirrorNode(n.id, n, end, n.tokens[cut:], n.blocks[keep:])
+        n.tokens, n.blocks = n.tokens[:cut], n.blocks[:keep]
+        n.older = recency.trim(n.older, end)
 
 
 # One handler per event kind: a dict lookup instead of a chain of isinstance tests.
@@ -363,10 +389,12 @@ _HANDLERS: Mapping[type, Callable[[Mirror, Any], None]] = exhaustive(
         ev.Watermark: Mirror._watermark,
         ev.RequestStart: Mirror._request_start,
         ev.RequestFinish: Mirror._request_finish,
+        ev.RequestCached: Mirror._request,
         ev.Snapshot: Mirror._load,
         ev.Reset: Mirror._reset_event,
         ev.Digest: Mirror._digest,
         ev.Counters: Mirror._counters,
         ev.Fault: Mirror._fault,
+        ev.Queue: Mirror._request,
     }
 )

@@ -87,7 +87,7 @@ def mirror_snapshot(mirror: Mirror) -> ev.Snapshot:
     while stack:
         n = stack.pop()
         nodes.append(ev.NodeState(n.id, n.parent.id if n.parent else -1, n.start, n.tokens,
-                                  list(n.blocks), n.lock, n.clock))
+                                  list(n.blocks), n.pins, n.clock, n.older))
         stack.extend(n.children.values())
     return ev.Snapshot(mirror.block_size, mirror.num_blocks, nodes, mirror.clock,
                        max(mirror.nodes) + 1, sorted(mirror.request_blocks),

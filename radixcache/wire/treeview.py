@@ -50,7 +50,7 @@ def preview(n: MirrorNode, vocab: TokenText, tokens: int = PREVIEW_TOKENS) -> st
 
 def node_label(n: MirrorNode, vocab: TokenText) -> str:
     """One node as a line: ``n12 [40 tok] "you are a …" 3 blocks b4-6 r1``."""
-    return f"n{n.id} [{n.num_tokens} tok] {preview(n, vocab)} {block_ranges(n.blocks)} r{n.lock}"
+    return f"n{n.id} [{n.num_tokens} tok] {preview(n, vocab)} {block_ranges(n.blocks)} r{n.pins}"
 
 
 class Line(NamedTuple):

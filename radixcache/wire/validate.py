@@ -159,8 +159,11 @@ def _node_state(st: ev.NodeState, num_blocks: int, seen: Mapping[int, int]) -> N
     if st.parent not in seen:
         raise Malformed(f"{what}: parent {st.parent} not listed before it")
     _int(st.start, f"{what} start")
-    _int(st.lock, f"{what} lock", 0, MAX_DELTA)
+    _int(st.pins, f"{what} pins", 0, MAX_DELTA)
     _int(st.clock, f"{what} clock")
+    for pos, clock in st.older:  # schema 4: the node's older access times
+        _int(pos, f"{what} older position")
+        _int(clock, f"{what} older clock")
     _tokens(st.tokens, what)
     _blocks(st.blocks, num_blocks, what)
 
@@ -243,6 +246,8 @@ def _access(e: ev.Access, n: int) -> None:
     if not (0 <= e.node <= MAX_INT and 0 <= e.clock <= MAX_INT):
         _int(e.node, "access node")
         _int(e.clock, "access clock")
+    if e.end is not None:  # schema 4: the use ended inside the node
+        _int(e.end, "access end")
 
 
 def _alloc(e: ev.BlockAlloc | ev.BlockFree, n: int) -> None:
@@ -265,6 +270,26 @@ def _text(e: ev.Digest | ev.Fault, n: int) -> None:
         raise Malformed(f"{type(e).__name__} text of {len(text):,} characters")
 
 
+def _cached(e: ev.RequestCached, n: int) -> None:
+    _int(e.req, "rcached request")
+    _int(e.prompt_tokens, "rcached prompt tokens")
+
+
+def _queue(e: ev.Queue, n: int) -> None:
+    if len(e.policy) > MAX_TEXT:
+        raise Malformed(f"queue policy of {len(e.policy):,} characters")
+    _int(e.step, "queue step")
+    _int(e.waiting, "queue waiting")
+    for w in e.entries:
+        _int(w.req, "queue request")
+        _int(w.queued, "queue queued", 0, e.step)
+        _int(w.shared, "queue shared tokens")
+        if w.on_req is not None:
+            _int(w.on_req, "queue on request")
+        if w.node is not None:
+            _int(w.node, "queue node")
+
+
 def _fields_only(e: ev.AnyEvent, n: int) -> None:
     """Heartbeats and request events name no block, node or token run: their fields were
     typed by the decoder and the mirror only stores or sums them."""
@@ -284,6 +309,8 @@ _CHECKS: Mapping[type, Callable[[Any, int], None]] = exhaustive("wire.validate",
     ev.Snapshot: _snapshot,
     ev.Digest: _text,
     ev.Fault: _text,
+    ev.Queue: _queue,
+    ev.RequestCached: _cached,
     ev.Watermark: _fields_only,
     ev.RequestStart: _fields_only,
     ev.RequestFinish: _fields_only,

@@ -60,20 +60,29 @@ class KVTranslator:
                     self.mirror.apply(e)
                     self._keep(e.child, hashes)
                 case ev.Evict():
-                    self.mirror.apply(e)
-                    if removed := self.node_hashes.pop(e.node, []):
-                        out.append(BlockRemoved(removed))
+                    self._evict(e, out)
                 case ev.Reset() | ev.Snapshot():
                     self._restart(e, out)
                 case ev.Digest():
                     pass  # the mirror's digest check is not needed here
                 case (ev.Pin() | ev.Access() | ev.BlockAlloc() | ev.BlockFree() | ev.Cow()
                       | ev.Watermark() | ev.RequestStart() | ev.RequestFinish() | ev.Counters()
-                      | ev.Fault()):
+                      | ev.Fault() | ev.RequestCached() | ev.Queue()):
                     self.mirror.apply(e)  # no full block is stored or removed
                 case _:
                     assert_never(e)
         return out
+
+    def _evict(self, e: ev.Evict, out: list[WireEvent]) -> None:
+        """The evicted leaf's full blocks are removed; after a tail eviction (schema 4) the
+        node stays and keeps the hashes of the full blocks it still ends past."""
+        hashes = self.node_hashes.pop(e.node, [])
+        self.mirror.apply(e)
+        left = self.mirror.nodes.get(e.node)
+        keep = 0 if left is None else left.end // self.B - left.start // self.B
+        self._keep(e.node, hashes[:keep])
+        if hashes[keep:]:
+            out.append(BlockRemoved(hashes[keep:]))
 
     def _keep(self, node: int, hashes: list[int]) -> None:
         if hashes:

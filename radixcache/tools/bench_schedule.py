@@ -1,0 +1,142 @@
+"""``radixcache bench engine --schedule fcfs,lpm,dfs-weight``: the demo's mix served under each
+scheduling policy, on the tiny model, as ``radixcache demo`` serves it.
+
+Each pass starts a fresh engine (``ServiceLoop`` steps it, as ``serve`` does) and submits the
+mix's workloads as the demo's ``MixLoop`` does: round after round with the next seed, one every
+``interval_s`` seconds unless ``MAX_QUEUED`` requests wait; then it waits for every request.
+The batches it published are kept and followed afterwards (``analysis.follow.Follower``, out
+of the engine's way): the measured hit rate beside the sequential what-if curve at the same
+pool, and the tokens missed because another running request was computing them ("in
+flight"). Every request's output tokens are compared with the first policy's: reordering must
+never change an answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from radixcache.analysis.follow import Follower
+from radixcache.analysis.misses import Cause
+from radixcache.core import events as ev
+from radixcache.serving.engine import Engine, EngineConfig, RequestResult, percentiles
+from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
+from radixcache.serving.policy import Policy
+from radixcache.serving.requests import WorkloadRun
+from radixcache.tools.demo import MAX_QUEUED
+from radixcache.traffic.workloads import Workload, build_workload
+from radixcache.wire.mirror import Mirror
+
+Progress = Callable[[int, int], None]
+
+
+class PolicyFigures(NamedTuple):
+    """One pass of the mix under one policy."""
+
+    policy: Policy
+    requests: int
+    failed: int
+    hit_rate: float  # measured: hit tokens over prompt tokens of the finished requests
+    curve_hit_rate: float  # the sequential LRU curve of the same requests at the same pool
+    in_flight_tokens: int
+    queue_wait_ms: tuple[float, float]  # p50, p99
+    ttft_ms: tuple[float, float]
+    requests_per_s: float  # finished requests over the wall time from first submit to last
+    wall_s: float
+    cpu_s: float  # CPU time of this process over the pass (less noisy on a shared machine)
+    held: int  # requests held for a running request's insert
+    aged: int  # requests that reached the aging bound
+    outputs: list[list[int] | None]  # per request of the mix, in order (None: failed)
+
+
+def mix_workloads(mix: Sequence[str], rounds: int) -> list[Workload]:
+    """``rounds`` rounds of ``mix`` (workload lines as typed in the inspector), round r with
+    ``--seed r``, as the demo sends them."""
+    out = []
+    for r in range(rounds):
+        for line in mix:
+            name, *args = line.split()
+            out.append(build_workload(name, [*args, "--seed", str(r)]))
+    return out
+
+
+def policy_pass(workloads: list[Workload], interval_s: float, cfg: EngineConfig,
+                progress: Progress) -> PolicyFigures:
+    """Serve ``workloads`` (one every ``interval_s``) on a fresh engine under ``cfg``."""
+    engine = Engine(cfg)
+    batches: list[ev.Batch] = []
+    loop = ServiceLoop(engine, BatchSink(batches.append), LoopConfig(0, float("inf"))).start()
+    total = sum(len(w.requests) for w in workloads)
+    runs: list[WorkloadRun] = []
+    t0, cpu0, sent = time.perf_counter(), time.process_time(), -interval_s
+    while True:
+        now = time.perf_counter() - t0
+        if len(runs) < len(workloads) and now - sent >= interval_s \
+                and len(engine.scheduler) < MAX_QUEUED:
+            runs.append(engine.run_workload(workloads[len(runs)]))
+            sent = now
+            loop.wake()
+        done = sum(h.done() for run in runs for h in run.handles)
+        progress(done, total)
+        if len(runs) == len(workloads) and done == total:
+            break
+        time.sleep(0.02)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    loop.close()
+    outcomes = [o for run in runs for o in run.wait(0)]
+    return _figures(cfg, engine, batches, outcomes, (wall, cpu))
+
+
+def _figures(cfg: EngineConfig, engine: Engine, batches: list[ev.Batch],
+             outcomes: Sequence[RequestResult | Exception],
+             times: tuple[float, float]) -> PolicyFigures:
+    mirror = Mirror(cfg.block_size, cfg.num_blocks)
+    follower = Follower(mirror)
+    for b in batches:
+        mirror.apply_batch(b)
+    done = [o for o in outcomes if isinstance(o, RequestResult)]
+    curve, (wall, cpu) = follower.curve, times
+    return PolicyFigures(
+        cfg.schedule, len(outcomes), len(outcomes) - len(done), curve.measured_rate,
+        curve.curve().hit_rate_at(curve.capacity_tokens),
+        follower.misses.totals()[Cause.IN_FLIGHT.value],
+        percentiles([r.metrics.queue_ms for r in done]),
+        percentiles([r.metrics.ttft_ms for r in done]),
+        len(done) / wall if wall else 0.0, wall, cpu, engine.scheduler.held,
+        engine.scheduler.aged,
+        [o.tokens if isinstance(o, RequestResult) else None for o in outcomes])
+
+
+Figures = dict[str, float | int | bool]
+
+
+def policy_report(f: PolicyFigures, first: PolicyFigures) -> Figures:
+    """One policy's keys of the JSON report; ``outputs_equal``: every request finished with
+    the same output tokens as under ``first``."""
+    return {
+        "hit_rate": round(f.hit_rate, 4),
+        "curve_hit_rate": round(f.curve_hit_rate, 4),
+        "in_flight_tokens": f.in_flight_tokens,
+        "queue_wait_ms_p50": round(f.queue_wait_ms[0], 2),
+        "queue_wait_ms_p99": round(f.queue_wait_ms[1], 2),
+        "ttft_ms_p50": round(f.ttft_ms[0], 2),
+        "ttft_ms_p99": round(f.ttft_ms[1], 2),
+        "requests_per_s": round(f.requests_per_s, 2),
+        "outputs_equal": f.outputs == first.outputs and None not in f.outputs,
+        "failed": f.failed,
+        "held_for_sharing": f.held,
+        "aged": f.aged,
+        "wall_s": round(f.wall_s, 2),
+        "requests_per_cpu_s": round(f.requests / f.cpu_s, 2) if f.cpu_s else 0.0,
+    }
+
+
+def report(figures: list[PolicyFigures], mix: Sequence[str], rounds: int,
+           blocks: int) -> dict[str, object]:
+    """The JSON report: the mix, then each policy's ``policy_report`` under its name."""
+    out: dict[str, object] = {"mix": list(mix), "rounds": rounds, "blocks": blocks,
+                              "requests": figures[0].requests}
+    for f in figures:
+        out[f.policy.value] = policy_report(f, figures[0])
+    return out

@@ -1,0 +1,240 @@
+"""Scheduling policies (fcfs, lpm, dfs-weight), in-batch prefix sharing, aging, the queue's
+visibility (``Queue`` events, ``stats``) and the one thing reordering must never do: change an
+answer."""
+
+from __future__ import annotations
+
+from array import array
+
+import msgspec
+import numpy as np
+import pytest
+
+from radixcache.core import events as ev
+from radixcache.core.nodes import NodeId, RadixNode
+from radixcache.serving.engine import Engine, EngineConfig, RequestHandle, RequestResult
+from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
+from radixcache.serving.model import ModelConfig
+from radixcache.serving.policy import Candidate, Policy, ordered
+from radixcache.traffic.workloads import build_workload
+from radixcache.wire import commands as cmd
+from radixcache.wire.mirror import Mirror
+from radixcache.wire.validate import Malformed, check_event
+
+SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
+
+
+def _engine(policy: Policy, *, blocks: int = 64, step_tokens: int = 64, running: int = 64,
+            max_wait: int = 64) -> Engine:
+    return Engine(EngineConfig(num_blocks=blocks, model=SMALL, schedule=policy,
+                               max_step_tokens=step_tokens, max_running=running,
+                               max_wait_steps=max_wait))
+
+
+def _words(seed: int, n: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 100_000, n).tolist()
+
+
+def _node(nid: int, parent: RadixNode | None) -> RadixNode:
+    return RadixNode(NodeId(nid), parent, 0, 0, b"", array("i"))
+
+
+def test_lpm_and_dfs_weight_orders() -> None:
+    """lpm: most cached first, ties in arrival order. dfs-weight: the heavier subtree first,
+    a node's own requests after its subtree's (root -> a(3) -> b(2); root -> c(2))."""
+    root = _node(0, None)
+    a, c = _node(1, root), _node(3, root)
+    b = _node(2, a)
+    at = [c, b, a, b, c]
+    cands = [Candidate(i, n, cached) for i, (n, cached) in enumerate(zip(at, [30, 50, 20, 50, 10],
+                                                                        strict=True))]
+    assert [x.position for x in ordered(Policy.FCFS, cands)] == [0, 1, 2, 3, 4]
+    assert [x.position for x in ordered(Policy.LPM, cands)] == [1, 3, 0, 2, 4]
+    assert [x.position for x in ordered(Policy.DFS_WEIGHT, cands)] == [1, 3, 2, 0, 4]
+    assert Policy.parse("dfs-weight") is Policy.DFS_WEIGHT
+    with pytest.raises(ValueError, match="unknown schedule 'sjf': choose one of fcfs, lpm, dfs"):
+        Policy.parse("sjf")
+
+
+def _queue_events(engine: Engine) -> list[ev.Queue]:
+    return [e for e in engine.take_events() if isinstance(e, ev.Queue)]
+
+
+def _sharing_pair(engine: Engine) -> tuple[RequestHandle, RequestHandle]:
+    """A (200 shared + 10 own tokens) admitted and prefilling 64 tokens a step; then B
+    (the same 200 + 10 others) arrives."""
+    shared = _words(1, 200)
+    a = engine.submit(shared + _words(2, 10), 4)
+    engine.step()
+    b = engine.submit(shared + _words(3, 10), 4)
+    return a, b
+
+
+def test_a_request_waits_for_the_insert_of_the_prefix_a_running_request_computes() -> None:
+    engine = _engine(Policy.LPM)
+    a, b = _sharing_pair(engine)
+    engine.take_events()
+    engine.step()  # A has computed 128 of 210: B is held, and says why
+    held = ev.Waiting(1, ev.WaitReason.SHARING, 1, on_req=0, node=0, shared=200)
+    assert _queue_events(engine) == [ev.Queue("lpm", 2, 1, [held])]
+    stats = engine.stats()
+    assert (stats.schedule, stats.waiting_sharing, stats.held_for_sharing) == ("lpm", 1, 1)
+    figures = stats.figures()
+    assert (figures["schedule"], figures["waiting_sharing"], figures["waiting_order"]) == (
+        "lpm", 1, 0)
+    engine.step()
+    engine.step()  # A's prefill ends: its prompt is inserted while it decodes
+    assert any(isinstance(e, ev.RequestCached) and e.req == 0 for e in engine.take_events())
+    engine.step()  # B reads the 200 tokens A computed
+    while not (a.done() and b.done()):
+        engine.step()
+    assert (b.result().metrics.hit_tokens, b.result().metrics.queue_ms > 0) == (200, True)
+    assert _queue_events(engine)[-1] == ev.Queue("lpm", 5, 0, [])  # B admitted at step 5
+    engine.tree.check()
+
+
+def test_fcfs_computes_the_shared_prefix_twice() -> None:
+    engine = _engine(Policy.FCFS)
+    a, b = _sharing_pair(engine)
+    while not (a.done() and b.done()):
+        engine.step()
+    assert (a.result().metrics.hit_tokens, b.result().metrics.hit_tokens) == (0, 0)
+    assert engine.scheduler.held == 0
+
+
+def test_a_hold_ends_at_the_aging_bound() -> None:
+    """A held request is admitted once it waited ``max_wait_steps`` steps, even though the
+    prefix it waits for is still being computed (then it computes it itself)."""
+    engine = _engine(Policy.LPM, max_wait=2)
+    a, b = _sharing_pair(engine)
+    engine.step()
+    assert engine.scheduler.entries()[0].reason is ev.WaitReason.SHARING
+    engine.step()  # waited 2 steps: aged, admitted before A's prompt is in the tree
+    assert (len(engine.scheduler), engine.scheduler.aged) == (0, 1)
+    while not (a.done() and b.done()):
+        engine.step()
+    assert b.result().metrics.hit_tokens == 0
+
+
+def _flood(max_wait: int, steps: int) -> tuple[int | None, int]:
+    """lpm, one request running at a time: a lone request with nothing cached, then one
+    request behind a cached prefix arriving every step (lpm always prefers them). Returns the
+    step the lone request started at (None: never) and the step it was queued at."""
+    engine = _engine(Policy.LPM, blocks=256, running=1, max_wait=max_wait)
+    prefix = _words(5, 64)
+    first = engine.submit(prefix + _words(6, 4), 1)
+    while not first.done():
+        engine.step()
+    lone = engine.submit(_words(7, 40), 1)
+    queued = engine.scheduler.steps
+    for i in range(steps):
+        engine.submit(prefix + _words(100 + i, 8), 1)
+        engine.step()
+        if lone.done():
+            return queued + i + 1, queued
+    return None, queued
+
+
+def test_nothing_starves_under_a_flood() -> None:
+    started, queued = _flood(max_wait=5, steps=30)
+    assert started == queued + 5
+    assert _flood(max_wait=10_000, steps=30)[0] is None  # without aging it would starve
+
+
+def _serve_mix(policy: Policy) -> tuple[list[list[int]], int, int]:
+    """A mixed workload under ``policy``: every request's output tokens, the hit tokens and
+    how many requests were held for sharing."""
+    engine = _engine(policy, blocks=512, step_tokens=96)
+    runs = [engine.run_workload(build_workload(name, args)) for name, args in (
+        ("system", ["8", "64"]), ("fork", ["4"]), ("tot", ["2", "2"]), ("flood", ["6"]),
+        ("system", ["6", "48", "--seed", "1"]))]
+    handles = [h for run in runs for h in run.handles]
+    while not all(h.done() for h in handles):
+        engine.step()
+    results = [h.result() for h in handles]
+    assert all(isinstance(r, RequestResult) for r in results)
+    engine.tree.check()
+    return ([r.tokens for r in results], sum(r.metrics.hit_tokens for r in results),
+            engine.scheduler.held)
+
+
+def test_every_policy_gives_every_request_the_same_answer() -> None:
+    fcfs, fcfs_hits, _ = _serve_mix(Policy.FCFS)
+    for policy in (Policy.LPM, Policy.DFS_WEIGHT):
+        tokens, hits, held = _serve_mix(policy)
+        assert tokens == fcfs  # every request, token for token (greedy decoding)
+        assert held > 0 and hits > fcfs_hits  # the orders did differ, and reused more
+
+
+def test_the_schedule_command_and_the_heartbeat() -> None:
+    engine = _engine(Policy.FCFS)
+    loop = ServiceLoop(engine, BatchSink(lambda _: None), LoopConfig(0, float("inf")))
+    assert loop.command_line("schedule dfs-weight") == (
+        "schedule dfs-weight: the waiting queue is ordered by it from the next step")
+    assert engine.scheduler.policy is Policy.DFS_WEIGHT
+    assert engine.counters().schedule == "dfs-weight"
+    assert loop.command_line("schedule lpm x") == (
+        "error: usage: schedule fcfs|lpm|dfs-weight (e.g. schedule lpm)")
+    assert cmd.decode_command(cmd.encode_command(cmd.SetSchedule(Policy.LPM))) == (
+        cmd.SetSchedule(Policy.LPM))
+    with pytest.raises(cmd.CommandError, match="not a command"):
+        cmd.decode_command(msgspec.msgpack.encode(["schedule", "sjf"]))
+    loop.close()
+
+
+def test_pause_says_every_waiting_request_is_paused() -> None:
+    engine = _engine(Policy.LPM, running=1)
+    engine.submit(_words(1, 20), 2)
+    engine.submit(_words(2, 20), 2)
+    engine.step()
+    assert [w.reason for w in engine.scheduler.entries()] == [ev.WaitReason.BATCH]
+    engine.take_events()
+    engine.pause()
+    assert _queue_events(engine) == [
+        ev.Queue("lpm", 1, 1, [ev.Waiting(1, ev.WaitReason.PAUSED, 0)])]
+
+
+def test_queue_and_rcached_events_travel_validate_and_reach_the_mirror() -> None:
+    q = ev.Queue("lpm", 9, 3, [ev.Waiting(4, ev.WaitReason.SHARING, 7, 2, 5, 64),
+                               ev.Waiting(6, ev.WaitReason.POOL, 8)])
+    batch = ev.Batch(1, 1, 0.0, "t", [q, ev.RequestCached(2, 300)])
+    back = ev.decode_batch(ev.encode_batch(batch))
+    assert back == batch
+    for e in back.events:
+        check_event(e, 64)
+    with pytest.raises(Malformed, match=r"queue queued 10 out of range \[0, 9\]"):
+        check_event(ev.Queue("lpm", 9, 1, [ev.Waiting(4, ev.WaitReason.ORDER, 10)]), 64)
+    m = Mirror(16, 64)
+    m.apply_batch(back)
+    assert m.queue == q
+    assert q.counts() == {ev.WaitReason.ORDER: 1, ev.WaitReason.SHARING: 1,
+                          ev.WaitReason.POOL: 1, ev.WaitReason.BATCH: 0,
+                          ev.WaitReason.PAUSED: 0}
+
+
+def test_a_schema_3_heartbeat_without_schedule_still_reads() -> None:
+    """Schema 5 added ``Counters.schedule``; a schema 3 or 4 stream's Counters has 12 fields."""
+    old = {"seq": 1, "epoch": 1, "ts": 0.0, "engine": "schema-3",
+           "events": [["counters", 0, 5, 4, 0, 100, 60, 0, 0, 0, 1, 0, False]]}
+    batch = ev.decode_batch(msgspec.msgpack.encode(old))
+    assert batch.events == [ev.Counters(0, 5, 4, 0, 100, 60, 0, 0, 0, 1, 0, False)]
+    assert batch.events[0].schedule is None  # type: ignore[union-attr]
+
+
+def test_an_early_insert_of_a_prompt_already_cached_copies_its_boundary_block() -> None:
+    """Two equal 20-token prompts (under the sharing threshold) prefill in the same step; the
+    second one's early insert finds the first's prompt cached and continued in place in its
+    last block, so its decode lease copies that block's 4 prompt slots (COW). Under fcfs both
+    insert at the finish, the second a duplicate of the first: no copy. Same answers."""
+    outputs = []
+    for policy in (Policy.FCFS, Policy.LPM):
+        engine = _engine(policy)
+        prompt = _words(9, 20)
+        a, b = engine.submit(prompt, 4), engine.submit(prompt, 4)
+        while not (a.done() and b.done()):
+            engine.step()
+        engine.tree.check()
+        outputs.append((a.result().tokens, b.result().tokens, engine.tree.stats.cow_copies))
+    (fa, fb, fcows), (la, lb, lcows) = outputs
+    assert (la, lb) == (fa, fb) and fa == fb
+    assert (fcows, lcows) == (0, 1)
