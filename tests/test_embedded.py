@@ -62,11 +62,3 @@ def test_the_loop_steps_and_answers_commands_while_a_frame_holds_the_feed_lock()
     finally:
         src.stop()
 
-
-def test_bench_tui_embedded_runs_every_phase_through_the_loop_and_the_feed_thread() -> None:
-    from inspector.bench import Path, run_bench
-    from radixcache.serving.driver import TreeDriver
-
-    r = run_bench(TreeDriver(16_384), 5_000, 0.2, path=Path.EMBEDDED)
-    assert (r.path, r.commands, r.fidelity_violations) == ("embedded", 10, 0)
-    assert r.fidelity_frames >= 100 and r.nodes >= 5_000
