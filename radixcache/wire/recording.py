@@ -36,7 +36,6 @@ import msgspec
 from radixcache.core import events as ev
 from radixcache.wire.mirror import Mirror, MirrorError
 from radixcache.wire.recformat import (
-    ENC,
     FORMAT_VERSION,
     FRAME,
     MAGIC,
@@ -56,7 +55,6 @@ from radixcache.wire.recwriter import RecordingWriter
 from radixcache.wire.validate import Malformed, decode_batch
 
 MAX_FILE_BYTES = 64 * 1024**3  # the reader refuses larger files (it streams; this bounds a scan)
-_PRELUDE, _FRAME, _TAIL, _ENC = PRELUDE, FRAME, TAIL, ENC
 
 
 class Damage(NamedTuple):
@@ -73,7 +71,6 @@ class Record(NamedTuple):
     item: ev.Batch | Keyframe
 
 
-_ENC = msgspec.msgpack.Encoder(enc_hook=ev.enc_hook)
 _HEADER = msgspec.msgpack.Decoder(RecordHeader)
 _KEYFRAME = msgspec.msgpack.Decoder(Keyframe)
 _INDEX = msgspec.msgpack.Decoder(list[KeyframeRef])
