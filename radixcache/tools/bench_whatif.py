@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import msgspec
 import numpy as np
 
 from radixcache.analysis.answers import FRACTIONS, capacity_for
@@ -29,7 +28,7 @@ from radixcache.analysis.replay import Policy, ReplayCache, replay
 from radixcache.analysis.stackdist import Curve
 from radixcache.analysis.whatif import one_pass
 from radixcache.tools.bench_whatif_scale import peak_rss_mb as _peak_rss_mb
-from radixcache.traffic.mooncake import generate_mooncake, read_mooncake
+from radixcache.traffic.mooncake import read_mooncake, write_mooncake
 from radixcache.traffic.traces import (
     MOONCAKE_BLOCK,
     Access,
@@ -163,10 +162,7 @@ def mooncake(requests: int, seed: int, checks: int) -> Figures:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "mooncake.jsonl"
         t0 = time.perf_counter()
-        enc = msgspec.json.Encoder()
-        with path.open("wb") as f:
-            for rec in generate_mooncake(requests, seed):
-                f.write(enc.encode(rec) + b"\n")
+        write_mooncake(path, requests, seed)
         gen_s = time.perf_counter() - t0
         cmd = [sys.executable, "-m", "radixcache.tools.bench_whatif", str(path), str(checks)]
         done = subprocess.run(cmd, capture_output=True, check=True)

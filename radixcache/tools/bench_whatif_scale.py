@@ -20,12 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import msgspec
 import numpy as np
 
 from radixcache.analysis.hashstack import HashStack
 from radixcache.analysis.stackdist import Curve
-from radixcache.traffic.mooncake import generate_mooncake, generate_runs
+from radixcache.traffic.mooncake import generate_runs, write_mooncake
 from radixcache.traffic.mooncake_scan import scan_chunk
 from radixcache.traffic.traces import MOONCAKE_BLOCK
 
@@ -130,10 +129,7 @@ def run_scale(requests: int, seed: int, rate: float) -> Figures:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "mooncake.jsonl"
         t0 = time.perf_counter()
-        enc = msgspec.json.Encoder()
-        with path.open("wb") as f:
-            for rec in generate_mooncake(requests, seed):
-                f.write(enc.encode(rec) + b"\n")
+        write_mooncake(path, requests, seed)
         fig["write_seconds"] = time.perf_counter() - t0
         exact = _child("file", str(path), "1")
         sample = _child("file", str(path), str(rate))

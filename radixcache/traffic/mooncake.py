@@ -248,3 +248,11 @@ def generate_mooncake(n: int, seed: int) -> Iterator[dict[str, object]]:
             yield {"timestamp": round(t), "input_length": int(runs.tokens[i]),
                    "output_length": int(outs[i]), "hash_ids": runs.ids[start:end].tolist()}
             start = end
+
+
+def write_mooncake(path: Path, n: int, seed: int) -> None:
+    """Write ``generate_mooncake(n, seed)`` to ``path`` as a Mooncake-format JSONL file."""
+    enc = msgspec.json.Encoder()
+    with path.open("wb") as f:
+        for rec in generate_mooncake(n, seed):
+            f.write(enc.encode(rec) + b"\n")
