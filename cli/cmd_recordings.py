@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import os
 import sys
 import tempfile
@@ -171,7 +172,12 @@ def _requests_bar(total: int) -> Iterator[Callable[[ev.Batch], None]]:
 def _record_live(endpoint: str, out: Path, seconds: float, every: int,
                  curve: ClientCurve | None) -> None:
     rec = LiveRecorder(Endpoints.from_events(endpoint), out, keyframe_every=every, curve=curve)
-    r = rec.run_for(seconds)
+    try:
+        r = rec.run_for(seconds)
+    finally:
+        # the stream's thread may still hold a huge frame (a 48 MB block list: 10M objects);
+        # the interpreter's exit would walk them in several GC passes (4 s at load 5)
+        gc.freeze()
     if r.failed:
         raise CliError(r.failed)
     if not r.synced:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import threading
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from radixcache.wire.endpoints import Endpoints, u64
 from radixcache.wire.mirror import Mirror
 from radixcache.wire.recorder import LiveRecorder
 from radixcache.wire.recording import Keyframe, RecordingError, RecordingReader, RecordingWriter
-from tests.helpers.hostile import FakeEngine, encode
+from tests.helpers.hostile import FakeEngine, TreeFeed, encode
 from tests.helpers.stream import drive, make_source, prompts, serving, wait_for
 
 
@@ -216,7 +217,6 @@ def test_record_from_a_dead_port_fails_on_stderr(tmp_path, capsys):
 # -- issue 24 item 4: a stream it cannot sync is said so, on stderr and in the file ------------
 def test_record_from_a_stream_with_a_gap_never_replayed_says_what_it_missed(tmp_path, capsys):
     from radixcache.serving.cluster import free_port_run
-    from tests.helpers.hostile import TreeFeed
 
     engine, feed = FakeEngine(free_port_run(3)), TreeFeed()
     out = tmp_path / "gap.rcx"
@@ -252,3 +252,89 @@ def test_record_from_a_stream_with_a_gap_never_replayed_says_what_it_missed(tmp_
     assert note is not None
     assert (note.batches, note.events, note.gaps, note.state, note.complete) == (
         0, 0, 1, "replay", False)
+
+
+# -- issue 24: record --from honours --seconds: no wait in stop() outlasts STOP_WAIT_S --------
+def _synced_recorder(engine: FakeEngine, out: Path) -> tuple[LiveRecorder, TreeFeed]:
+    feed = TreeFeed()
+    rec = LiveRecorder(engine.endpoints, out)
+    rec.start()
+    engine.wait_subscribed()
+    ident, (_, req) = engine.request()
+    engine.reply(ident, *feed.snapshot_frames(req))
+    assert rec.subscriber.wait_synced(10)
+    return rec, feed
+
+
+def test_stop_returns_while_the_stream_thread_is_stuck_in_a_frame_and_says_so(tmp_path):
+    """A frame that keeps the subscriber's thread busy past the deadline (a lock storm on a
+    deep chain, a 48 MB block list) was left out without a word: 0 batches, complete."""
+    engine, out = FakeEngine(), tmp_path / "busy.rcx"
+    entered, release = threading.Event(), threading.Event()
+    released_by_test: list[bool] = []
+
+    def stuck(e: ev.AnyEvent) -> None:  # the thread applying the frame cannot go on
+        if isinstance(e, ev.NodeCreated) and not entered.is_set():
+            entered.set()
+            released_by_test.append(release.wait(60))
+
+    try:
+        rec, feed = _synced_recorder(engine, out)
+        rec.mirror.watch(stuck)
+        engine.publish(feed.batch())
+        assert entered.wait(10)
+        result = rec.stop()  # would wait as long as the frame takes (60 s here)
+        release.set()
+    finally:
+        release.set()
+        engine.close()
+    assert wait_for(lambda: released_by_test)
+    assert released_by_test == [True]  # stop() returned while the thread was still stuck
+    assert result.note is not None and result.failed == ""
+    note = result.note
+    assert (note.batches, note.events, note.complete) == (0, 0, False)
+    assert note.last_error == ("the stream's thread was still busy with a frame when the time "
+                               "was up (not in the file)")
+    with RecordingReader(out) as reader:
+        assert reader.capture_note() == note
+
+
+def test_stop_returns_while_a_keyframe_write_is_blocked_and_says_there_is_no_note(tmp_path):
+    """The recorder writes a keyframe while holding its lock; a write that blocks (a FIFO no
+    one reads; a slow disk) must not hold stop() past its bound."""
+    engine, out = FakeEngine(), tmp_path / "fifo.rcx"
+    os.mkfifo(out)
+    reader_fd = os.open(out, os.O_RDONLY | os.O_NONBLOCK)  # opened, never read: writes block
+    stopped = threading.Event()
+    drained_after_stop: list[bool] = []
+
+    recs: list[LiveRecorder] = []
+
+    def drain() -> None:  # after stop() returned (or 60 s): the blocked write completes
+        drained_after_stop.append(stopped.wait(60))
+        while not (recs and recs[0].keyframes == 1):  # until that write returned
+            if select.select([reader_fd], [], [], 0.1)[0] and not os.read(reader_fd, 1 << 16):
+                break
+        os.close(reader_fd)
+
+    feed = TreeFeed(num_blocks=4096)
+    for _ in range(400):  # a snapshot of 160 KB: more than the pipe's 64 KiB buffer
+        feed.batch(requests=4)
+    drainer = threading.Thread(target=drain)
+    drainer.start()
+    try:
+        rec = LiveRecorder(engine.endpoints, out).start()
+        recs.append(rec)
+        engine.wait_subscribed()
+        ident, (_, req) = engine.request()
+        engine.reply(ident, *feed.snapshot_frames(req))
+        assert wait_for(lambda: rec.writer is not None)
+        result = rec.stop()  # was: waited for the keyframe's write, for ever
+    finally:
+        stopped.set()
+        drainer.join()
+        engine.close()
+    assert drained_after_stop == [True]
+    assert (result.synced, result.note) == (True, None)
+    assert result.failed == (f"{out}: the stream's thread was still writing a keyframe when "
+                             f"the time was up: the file has no capture note")

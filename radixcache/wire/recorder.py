@@ -29,7 +29,9 @@ from radixcache.wire.recording import (
 from radixcache.wire.security import ClientCurve
 from radixcache.wire.subscriber import State, Subscriber
 
-STOP_WAIT_S = 1.0
+STOP_WAIT_S = 0.5
+BUSY_AT_END = ("the stream's thread was still busy with a frame when the time was up "
+               "(not in the file)")
 
 
 class RecordResult(NamedTuple):
@@ -63,6 +65,7 @@ class LiveRecorder:
         self.failed: RecordingWriteError | None = None
         self._lock = threading.Lock()  # the subscriber's thread writes, stop() closes
         self._closed = False
+        self._busy_at_end = False  # the subscriber did not stop within STOP_WAIT_S
         self._seconds = 0.0
         self.mirror = Mirror()
         self.subscriber = Subscriber(endpoints, self.mirror, on_batch=self._on_batch,
@@ -105,11 +108,18 @@ class LiveRecorder:
 
     def stop(self) -> RecordResult:
         """Stop following and close the file: the capture note, the index and the tail. Waits
-        at most ``STOP_WAIT_S`` for the subscriber's thread (busy with a huge snapshot, say):
-        what it has not written by then is left out, and the note says so."""
+        at most ``STOP_WAIT_S`` for the subscriber's thread (busy with a huge frame, say) and
+        as long again for a frame it is writing: what it has not written by then is left out,
+        and the note says so (or ``failed`` says there is no note)."""
         sub = self.subscriber
-        sub.stop(timeout=STOP_WAIT_S)
-        with self._lock:
+        self._busy_at_end = not sub.stop(timeout=STOP_WAIT_S)
+        if not self._lock.acquire(timeout=STOP_WAIT_S):  # still writing a huge keyframe
+            self._closed = True  # it writes nothing after that frame
+            return RecordResult(self.writer is not None, 0, 0, self.keyframes,
+                                sub.stats.malformed, sub.stats.resyncs, sub.last_error, None,
+                                f"{self.path}: the stream's thread was still writing a keyframe "
+                                f"when the time was up: the file has no capture note")
+        try:
             again, self._closed = self._closed, True  # a second stop writes nothing more
             w, note = self.writer, None
             if w is not None and self.failed is None and not again:
@@ -119,6 +129,8 @@ class LiveRecorder:
                     w.close()
                 except RecordingWriteError as exc:
                     self.failed = exc
+        finally:
+            self._lock.release()
         return RecordResult(w is not None, w.events if w else 0, w.batches if w else 0,
                             self.keyframes, sub.stats.malformed, sub.stats.resyncs,
                             sub.last_error, note, str(self.failed or ""))
@@ -128,10 +140,13 @@ class LiveRecorder:
         status = sub.status()
         first, last = self.seqs or (sub.seq, sub.seq)
         lost = s.gaps + s.malformed + s.resyncs + s.seq_backwards + s.buffer_dropped
+        error = sub.last_error
+        if self._busy_at_end:
+            lost, error = lost + 1, BUSY_AT_END + (f"; {error}" if error else "")
         return CaptureNote(self._seconds, w.events, w.batches, self.keyframes, first, last,
                            status.state.value, status.out_of_sync_s, s.gaps, s.too_old,
                            s.malformed, s.resyncs, s.seq_backwards, s.buffer_dropped,
-                           sub.last_error, status.state is State.LIVE and not lost)
+                           error, status.state is State.LIVE and not lost)
 
     def run_for(self, seconds: float) -> RecordResult:
         """Record for ``seconds`` (less when a write fails), then stop and close the file."""

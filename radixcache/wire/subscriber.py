@@ -116,11 +116,13 @@ class Subscriber:
         self._thread.start()
         return self
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Ask ``run`` to return and wait for the thread started by ``start``."""
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Ask ``run`` to return and wait at most ``timeout`` s for the thread started by
+        ``start``; False when it is still busy (with one huge frame, say) after that."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        return self._thread is None or not self._thread.is_alive()
 
     def wait_synced(self, timeout: float) -> bool:
         """True once the first snapshot was applied (within ``timeout`` seconds)."""
