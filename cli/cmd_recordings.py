@@ -156,8 +156,10 @@ def _requests_bar(total: int) -> Iterator[Callable[[ev.Batch], None]]:
 
     from radixcache.core import events as evs
 
+    err = Console(stderr=True)
+    # disabled off a terminal: Rich's transient bar still ended with a blank line on stderr
     bar = Progress("recording", BarColumn(), MofNCompleteColumn(), "requests",
-                   TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+                   TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
     task = bar.add_task("record", total=total)
 
     def finished(batch: ev.Batch) -> None:
