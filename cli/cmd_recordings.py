@@ -183,14 +183,22 @@ def _record_live(endpoint: str, out: Path, seconds: float, every: int,
     if r.failed:
         raise CliError(r.failed)
     if not r.synced:
-        why = f": {r.last_error}" if r.last_error else " (down, or it needs these --curve-keys)"
-        raise CliError(f"no snapshot from {endpoint} in {seconds:g} s{why}")
+        why = unsynced(rec.subscriber, "down, or it needs these --curve-keys")
+        raise CliError(f"no snapshot from {endpoint} in {seconds:g} s ({why})")
     note = r.note
     assert note is not None  # synced and written: the recorder wrote its note
     console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches, "
                   f"{r.keyframes} keyframes (seq {note.first_seq:,} to {note.last_seq:,})")
     if not note.complete:
         _warn(f"warning: incomplete capture (noted in the file): {capture_losses(note)}")
+
+
+def unsynced(sub: Subscriber, otherwise: str) -> str:
+    """Why ``sub`` never synced: the malformed replies first (a later timeout or silence
+    replaced them in ``last_error``: a refused snapshot read as a dead engine)."""
+    if sub.stats.malformed:
+        return f"{sub.stats.malformed} malformed; last: {sub.last_malformed}"
+    return sub.last_error or otherwise
 
 
 def capture_losses(note: CaptureNote) -> str:
@@ -310,7 +318,7 @@ def _live_mirror(source: str, curve: ClientCurve | None) -> Mirror:
     ok = sub.wait_synced(10)
     sub.stop()
     if not ok:
-        why = sub.last_error or "down, or it needs / refused these --curve-keys"
+        why = unsynced(sub, "down, or it needs / refused these --curve-keys")
         raise CliError(f"no snapshot from {source} in 10 s ({why})")
     if sub.stats.malformed:
         _warn(f"warning: {sub.stats.malformed} malformed frames; last: {sub.last_error}")

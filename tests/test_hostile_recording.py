@@ -338,3 +338,35 @@ def test_stop_returns_while_a_keyframe_write_is_blocked_and_says_there_is_no_not
     assert (result.synced, result.note) == (True, None)
     assert result.failed == (f"{out}: the stream's thread was still writing a keyframe when "
                              f"the time was up: the file has no capture note")
+
+
+def test_record_from_a_peer_whose_snapshot_is_refused_says_why(tmp_path, capsys):
+    """A snapshot refused as malformed (a node of 16M tokens on 1 block), then silence: the
+    error said "no frame in 3 s: reconnected the event socket", as if the engine were down."""
+    from radixcache.serving.cluster import free_port_run
+
+    engine, out = FakeEngine(free_port_run(3)), tmp_path / "x.rcx"
+    big = ev.NodeState(1, 0, 0, b"\x01\x00\x00\x00" * (1 << 20), [0], 0, 0)
+    bad = ev.Snapshot(16, 64, [ev.NodeState(0, -1, 0, b"", [], 0, 0), big], 0, 2, [], 0.9, 0.8)
+    stop = threading.Event()
+
+    def peer() -> None:  # the first request gets the bad snapshot, later ones nothing
+        ident, (_, req) = engine.request(timeout=30)
+        engine.reply(ident, b"snap", req, u64(7), u64(0), encode(bad))
+        while not stop.is_set():
+            engine.no_request(0.1)
+
+    thread = threading.Thread(target=peer)
+    thread.start()
+    try:
+        code, stdout, err = run_cli(["record", "--from", engine.endpoints.events,
+                                     "--seconds", "3.5", "--out", str(out)], capsys)
+    finally:
+        stop.set()
+        thread.join()
+        engine.close()
+    assert (code, stdout) == (1, "")
+    assert err == (f"error: no snapshot from {engine.endpoints.events} in 3.5 s (1 malformed; "
+                   f"last: snapshot node 1: 1,048,576 tokens from position 0 need 65,536 blocks "
+                   f"of 16, not 1)\n")
+    assert not out.exists()

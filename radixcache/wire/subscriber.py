@@ -88,6 +88,9 @@ class Subscriber:
         self.state = State.WAIT_SNAPSHOT
         self.epoch, self.seq = 0, 0
         self.last_digest, self.last_error = "", ""
+        # why the last malformed frame or reply was refused: kept when later errors (a
+        # timeout, a silence) replace ``last_error``, so a peer that never syncs is explained
+        self.last_malformed = ""
         self.synced = threading.Event()  # set once the first snapshot is applied
         self._on_batch, self._on_snapshot = on_batch, on_snapshot
         self._timeout = request_timeout_s
@@ -199,6 +202,7 @@ class Subscriber:
 
     def _malformed(self, exc: Exception) -> None:
         self.stats.malformed += 1
+        self.last_malformed = str(exc)
         self.last_error = f"malformed: {exc}"
 
     # -- requests -----------------------------------------------------------------------------
