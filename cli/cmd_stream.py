@@ -116,11 +116,13 @@ def _bind(engine: Engine, config: ServerConfig, endpoints: Endpoints, allow_remo
         try:
             server = Server(engine, endpoints, config, policy=policy, kv_endpoints=kv,
                             curve_keys=curve_keys)
-        except CurveError as exc:
-            console.print(f"[red]{exc}[/]")
-            raise typer.Exit(2) from None
-        except (EndpointError, zmq.ZMQError) as exc:
-            console.print(f"[red]{exc}[/] (pass --allow-remote to bind a non-loopback address)")
+        except (CurveError, EndpointError, zmq.ZMQError) as exc:
+            # one line on stderr (was: stdout, wrapped at 80 columns, and the --allow-remote
+            # hint on a port already in use too)
+            hint = (" (pass --allow-remote to bind a non-loopback address)"
+                    if isinstance(exc, EndpointError) and not allow_remote else "")
+            what = "cannot bind: " if isinstance(exc, zmq.ZMQError) else ""
+            typer.echo(f"error: {what}{exc}{hint}", err=True)
             raise typer.Exit(2) from None
     for w in caught:
         console.print(f"[yellow]warning:[/] {w.message}")

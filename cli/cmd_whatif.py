@@ -170,7 +170,7 @@ def _curve(cfg: WhatIfConfig, plot: Path | None, as_json: bool,
     except TraceError as exc:
         raise CliError(str(exc)) from exc
     for note in notes:
-        err.print(f"note: {note}", highlight=False)
+        typer.echo(f"note: {note}", err=True)  # one line: Rich wrapped it at 80 columns
     if as_json:
         typer.echo(json.dumps(fig))
     else:
@@ -207,7 +207,7 @@ def _why(source: str, reqs: list[int], as_json: bool) -> None:
     except TraceError as exc:
         raise CliError(str(exc)) from exc
     if note is not None:
-        Console(stderr=True).print(f"note: {note}", highlight=False)
+        typer.echo(f"note: {note}", err=True)
     if as_json:
         typer.echo(json.dumps({"source": source, "why": [why_record(follower, r) for r in reqs]}))
         return

@@ -5,6 +5,7 @@ process), never Typer's boxed multi-line panel."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -85,3 +86,19 @@ def app_command() -> TyperGroup:
     group = get_command(app)
     assert isinstance(group, TyperGroup)
     return group
+
+
+def test_serve_says_why_it_cannot_bind_in_one_line_on_stderr() -> None:
+    """A taken port, an address beyond loopback: one line on stderr, exit 2 (was: on stdout,
+    wrapped at 80 columns, with the --allow-remote hint on a taken port too)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = _run(["serve", "--port", str(port), "--blocks", "64"])
+    assert (p.returncode, p.stdout, p.stderr) == (
+        2, "", f"error: cannot bind: Address already in use (addr='tcp://127.0.0.1:{port}')\n")
+    p = _run(["serve", "--endpoint-host", "192.0.2.1", "--blocks", "64"])
+    assert (p.returncode, p.stdout, p.stderr) == (
+        2, "", "error: refusing to bind tcp://192.0.2.1:5557: only 127.0.0.1 or ipc:// unless "
+               "explicitly allowed (pass --allow-remote to bind a non-loopback address)\n")

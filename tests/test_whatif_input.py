@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -128,6 +129,9 @@ def test_a_damaged_recordings_note_is_given_once(tmp_path, capsys):
     code, _, err = run([str(out), "--alignment", "--policies", "lru", "--samples", "2",
                         "--json"], capsys)
     assert code == 0 and err.count("note: ") == 1 and "read up to byte" in err
+    # on one line, the whole of it (Rich wrapped it at 80 columns off a terminal)
+    assert re.fullmatch(rf"note: {re.escape(str(out))}: read up to byte \d+: truncated frame: "
+                        r"\d+ bytes announced, \d+ present\n", err), err
 
 
 def test_a_recordings_own_pool_is_the_pool(tmp_path, capsys):
