@@ -16,6 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.app import CliError, app, bench_app
+from cli.bounds import MAX_BLOCKS
 
 if TYPE_CHECKING:
     from inspector.bench import TuiBench
@@ -60,7 +61,8 @@ def inspect(
                                                        "(one per --kv-events)."),
     topic: str = typer.Option("", help="With --kv-events: only this PUB topic (SGLang can put "
                                        "a data-parallel rank in it)."),
-    blocks: int = typer.Option(4096, help="Without ENDPOINT: blocks of the embedded tree."),
+    blocks: int = typer.Option(4096, min=16, max=MAX_BLOCKS,
+                              help="Without ENDPOINT: blocks of the embedded tree."),
     curve_keys: Path | None = typer.Option(None, help="With ENDPOINT(s): a key directory from "
                                            "`radixcache keys DIR` (the engine runs with "
                                            "`serve --curve-keys`)."),

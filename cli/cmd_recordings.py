@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.tree import Tree
 
 from cli.app import CliError, app
+from cli.bounds import MAX_BLOCKS, MAX_THREADS, WEEK_S
 from cli.options import (
     CURVE_HELP,
     SCHEDULE_HELP,
@@ -87,19 +88,22 @@ def record(
     out: Path = typer.Option(..., "--out", help="Recording file to write."),
     workload: str = typer.Option("chat", help="Workload to run headless."),
     workload_args: str = typer.Option("", help="Its arguments (default: sized to --requests)."),
-    requests: int = typer.Option(2000, help="Headless: run the first N requests."),
+    requests: int = typer.Option(2000, min=1, help="Headless: run the first N requests."),
     from_: str | None = typer.Option(None, "--from", help="Record a live engine instead "
                                                           "(tcp://HOST:PORT of its events)."),
-    seconds: float = typer.Option(10.0, help="With --from: how long to record."),
-    blocks: int = typer.Option(RECORD_BLOCKS, help="Headless: KV pool blocks of 16 tokens "
+    seconds: float = typer.Option(10.0, min=0.1, max=WEEK_S,
+                                 help="With --from: how long to record."),
+    blocks: int = typer.Option(RECORD_BLOCKS, min=16, max=MAX_BLOCKS,
+                               help="Headless: KV pool blocks of 16 tokens "
                                                    "(small enough that the workload evicts)."),
     model: ModelSize = typer.Option(ModelSize.TINY, help="Headless model: tiny is 1 layer, "
                                                          "d_model 32, 1 K/V head of 16."),
     answers: AnswerMode = typer.Option(AnswerMode.PREFILL, help=ANSWERS_HELP),
     device: str | None = typer.Option(None, help="Headless torch device (default: cuda)."),
-    threads: int = typer.Option(1, help="torch CPU threads."),
+    threads: int = typer.Option(1, min=1, max=MAX_THREADS, help="torch CPU threads."),
     schedule: Policy = typer.Option(Policy.FCFS, help="Headless: " + SCHEDULE_HELP),
-    keyframe_every: int = typer.Option(50_000, help="Events between snapshot keyframes."),
+    keyframe_every: int = typer.Option(50_000, min=1,
+                                        help="Events between snapshot keyframes."),
     curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),
 ) -> None:
     """Record a live engine (--from), or run a workload headless on the engine with the tiny
@@ -289,8 +293,9 @@ def tree(
     source: str | None = typer.Argument(None, help="A recording file or tcp://HOST:PORT."),
     kv_events: str | None = typer.Option(None, help="A vLLM/SGLang KV-event PUB endpoint."),
     replay: str | None = typer.Option(None, help="Its replay ROUTER (replays from seq 0)."),
-    seconds: float = typer.Option(2.0, help="With --kv-events: how long to follow."),
-    limit: int = typer.Option(200, help="Print at most this many nodes."),
+    seconds: float = typer.Option(2.0, min=0.1, max=WEEK_S,
+                                 help="With --kv-events: how long to follow."),
+    limit: int = typer.Option(200, min=0, help="Print at most this many nodes."),
     curve_keys: Path | None = typer.Option(None, help="With ENDPOINT: " + CURVE_HELP),
 ) -> None:
     """Print the cache tree of a recording or a live engine, or a KV-event block-hash tree.

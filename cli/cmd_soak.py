@@ -12,6 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.app import app
+from cli.bounds import MAX_BLOCKS, MAX_THREADS, WEEK_S
 
 if TYPE_CHECKING:  # radixcache.tools.soak imports torch (via the engine): imported when run
     from radixcache.tools.soak import SoakConfig, SoakReport, SoakStatus
@@ -37,11 +38,14 @@ def _table(r: SoakReport) -> Table:
 
 @app.command()
 def soak(
-    minutes: float = typer.Option(0.0, help="Soak this many minutes."),
-    seconds: float = typer.Option(0.0, help="Soak this many seconds (short runs)."),
-    blocks: int = typer.Option(160, help="KV pool blocks (small, so eviction happens)."),
-    threads: int = typer.Option(3, help="Submitter threads."),
-    check_every: float = typer.Option(1.0, help="Seconds between tree.check + digest compare."),
+    minutes: float = typer.Option(0.0, min=0.0, max=WEEK_S / 60, help="Soak this many minutes."),
+    seconds: float = typer.Option(0.0, min=0.0, max=WEEK_S,
+                                 help="Soak this many seconds (short runs)."),
+    blocks: int = typer.Option(160, min=16, max=MAX_BLOCKS,
+                              help="KV pool blocks (small, so eviction happens)."),
+    threads: int = typer.Option(3, min=1, max=MAX_THREADS, help="Submitter threads."),
+    check_every: float = typer.Option(1.0, min=0.01, max=WEEK_S,
+                                     help="Seconds between tree.check + digest compare."),
     seed: int = typer.Option(0, help="Seed of the workload mix."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:

@@ -14,6 +14,7 @@ import zmq
 from rich.console import Console
 
 from cli.app import RUN, app
+from cli.bounds import MAX_BLOCKS, MAX_THREADS
 from cli.options import CURVE_HELP, SCHEDULE_HELP, AnswerMode, ModelSize, engine_config
 from radixcache.serving.policy import Policy
 from radixcache.wire.endpoints import BindPolicy, EndpointError, Endpoints
@@ -63,16 +64,19 @@ def serve(
                                           "changing and evicting."),
     kv_events: str | None = typer.Option(None, help="'vllm': also publish vLLM KV events on "
                                                     "P+3 (replay P+4)."),
-    blocks: int = typer.Option(2048, help="KV pool blocks of 16 tokens (2048: --loop evicts "
+    blocks: int = typer.Option(2048, min=16, max=MAX_BLOCKS,
+                                help="KV pool blocks of 16 tokens (2048: --loop evicts "
                                           "within a minute on a CPU)."),
     model: ModelSize = typer.Option(ModelSize.TINY, help="tiny: 1 layer, d_model 32 (fast on a "
                                                          "CPU); default: the 2-layer model."),
     answers: AnswerMode = typer.Option(AnswerMode.DECODE, help="decode forced answers token by "
                                        "token, or fold them into the prefill."),
     device: str | None = typer.Option(None, help="torch device (default: cuda when present)."),
-    threads: int = typer.Option(1, help="torch CPU threads (1 is fastest for the tiny model)."),
+    threads: int = typer.Option(1, min=1, max=MAX_THREADS,
+                                 help="torch CPU threads (1 is fastest for the tiny model)."),
     schedule: Policy = typer.Option(Policy.FCFS, help=SCHEDULE_HELP),
-    digest_every: int = typer.Option(64, help="A Digest event every N batches (0: none)."),
+    digest_every: int = typer.Option(64, min=0,
+                                      help="A Digest event every N batches (0: none)."),
     curve_keys: Path | None = typer.Option(None, help=CURVE_HELP + " Every socket bound is a "
                                            "CURVE server accepting only client keys in DIR."),
     http: int | None = typer.Option(None, min=0, max=65535,

@@ -41,6 +41,21 @@ CASES = [
     (["export", "x.rcx", "--format", "nope"],
      "radixcache export: error: Invalid value for --format: jsonl or perfetto "
      "(see radixcache export --help)"),
+    (["record", "--out", "x.rcx", "--from", "tcp://127.0.0.1:9", "--seconds", "nan"],
+     "radixcache record: error: Invalid value for '--seconds': Input should be less than or "
+     "equal to 604800 (see radixcache record --help)"),
+    (["record", "--out", "x.rcx", "--blocks", "9223372036854775807"],
+     "radixcache record: error: Invalid value for '--blocks': Input should be less than or "
+     "equal to 4194304 (see radixcache record --help)"),  # was: ran on, 420 MB in 15 s
+    (["record", "--out", "x.rcx", "--keyframe-every", "-5"],
+     "radixcache record: error: Invalid value for '--keyframe-every': Input should be greater "
+     "than or equal to 1 (see radixcache record --help)"),  # was: accepted
+    (["soak", "--seconds", "nan"],
+     "radixcache soak: error: Invalid value for '--seconds': Input should be less than or "
+     "equal to 604800 (see radixcache soak --help)"),  # was: a soak of nan seconds, exit 0
+    (["tree", "x.rcx", "--limit", "-1"],
+     "radixcache tree: error: Invalid value for '--limit': Input should be greater than or "
+     "equal to 0 (see radixcache tree --help)"),
     (["serve", "--http", "70000"],
      "radixcache serve: error: Invalid value for '--http': Input should be less than or equal "
      "to 65535 (see radixcache serve --help)"),
@@ -102,3 +117,12 @@ def test_serve_says_why_it_cannot_bind_in_one_line_on_stderr() -> None:
     assert (p.returncode, p.stdout, p.stderr) == (
         2, "", "error: refusing to bind tcp://192.0.2.1:5557: only 127.0.0.1 or ipc:// unless "
                "explicitly allowed (pass --allow-remote to bind a non-loopback address)\n")
+
+
+def test_the_block_bound_is_the_streams():
+    """An engine with more blocks than subscribers accept would publish snapshots that every
+    inspector refuses: the CLI's bound is the stream's."""
+    from cli.bounds import MAX_BLOCKS
+    from radixcache.wire.validate import MAX_NUM_BLOCKS
+
+    assert MAX_BLOCKS == MAX_NUM_BLOCKS
