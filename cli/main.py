@@ -14,6 +14,20 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cli.app import app as app
+
+
+def __getattr__(name: str) -> object:
+    """``cli.main.app``, the Typer app, imported on first use (``radixcache --help`` prints
+    without Typer, so this module does not import it)."""
+    if name == "app":
+        from cli.app import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def runtime_errors() -> tuple[type[BaseException], ...]:

@@ -50,7 +50,7 @@ COMMANDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
         "the block map under eviction, the what-if and why screens, replay mode and the view "
         "attached to a vLLM-format publisher. PNGs need the Fira Code font (Debian: "
         "fonts-firacode)."),
-    "tree": ("cli.cmd_recordings", "Inspect",
+    "tree": ("cli.cmd_tree", "Inspect",
         "Print the cache tree of a recording or a live engine, or a KV-event block-hash tree. "
         "Damage in a file is reported on stderr (byte offset, reason); exit 1 when nothing "
         "could be read."),

@@ -162,7 +162,7 @@ def test_cluster_command_without_router_is_one_line(monkeypatch: pytest.MonkeyPa
                                                     tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from cli.app import app
+    from cli.main import app
 
     monkeypatch.setenv("PATH", str(tmp_path))
     r = CliRunner().invoke(app, ["cluster", "--replicas", "1"])

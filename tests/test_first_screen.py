@@ -102,7 +102,7 @@ def test_tree_piped_keeps_each_node_on_one_line(tmp_path: Path) -> None:
 
     from typer.testing import CliRunner
 
-    from cli.app import app
+    from cli.main import app
 
     path = record_demo(tmp_path / "tot.rcx", requests=30)
     out = CliRunner().invoke(app, ["tree", str(path)], terminal_width=80).output.splitlines()
