@@ -31,7 +31,7 @@ def bench_cli(
     Example: radixcache bench cli --json"""
     from radixcache.tools import bench_cli as b
 
-    steps = 4 + int(demo) + int(recording is None)
+    steps = 5 + int(demo) + int(recording is None)
     with tempfile.TemporaryDirectory() as tmp, \
             Progress(console=console, disable=as_json, transient=True) as bar:
         task = bar.add_task("bench cli", total=steps)
@@ -56,10 +56,13 @@ def bench_cli(
         step("radixcache record (progress)")
         progress = b.record_draws_progress(Path(tmp) / "tot.rcx")
         bar.advance(task)
+        step("radixcache record --from (a busy stream)")
+        record_from = b.record_from_seconds(Path(tmp) / "busy.rcx", b.CLI)
+        bar.advance(task)
     first_output, first_frame, live, quit_s = (round(s, 3) for s in demo_s)
     figures = b.CliFigures(round(help_s, 3), round(tree_s, 3), round(tree_mb, 1),
                            requests if recording is None else -1, first_output, first_frame,
-                           live, quit_s, progress, b.load_avg())
+                           live, quit_s, progress, record_from, b.load_avg())
     if as_json:
         typer.echo(json.dumps(figures._asdict()))
         return

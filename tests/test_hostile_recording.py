@@ -370,3 +370,18 @@ def test_record_from_a_peer_whose_snapshot_is_refused_says_why(tmp_path, capsys)
                    f"last: snapshot node 1: 1,048,576 tokens from position 0 need 65,536 blocks "
                    f"of 16, not 1)\n")
     assert not out.exists()
+
+
+def test_bench_cli_record_from_ends_with_the_busy_stream_noted(tmp_path):
+    """``bench cli``'s ``record_from_s`` peer does keep the recorder busy past the deadline:
+    the real command exits 0 and its file says a frame was left out."""
+    from radixcache.tools.bench_cli import CLI, record_from_seconds
+
+    out = tmp_path / "busy.rcx"
+    assert record_from_seconds(out, CLI) > 0  # -1: the command failed
+    with RecordingReader(out) as reader:
+        note = reader.capture_note()
+    assert note is not None
+    assert (note.batches, note.complete, note.last_error) == (
+        0, False, "the stream's thread was still busy with a frame when the time was up "
+                  "(not in the file)")

@@ -9,7 +9,9 @@ Every figure runs the real console command in a fresh process (``python -m cli.m
   demo`` in a pseudo-terminal (120x40): the first byte on screen, the first frame of the
   inspector (its tree pane's title drawn), the header's ``● live``, and from the ``q`` key
   until the process (and its engine) is gone;
-- ``record_progress``: whether ``radixcache record`` draws progress on a terminal.
+- ``record_progress``: whether ``radixcache record`` draws progress on a terminal;
+- ``record_from_s``: ``radixcache record --from ENDPOINT --seconds 2`` against a peer whose
+  batches keep the recorder busy past the deadline (``radixcache.tools.bench_record_from``).
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+# the record_from_s figure, re-exported for cli.cmd_bench_cli
+from radixcache.tools.bench_record_from import record_from_seconds as record_from_seconds
+
 CLI = [sys.executable, "-m", "cli.main"]
 TARGETS = {"help_s": 0.25, "tree_s": 0.5, "tree_peak_mb": 150.0, "demo_first_output_s": 1.0,
-           "demo_first_frame_s": 3.0, "quit_s": 1.0}
+           "demo_first_frame_s": 3.0, "quit_s": 1.0, "record_from_s": 5.0}
 
 
 class CliFigures(NamedTuple):
@@ -45,6 +50,7 @@ class CliFigures(NamedTuple):
     demo_live_s: float
     quit_s: float
     record_progress: bool
+    record_from_s: float
     load_avg_1m: float
 
 
