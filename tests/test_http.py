@@ -187,7 +187,8 @@ def test_size_json_context_and_path_errors(front: HttpFront) -> None:
 def test_info_routes(front: HttpFront) -> None:
     assert _http.get(f"{front.url}/health").status_code == 200
     info = _http.get(f"{front.url}/model_info").json()
-    assert (info["model_path"], info["tokenizer_path"]) == (MODEL, str(TOK.path))
+    assert (info["model_path"], info["tokenizer_path"], info["served_model_name"]) == (
+        str(TOK.path), str(TOK.path), MODEL)
     assert _http.get(f"{front.url}/get_model_info").json() == info
     models = _http.get(f"{front.url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL]
