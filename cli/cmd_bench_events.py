@@ -22,18 +22,20 @@ console = Console()
 
 @bench_app.command("events")
 def bench_events(
-    requests: int = typer.Option(20_000, help="Requests the tree driver runs."),
-    per_step: int = typer.Option(16, help="Requests per engine step (batch)."),
-    late_join_nodes: int = typer.Option(100_000, help="Tree size for the late-join test."),
+    requests: int = typer.Option(20_000, min=1, max=10**7, help="Requests the tree driver runs."),
+    per_step: int = typer.Option(16, min=1, max=4096, help="Requests per engine step (batch)."),
+    late_join_nodes: int = typer.Option(100_000, min=1, max=10_000_000,
+                                         help="Tree size for the late-join test."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    drop: float = typer.Option(0.0, help="With --verify-every-batch: the fraction of batches "
-                                         "lost on the way to the subscriber (a deterministic "
-                                         "hash of the seq picks them)."),
+    drop: float = typer.Option(0.0, min=0.0, max=0.99, help="With --verify-every-batch: the "
+                               "fraction of batches lost on the way to the subscriber (a "
+                               "deterministic hash of the seq picks them)."),
     verify_every_batch: bool = typer.Option(False, help="Instead of the figures above: publish "
                                             "until --min-events, lose --drop of the batches on "
                                             "the way to the subscriber, and compare the mirror "
                                             "digest with the tree's after every applied batch."),
-    min_events: int = typer.Option(1_000_000, help="With --verify-every-batch: events to run."),
+    min_events: int = typer.Option(1_000_000, min=1, max=10**9,
+                                    help="With --verify-every-batch: events to run."),
     publishers: int = typer.Option(1, min=1, max=64, help="Instead of the figures above: N "
                                    "engine streams followed by one process (fan-in)."),
 ) -> None:

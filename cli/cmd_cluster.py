@@ -21,6 +21,7 @@ from rich.progress import (
 from rich.table import Table
 
 from cli.app import RUN, CliError, app, bench_app
+from cli.bounds import MAX_BLOCKS
 from cli.cluster_screens import streams_screen
 from cli.options import SCHEDULE_HELP
 from radixcache.serving.cluster import Policy  # stdlib only: cheap at start-up
@@ -104,9 +105,9 @@ def load(
     hash_block_size: int = typer.Option(512, "--hash-block-size", min=1, max=65536,
                                         help="With a Mooncake-format --trace: tokens per "
                                              "hash id (as whatif --hash-block-size)."),
-    rate: float = typer.Option(None, help="Requests per second (Poisson arrivals, open loop; "
-                                          "default 10, or a trace's own timestamps)."),
-    max_tokens: int = typer.Option(16, help="Answer length cap per request."),
+    rate: float = typer.Option(None, min=0.01, help="Requests per second (Poisson arrivals, "
+                               "open loop; default 10, or a trace's own timestamps)."),
+    max_tokens: int = typer.Option(16, min=1, max=1 << 20, help="Answer length cap per request."),
     model: str = typer.Option("radixcache-tiny", help="The model name sent."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ) -> None:
@@ -178,9 +179,10 @@ def _summary_table(s: dict[str, float | int]) -> Table:
 @bench_app.command("cluster")
 def bench_cluster(
     replicas: int = typer.Option(4, min=1, max=16, help="Engine replicas."),
-    blocks: int = typer.Option(2048, min=16, help="KV blocks per replica."),
+    blocks: int = typer.Option(2048, min=16, max=MAX_BLOCKS, help="KV blocks per replica."),
     conversations: int = typer.Option(320, min=1, help="chat conversations sent."),
-    rate: float = typer.Option(30.0, help="Requests per second through the router."),
+    rate: float = typer.Option(30.0, min=0.01, max=1e6,
+                              help="Requests per second through the router."),
     max_tokens: int = typer.Option(16, min=1, help="Answer length cap per request."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ) -> None:
@@ -226,7 +228,7 @@ def bench_cluster(
 def cluster(
     replicas: int = typer.Option(2, min=1, max=16, help="Engine replicas."),
     policy: Policy = typer.Option(Policy.CACHE_AWARE, help="The router's policy."),
-    blocks: int = typer.Option(2048, min=16, help="KV blocks per replica."),
+    blocks: int = typer.Option(2048, min=16, max=MAX_BLOCKS, help="KV blocks per replica."),
     http_base: int = typer.Option(0, help="Rank r serves HTTP on BASE+r (0: a free run)."),
     zmq_base: int = typer.Option(0, help="Rank r streams on BASE+3r..+2 (0: a free run)."),
     router_port: int = typer.Option(0, help="The router's port (0: a free one)."),
@@ -272,7 +274,7 @@ def _advance(bar: Progress, task: TaskID, _reply: object) -> None:
 
 @bench_app.command("http")
 def bench_http(
-    blocks: int = typer.Option(2048, min=16, help="KV blocks of the server."),
+    blocks: int = typer.Option(2048, min=16, max=MAX_BLOCKS, help="KV blocks of the server."),
     leavers: int = typer.Option(300, min=1, help="Clients that leave mid-answer."),
     concurrent: int = typer.Option(500, min=1, help="Requests sent at once."),
     big_prompts: int = typer.Option(200, min=1, help="Prompts of one 900 KB word."),

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.app import app
+from cli.bounds import MAX_BLOCKS
 from cli.options import SCHEDULE_HELP
 from radixcache.serving.policy import Policy
 from radixcache.tools.demo import (
@@ -136,7 +137,8 @@ def demo(
     no_inspect: bool = typer.Option(False, "--no-inspect", help="Run headless: follow the stream "
                                     "for --seconds, then print what happened."),
     seconds: float = typer.Option(10.0, min=0.5, help="With --no-inspect: how long to run."),
-    blocks: int = typer.Option(2048, min=16, help="KV pool blocks (of 16 tokens); small, so "
+    blocks: int = typer.Option(2048, min=16, max=MAX_BLOCKS,
+                               help="KV pool blocks (of 16 tokens); small, so "
                                "the mix evicts."),
     mix: str = typer.Option(",".join(DEFAULT_MIX), help="Workloads sent in turn, comma-separated, "
                             "as typed in the inspector's command line."),

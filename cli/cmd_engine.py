@@ -21,6 +21,7 @@ from rich.progress import (
 from rich.table import Table
 
 from cli.app import bench_app
+from cli.bounds import MAX_BLOCKS
 from radixcache.tools.demo import DEFAULT_MIX
 from radixcache.traffic.workloads import WorkloadError, build_workload
 
@@ -49,10 +50,12 @@ def _print_table(r: dict[str, float | int | str | bool]) -> None:
 @bench_app.command("engine")
 def bench_engine(
     workload: str = typer.Option("chat", help="Workload name (chat, system, tot, fork, flood)."),
-    requests: int | None = typer.Option(None, help="Serve only the first N requests."),
-    blocks: int = typer.Option(4096, help="KV pool blocks (of 16 tokens); with --schedule "
+    requests: int | None = typer.Option(None, min=1, help="Serve only the first N requests."),
+    blocks: int = typer.Option(4096, min=16, max=MAX_BLOCKS,
+                               help="KV pool blocks (of 16 tokens); with --schedule "
                                "the demo's 2048 unless given."),
-    step_tokens: int = typer.Option(512, help="Tokens per scheduler step (prefill budget)."),
+    step_tokens: int = typer.Option(512, min=16, max=1 << 20,
+                                     help="Tokens per scheduler step (prefill budget)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
     schedule: str | None = typer.Option(None, help="Compare scheduling policies instead, "
                                         "comma-separated (fcfs,lpm,dfs-weight), on the demo's "

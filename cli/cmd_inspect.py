@@ -148,8 +148,9 @@ def screenshot(
 
 @bench_app.command("tui")
 def bench_tui(
-    nodes: int = typer.Option(100_000, help="Nodes in the tree."),
-    seconds: float = typer.Option(3.0, help="Length of each phase (scroll, change, keys)."),
+    nodes: int = typer.Option(100_000, min=1, max=10_000_000, help="Nodes in the tree."),
+    seconds: float = typer.Option(3.0, min=0.1, max=3600.0,
+                                 help="Length of each phase (scroll, change, keys)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     embedded: bool = typer.Option(False, "--embedded", help="Feed the inspector through an "
                                   "embedded engine's loop and feed thread (as `inspect` "

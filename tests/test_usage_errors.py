@@ -56,6 +56,15 @@ CASES = [
     (["tree", "x.rcx", "--limit", "-1"],
      "radixcache tree: error: Invalid value for '--limit': Input should be greater than or "
      "equal to 0 (see radixcache tree --help)"),
+    (["bench", "events", "--requests", "0"],
+     "radixcache bench events: error: Invalid value for '--requests': Input should be greater "
+     "than or equal to 1 (see radixcache bench events --help)"),  # was: no end in 20 s
+    (["load", "--url", "http://127.0.0.1:9", "--rate", "nan"],
+     "radixcache load: error: Invalid value for '--rate': Input should be greater than or "
+     "equal to 0.01 (see radixcache load --help)"),  # was: no end in 20 s
+    (["bench", "engine", "--requests", "-3"],
+     "radixcache bench engine: error: Invalid value for '--requests': Input should be greater "
+     "than or equal to 1 (see radixcache bench engine --help)"),  # was: accepted, exit 0
     (["serve", "--http", "70000"],
      "radixcache serve: error: Invalid value for '--http': Input should be less than or equal "
      "to 65535 (see radixcache serve --help)"),
