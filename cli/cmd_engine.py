@@ -89,9 +89,8 @@ def _cache_on_off(workload: str, requests: int | None, blocks: int, step_tokens:
     torch.set_num_threads(1)  # measured faster than 2 threads for this model size
     try:
         w = build_workload(workload, [])
-    except WorkloadError as err:
-        console.print(f"[red]{err}[/red]")
-        raise typer.Exit(2) from err
+    except WorkloadError as err:  # a usage error, in one line as the others
+        raise typer.BadParameter(str(err), param_hint="--workload") from None
     limit = len(w.requests) if requests is None else max(0, min(requests, len(w.requests)))
     figures = []
     for cache in (True, False):

@@ -40,8 +40,8 @@ def keys(
     """
     try:
         files = create_keys(directory)
-    except CurveError as exc:
-        console.print(f"[red]{exc}[/]")
+    except CurveError as exc:  # one line on stderr (was: stdout, wrapped at 80 columns)
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     for path in files:
         console.print(f"wrote {path}", highlight=False)

@@ -65,6 +65,9 @@ CASES = [
     (["bench", "engine", "--requests", "-3"],
      "radixcache bench engine: error: Invalid value for '--requests': Input should be greater "
      "than or equal to 1 (see radixcache bench engine --help)"),  # was: accepted, exit 0
+    (["bench", "engine", "--workload", "nope"],
+     "radixcache bench engine: error: Invalid value for --workload: unknown workload 'nope' "
+     "(known: chat, system, tot, fork, flood) (see radixcache bench engine --help)"),
     (["serve", "--http", "70000"],
      "radixcache serve: error: Invalid value for '--http': Input should be less than or equal "
      "to 65535 (see radixcache serve --help)"),
@@ -135,3 +138,13 @@ def test_the_block_bound_is_the_streams():
     from radixcache.wire.validate import MAX_NUM_BLOCKS
 
     assert MAX_BLOCKS == MAX_NUM_BLOCKS
+
+
+def test_keys_over_existing_keys_is_one_line_on_stderr(tmp_path: Path) -> None:
+    """Was: the refusal on stdout, wrapped at 80 columns."""
+    assert _run(["keys", str(tmp_path)]).returncode == 0
+    p = _run(["keys", str(tmp_path)])
+    names = ", ".join(str(tmp_path / n) for n in ("server.key", "server.key_secret",
+                                                   "client.key", "client.key_secret"))
+    assert (p.returncode, p.stdout, p.stderr) == (
+        2, "", f"error: refusing to overwrite existing keys: {names}\n")
