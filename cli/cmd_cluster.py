@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from radixcache.traffic.workload_types import Workload
 
 console = Console()
-err_console = Console(stderr=True, markup=False, highlight=False)
+err_console = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)  # one line each
 HTTP_HINT = "pip install 'radixcache[http]'"
 CLUSTER_HINT = "pip install 'radixcache[cluster]'"
 

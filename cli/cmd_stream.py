@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # these import torch (seconds): the commands import them when
     from radixcache.serving.server import Server, ServerConfig
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # an error stays one line
 
 
 @app.command(rich_help_panel=RUN)  # next to serve (cli/app.py PANELS does not list it)

@@ -148,3 +148,14 @@ def test_keys_over_existing_keys_is_one_line_on_stderr(tmp_path: Path) -> None:
                                                    "client.key", "client.key_secret"))
     assert (p.returncode, p.stdout, p.stderr) == (
         2, "", f"error: refusing to overwrite existing keys: {names}\n")
+
+
+def test_the_error_consoles_never_wrap_a_line() -> None:
+    """serve's fault line and the cluster commands' errors: one line however long (Rich
+    wrapped them at 80 columns when stderr was not a terminal)."""
+    from cli import cmd_cluster, cmd_stream
+
+    for console in (cmd_cluster.err_console, cmd_stream.err_console):
+        with console.capture() as out:
+            console.print("error: " + "word " * 40)
+        assert out.get().count("\n") == 1
