@@ -151,9 +151,10 @@ def _record_live(endpoint: str, out: Path, seconds: float, every: int,
     try:
         r = rec.run_for(seconds)
     finally:
-        # the stream's thread may still hold a huge frame (a 48 MB block list: 10M objects);
-        # the interpreter's exit would walk them in several GC passes (4 s at load 5)
-        gc.freeze()
+        if rec.busy_at_end:
+            # the stream's thread still holds a huge frame (a 48 MB block list: 10M objects);
+            # the interpreter's exit would walk them in several GC passes (4 s at load 5)
+            gc.freeze()
     if r.failed:
         raise CliError(r.failed)
     if not r.synced:

@@ -65,7 +65,9 @@ class LiveRecorder:
         self.failed: RecordingWriteError | None = None
         self._lock = threading.Lock()  # the subscriber's thread writes, stop() closes
         self._closed = False
-        self._busy_at_end = False  # the subscriber did not stop within STOP_WAIT_S
+        # set by stop(): the subscriber's thread was still busy after STOP_WAIT_S (it is a
+        # daemon; whatever it holds is dropped with the process)
+        self.busy_at_end = False
         self._seconds = 0.0
         self.mirror = Mirror()
         self.subscriber = Subscriber(endpoints, self.mirror, on_batch=self._on_batch,
@@ -112,7 +114,7 @@ class LiveRecorder:
         as long again for a frame it is writing: what it has not written by then is left out,
         and the note says so (or ``failed`` says there is no note)."""
         sub = self.subscriber
-        self._busy_at_end = not sub.stop(timeout=STOP_WAIT_S)
+        self.busy_at_end = not sub.stop(timeout=STOP_WAIT_S)
         if not self._lock.acquire(timeout=STOP_WAIT_S):  # still writing a huge keyframe
             self._closed = True  # it writes nothing after that frame
             return RecordResult(self.writer is not None, 0, 0, self.keyframes,
@@ -141,7 +143,7 @@ class LiveRecorder:
         first, last = self.seqs or (sub.seq, sub.seq)
         lost = s.gaps + s.malformed + s.resyncs + s.seq_backwards + s.buffer_dropped
         error = sub.last_error
-        if self._busy_at_end:
+        if self.busy_at_end:
             lost, error = lost + 1, BUSY_AT_END + (f"; {error}" if error else "")
         return CaptureNote(self._seconds, w.events, w.batches, self.keyframes, first, last,
                            status.state.value, status.out_of_sync_s, s.gaps, s.too_old,
