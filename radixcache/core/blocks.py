@@ -170,10 +170,10 @@ class BlockAllocator:
         if not hi:
             return run
         extra = self._extra
-        if extra:
-            if self._drop_extra(run[0]):
+        if extra:  # a membership test first: most runs share neither end
+            if run[0] in extra and self._drop_extra(run[0]):
                 lo = 1
-            if hi > lo and self._drop_extra(run[-1]):
+            if hi > lo and run[-1] in extra and self._drop_extra(run[-1]):
                 hi -= 1
         freed = run[lo:hi] if lo or hi < len(run) else run
         if freed and self._partial:
@@ -198,7 +198,8 @@ class BlockAllocator:
         size = self.block_size
         if not 0 <= slots <= size:
             raise BlockStateError(f"claim {slots} on block {block}: outside 0..{size}")
-        self._check_id(block)
+        if not 0 <= block < self.num_blocks:  # ``_check_id`` inline: ~3 calls a request
+            self._check_id(block)
         if slots < size:
             self._partial[block] = slots
         else:

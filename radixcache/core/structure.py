@@ -175,7 +175,7 @@ class Structure:
             self.log.emit(ev.Merge(parent.id, child.id, dropped, keeps_times=True))
         return int(freed)
 
-    def cut(self, leaf: RadixNode, want: int) -> tuple[Cut, RadixNode | None]:
+    def cut(self, leaf: RadixNode, want: int) -> Cut:
         """Give up blocks of the evictable ``leaf``'s least recent tokens, its deepest
         stretch (``leaf.older``'s last, or the whole leaf): as few as free ``want`` blocks,
         or the whole stretch. The rest of the leaf stays with its access times. Returns what
@@ -187,17 +187,21 @@ class Structure:
                              [ b5 ][ b6 ][ b7 ]   tail, b7 first; all of them and q == s:
                                                   the leaf goes (a boundary block it shares
                                                   with its parent stays the parent's)"""
-        B, parent = self.B, leaf.parent
-        assert parent is not None
+        B, older = self.B, leaf.older
         last = (leaf.end - 1) // B
-        q = leaf.older[-1][0] if leaf.older else leaf.start
-        if q > leaf.start:
-            return self._trim(leaf, max(q, (last - want + 1) * B)), None
-        shared = (leaf.start % B != 0 and parent is not self.root
-                  and leaf.blocks[0] == parent.blocks[-1])
-        if want < last - leaf.start // B + 1 - shared:
-            return self._trim(leaf, (last - want + 1) * B), None
+        if older:  # steps start past the leaf's start: a deeper stretch goes, never all of it
+            return self._trim(leaf, max(older[-1][0], (last - want + 1) * B))
+        spare = last - leaf.start // B - want  # blocks left if ``want`` of them go
+        if spare > 0 or (spare == 0 and not self._shares_first(leaf)):
+            return self._trim(leaf, (last - want + 1) * B)
         return self._remove(leaf)
+
+    def _shares_first(self, node: RadixNode) -> bool:
+        """``node``'s first block is its parent's last (it continues in that block)."""
+        parent = node.parent
+        assert parent is not None
+        return (node.start % self.B != 0 and parent is not self.root
+                and node.blocks[0] == parent.blocks[-1])
 
     def _trim(self, leaf: RadixNode, end: int) -> Cut:
         """Cut ``leaf`` back to ``end`` (a block boundary inside it), freeing its blocks past
@@ -213,14 +217,15 @@ class Structure:
         self.stats.evicted_tokens += tokens
         if self.log.on:
             self.log.emit(ev.Evict(leaf.id, tokens, freed))
-        return Cut(len(freed), tokens, 0)
+        return Cut(len(freed), tokens, None)
 
-    def _remove(self, leaf: RadixNode) -> tuple[Cut, RadixNode | None]:
+    def _remove(self, leaf: RadixNode) -> Cut:
         """Remove ``leaf`` whole (see ``cut``)."""
         parent = leaf.parent
         assert parent is not None
+        shared = self._shares_first(leaf)
         freed = self.alloc.release_run(leaf.blocks)
-        if leaf.start % self.B and parent is not self.root and leaf.blocks[0] == parent.blocks[-1]:
+        if shared:
             self.alloc.set_claim(leaf.blocks[0], leaf.start % self.B)
         del parent.children[_first(leaf.tokens, 0)[0]]
         del self.nodes[leaf.id]
@@ -232,7 +237,7 @@ class Structure:
             self.log.emit(ev.Evict(leaf.id, tokens, freed))
         leaf.tokens, leaf.blocks = b"", array("i")  # stale heap entries may still point here
         if parent is self.root:
-            return Cut(len(freed), tokens, 1), None
+            return Cut(len(freed), tokens, None)
         if parent.children:  # a joined child keeps its LRU entry: its deepest time is unchanged
-            return Cut(len(freed) + self.merge(parent), tokens, 1), None
-        return Cut(len(freed), tokens, 1), parent
+            return Cut(len(freed) + self.merge(parent), tokens, None)
+        return Cut(len(freed), tokens, parent)
