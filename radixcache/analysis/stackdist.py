@@ -167,15 +167,19 @@ class StackDistances:
                 break
         return groups, node, pos
 
-    def add(self, a: Access) -> None:
-        """Account one request: its prompt units' distances, then touch its whole path."""
+    def add(self, a: Access) -> list[tuple[int, int, int]]:
+        """Account one request: its prompt units' distances, then touch its whole path.
+        Returns the prompt's matched runs ``(distance of the first unit, depth from, depth
+        to)``, shallow first, distances one more per unit deeper: the request's hit at
+        capacity C is the longest prefix whose distances are below C."""
         self.requests += 1
         r = self.requests
         self.prompt_tokens += a.prompt_tokens
         groups, node, pos = self._walk(a.units, r)
         fen, g = self.groups, self.g
-        for q, lo, hi in groups:  # all queries before any update (a shallow group's move
-            self._record(fen.after(q), lo, min(hi, a.prompt_units), a.prompt_tokens)
+        runs = [(fen.after(q), lo, min(hi, a.prompt_units)) for q, lo, hi in groups]
+        for dist, lo, hi in runs:  # all queries before any update (a shallow group's move
+            self._record(dist, lo, hi, a.prompt_tokens)
         for q, lo, hi in groups:  # changes the distances of the deeper ones)
             fen.add(q, lo - hi)
             g[q] = hi
@@ -189,6 +193,7 @@ class StackDistances:
             self.distinct_units += n - pos
         fen.add(r, n)
         g.append(0)
+        return [run for run in runs if run[2] > run[1]]
 
     def _record(self, dist: int, lo: int, hi: int, prompt_tokens: int) -> None:
         """Histogram the prompt units at depths [lo, hi), the first at distance ``dist``."""
