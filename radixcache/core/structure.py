@@ -187,14 +187,30 @@ class Structure:
                              [ b5 ][ b6 ][ b7 ]   tail, b7 first; all of them and q == s:
                                                   the leaf goes (a boundary block it shares
                                                   with its parent stays the parent's)"""
-        B, older = self.B, leaf.older
+        B, older, start = self.B, leaf.older, leaf.start
         last = (leaf.end - 1) // B
         if older:  # steps start past the leaf's start: a deeper stretch goes, never all of it
-            return self._trim(leaf, max(older[-1][0], (last - want + 1) * B))
-        spare = last - leaf.start // B - want  # blocks left if ``want`` of them go
-        if spare > 0 or (spare == 0 and not self._shares_first(leaf)):
-            return self._trim(leaf, (last - want + 1) * B)
-        return self._remove(leaf)
+            end = max(older[-1][0], (last - want + 1) * B)
+        else:
+            spare = last - start // B - want  # blocks left if ``want`` of them go
+            if spare < 0 or (spare == 0 and self._shares_first(leaf)):
+                return self._remove(leaf)
+            end = (last - want + 1) * B
+        # trim back to ``end``, a block boundary inside the leaf: the blocks past it are all
+        # private (only a node's first block can be shared with its parent). Inline, not a
+        # helper: this runs on nearly every allocation once the pool is full.
+        blocks = leaf.blocks
+        keep = (end - 1) // B - start // B + 1
+        freed = self.alloc.release_run(blocks[keep:])
+        tokens = leaf.end - end
+        leaf.tokens = leaf.tokens[: (end - start) * TOKEN_BYTES]
+        leaf.end, leaf.blocks = end, blocks[:keep]  # a new array: events hold the old one
+        if older:
+            leaf.older = recency.trim(older, end)
+        self.stats.evicted_tokens += tokens
+        if self.log.on:
+            self.log.emit(ev.Evict(leaf.id, tokens, freed))
+        return Cut(len(freed), tokens, None)
 
     def _shares_first(self, node: RadixNode) -> bool:
         """``node``'s first block is its parent's last (it continues in that block)."""
@@ -202,22 +218,6 @@ class Structure:
         assert parent is not None
         return (node.start % self.B != 0 and parent is not self.root
                 and node.blocks[0] == parent.blocks[-1])
-
-    def _trim(self, leaf: RadixNode, end: int) -> Cut:
-        """Cut ``leaf`` back to ``end`` (a block boundary inside it), freeing its blocks past
-        ``end`` (all private: only a node's first block can be shared with its parent)."""
-        blocks, start = leaf.blocks, leaf.start
-        keep = (end - 1) // self.B - start // self.B + 1
-        freed = self.alloc.release_run(blocks[keep:])
-        tokens = leaf.end - end
-        leaf.tokens = leaf.tokens[: (end - start) * TOKEN_BYTES]
-        leaf.end, leaf.blocks = end, blocks[:keep]  # a new array: events hold the old one
-        if leaf.older:
-            leaf.older = recency.trim(leaf.older, end)
-        self.stats.evicted_tokens += tokens
-        if self.log.on:
-            self.log.emit(ev.Evict(leaf.id, tokens, freed))
-        return Cut(len(freed), tokens, None)
 
     def _remove(self, leaf: RadixNode) -> Cut:
         """Remove ``leaf`` whole (see ``cut``)."""

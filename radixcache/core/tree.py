@@ -238,7 +238,8 @@ class RadixTree:
             if self.log.on:
                 self.log.emit(ev.Pin(node.id, -1))
             self.evictor.offer(node)
-            self.structure.merge(node)
+            if len(node.children) == 1:  # what ``merge`` needs first: skip its call if not
+                self.structure.merge(node)
 
     # -- leases ----------------------------------------------------------------------------
     def allocate(self, match: MatchResult, total: int) -> Lease:
