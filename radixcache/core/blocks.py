@@ -182,6 +182,16 @@ class BlockAllocator:
         self._free.extend(freed)
         return freed
 
+    def free_tail(self, run: array[int]) -> None:
+        """Return ``run`` to the free list: the tail of a leaf cut back to a block boundary,
+        blocks held by that leaf alone (only a node's first block is ever shared, and a leaf
+        has no child continuing in its last), of which only the last can be partly claimed.
+        ``release_run`` without its checks of shared ends: eviction calls it on nearly every
+        allocation of a full pool."""
+        if run:
+            self._partial.pop(run[-1], None)
+            self._free.extend(run)
+
     def _drop_extra(self, block: int) -> bool:
         """Drop one extra reference of ``block`` if it has one; True when it had."""
         extra = self._extra.get(block)

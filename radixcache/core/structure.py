@@ -201,7 +201,8 @@ class Structure:
         # helper: this runs on nearly every allocation once the pool is full.
         blocks = leaf.blocks
         keep = (end - 1) // B - start // B + 1
-        freed = self.alloc.release_run(blocks[keep:])
+        freed = blocks[keep:]
+        self.alloc.free_tail(freed)
         tokens = leaf.end - end
         leaf.tokens = leaf.tokens[: (end - start) * TOKEN_BYTES]
         leaf.end, leaf.blocks = end, blocks[:keep]  # a new array: events hold the old one
