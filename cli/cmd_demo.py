@@ -29,7 +29,10 @@ from radixcache.traffic.workloads import WorkloadError, build_workload
 
 console = Console(stderr=True)
 DEMO_SCHEDULE = Policy.LPM  # cache-aware: `bench engine --schedule` measured it (README)
-QUIT_GRACE_S = 1.0  # q: the demo's engine holds nothing to save, so it gets 1 s, then SIGKILL
+# q: the demo's engine holds nothing to save. It gets SIGTERM when the inspector starts to
+# close and SIGKILL 0.4 s later: its orderly exit (the step in flight, then the interpreter's
+# teardown of torch) took 0.9-1.4 s at load 5, which `q` within 1 s cannot wait for
+QUIT_GRACE_S = 0.4
 
 
 @contextlib.contextmanager
@@ -75,7 +78,15 @@ def _run_inspector(engine: EngineProcess, mix: tuple[str, ...], interval_s: floa
     from inspector.app import InspectorApp
     from inspector.live import LiveSource
 
-    app = InspectorApp(LiveSource(engine.endpoints.events, connecting="starting engine ..."))
+    class DemoSource(LiveSource):
+        """Closed when the inspector quits: the engine gets SIGTERM at that moment, so it
+        shuts down while the screen closes, not after (q waited for both, one by one)."""
+
+        def stop(self) -> None:
+            engine.terminate()
+            super().stop()
+
+    app = InspectorApp(DemoSource(engine.endpoints.events, connecting="starting engine ..."))
     failed: list[DemoError] = []
     loops: list[MixLoop] = []
 
