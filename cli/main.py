@@ -2,7 +2,8 @@
 command runs (``cli.lazy``): `radixcache --help` imports none of them.
 
 Exit codes: 0 ok; 1 a runtime error, printed as one line ``error: <reason>`` on stderr
-(``RADIXCACHE_DEBUG=1`` re-raises it with its traceback); 2 a usage error (Click).
+(``RADIXCACHE_DEBUG=1`` re-raises it with its traceback); 2 a usage error, one line
+``radixcache CMD: error: <problem>`` (``cli.usage``).
 
 Importing this must not import torch (tests/test_cli_version.py checks it), and the command
 modules import the engine, model and pool inside the commands that use them, so a command's
@@ -67,14 +68,16 @@ def main(argv: list[str] | None = None) -> None:
         print_root_help()
         sys.exit(0)
     from cli.app import app
+    from cli.usage import run_command_line
 
     try:
-        app(args=argv, prog_name="radixcache")
+        code = run_command_line(app, argv)
     except Exception as exc:
         if not isinstance(exc, runtime_errors()) or os.environ.get("RADIXCACHE_DEBUG") == "1":
             raise
         print(f"error: {reason(exc)}", file=sys.stderr)
         sys.exit(1)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

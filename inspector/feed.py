@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_right
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -26,7 +25,6 @@ from radixcache.core import events as ev
 from radixcache.core.kinds import tag
 from radixcache.wire.mirror import Mirror, MirrorError, MirrorNode
 
-LOG_KEEP = 2_000  # events the log pane can scroll back through
 UNLOGGED = (ev.Access, ev.Pin)  # most of a stream, and each only repeats a request's path
 
 
@@ -88,7 +86,6 @@ class Feed:
         self.engine = ""
         self.last_ts = 0.0
         self.out_of_sync = False
-        self.log: deque[LogEntry] = deque(maxlen=LOG_KEEP)
         self._clocks: list[int] = []
         self._clock_ts: list[float] = []
         self._delta = Delta()
@@ -258,7 +255,6 @@ class Feed:
     def take_locked(self) -> Delta:
         """``take`` for a caller that holds the lock (and builds its frame in the same hold)."""
         d, self._delta = self._delta, Delta()
-        self.log.extend(d.log)
         return d
 
     def idle(self) -> bool:
