@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -108,6 +111,16 @@ def _run_inspector(engine: EngineProcess, mix: tuple[str, ...], interval_s: floa
         raise failed[0]
 
 
+def _leave_now() -> NoReturn:
+    """End the process now with status 0. Everything is done: the engine is gone, its folder
+    removed, the terminal restored; only the interpreter's teardown is left, freeing the
+    inspector's objects one by one (the mirror, the what-if history, the widgets): 0.3-0.9 s
+    at load 5-8, after the user pressed q, for nothing to save."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _interrupt_on_sigterm() -> None:
     """Turn SIGTERM and SIGHUP (the terminal closed) into KeyboardInterrupt, so that a killed
     demo still stops its engine and removes its temp folder."""
@@ -164,7 +177,7 @@ def demo(
     if not no_inspect:
         with EngineProcess(blocks, grace_s=QUIT_GRACE_S, schedule=schedule.value) as engine:
             _run_inspector(engine.start(), lines, interval)
-        return
+        _leave_now()
     with running_demo(blocks, lines, interval, schedule) as (engine, loop):
         stats = headless(engine, loop, seconds)
     if as_json:

@@ -69,3 +69,55 @@ def test_an_engine_dead_before_terminate_keeps_its_log() -> None:
         assert not engine.dir.exists()
     finally:
         kept.unlink(missing_ok=True)
+
+
+def test_q_in_the_demo_ends_it_and_its_engine() -> None:
+    """The real demo in a pseudo-terminal: ``q`` once the tree is drawn ends the demo with
+    status 0 and leaves no process of its group (the engine is in it) and no temp folder."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import shutil
+    import struct
+    import subprocess
+    import tempfile
+    import termios
+    import time
+
+    tmp = Path(tempfile.mkdtemp(prefix="rcq-", dir="/tmp"))  # short: ipc paths stay in it
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = {**os.environ, "TERM": "xterm-256color", "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "demo"], stdin=slave,
+                            stdout=slave, stderr=slave, env=env, start_new_session=True)
+    os.close(slave)
+    out, typed, during = b"", False, []
+    deadline = time.monotonic() + 300  # a stuck demo fails the test, it does not hang it
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.05)[0]:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:
+                    continue
+            if not typed and "● live".encode() in out:
+                during = [p.name[:8] for p in tmp.iterdir()]
+                os.write(master, b"q")
+                typed = True
+        assert typed, out[-2000:]
+        assert proc.wait(60) == 0
+        assert during == ["rc-demo-"]  # the engine's folder was there, in this TMPDIR
+        try:
+            os.killpg(proc.pid, 0)
+            left = True
+        except ProcessLookupError:
+            left = False
+        assert not left, "a process of the demo's group outlived it"
+        assert list(tmp.iterdir()) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(master)
+        shutil.rmtree(tmp, ignore_errors=True)
