@@ -30,9 +30,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
 
 from rich.text import Text
+from textual.actions import SkipAction
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
+from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Input, Static
 
 from inspector.sources import DatasetWords
@@ -179,7 +181,8 @@ class ClusterApp(App[int | None]):
     #message { height: 1; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("colon,slash", "focus_command", "Command"),
+        # priority: taken when the key arrives, before the keys typed after it are passed on
+        Binding("colon,slash", "focus_command", "Command", priority=True),
         Binding("escape", "focus_table", "Replicas", show=False),
         Binding("q", "quit_cluster", "Quit"),
     ]
@@ -303,8 +306,16 @@ class ClusterApp(App[int | None]):
         self.exit(event.cursor_row)
 
     def action_focus_command(self) -> None:
-        """Focus the command line."""
-        self.query_one(Input).focus()
+        """Focus the command line at once (the keys typed right after ``:`` may already wait
+        behind it: ``InspectorApp.action_focus_command``); in an input, or on a screen with
+        none, ``:`` and ``/`` are left to it."""
+        if isinstance(self.focused, Input):
+            raise SkipAction
+        try:
+            command = self.screen.query_one(Input)
+        except NoMatches:
+            raise SkipAction from None
+        self.screen.set_focus(command)
 
     def action_focus_table(self) -> None:
         """Back to the replica table."""

@@ -47,3 +47,32 @@ async def test_colon_and_slash_inside_the_command_line_are_text() -> None:
         command = app.query_one("#command", CommandLine)
         await wait_until(pilot, lambda: command.value == "why 3:4/5", timeout=5)
         assert app.focused is command
+
+
+def test_the_cluster_screen_takes_keys_right_after_colon_too() -> None:
+    import asyncio
+
+    from textual.widgets import Input
+
+    from inspector.cluster import ClusterApp
+    from inspector.kv_fleet import KVFleet
+    from radixcache.traffic.workloads import Vocabulary
+    from radixcache.wire.kvevents import KVEventPublisher
+
+    pub = KVEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*")
+    kv = KVFleet([pub.endpoints[0]], [pub.endpoints[1]]).start()
+
+    async def run() -> tuple[str, bool]:
+        app = ClusterApp(kv, words=Vocabulary())
+        async with app.run_test() as pilot:
+            await pilot.pause()
+            _burst(app, ":help")
+            line = app.query_one(Input)
+            await wait_until(pilot, lambda: line.value == "help", timeout=5)
+            return line.value, app.focused is line
+
+    try:
+        assert asyncio.run(run()) == ("help", True)
+    finally:
+        kv.close()
+        pub.close()
