@@ -34,7 +34,6 @@ from textual.actions import SkipAction
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
-from textual.css.query import NoMatches
 from textual.widgets import DataTable, Footer, Input, Static
 
 from inspector.sources import DatasetWords
@@ -181,8 +180,7 @@ class ClusterApp(App[int | None]):
     #message { height: 1; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        # priority: taken when the key arrives, before the keys typed after it are passed on
-        Binding("colon,slash", "focus_command", "Command", priority=True),
+        Binding("colon,slash", "focus_command", "Command", priority=True),  # before later keys
         Binding("escape", "focus_table", "Replicas", show=False),
         Binding("q", "quit_cluster", "Quit"),
     ]
@@ -306,16 +304,11 @@ class ClusterApp(App[int | None]):
         self.exit(event.cursor_row)
 
     def action_focus_command(self) -> None:
-        """Focus the command line at once (the keys typed right after ``:`` may already wait
-        behind it: ``InspectorApp.action_focus_command``); in an input, or on a screen with
-        none, ``:`` and ``/`` are left to it."""
-        if isinstance(self.focused, Input):
-            raise SkipAction
-        try:
-            command = self.screen.query_one(Input)
-        except NoMatches:
-            raise SkipAction from None
-        self.screen.set_focus(command)
+        """Focus the command line now (why: ``InspectorApp.action_focus_command``)."""
+        inputs = self.screen.query(Input)
+        if isinstance(self.focused, Input) or not inputs:
+            raise SkipAction  # typed into an input, or a screen without one: its key
+        self.screen.set_focus(inputs.first())
 
     def action_focus_table(self) -> None:
         """Back to the replica table."""
