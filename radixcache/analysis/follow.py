@@ -52,7 +52,7 @@ class Follower:
 
     def _table(self) -> Mapping[type[ev.Event], Callable[[Any], None] | None]:
         m = self.misses.handlers()
-        return exhaustive("analysis.follow", {
+        table = exhaustive("analysis.follow", {
             ev.Access: self._access, ev.Pin: m[ev.Pin], ev.RequestStart: self._start,
             ev.RequestFinish: self._finish, ev.NodeCreated: m[ev.NodeCreated],
             ev.Extend: m[ev.Extend], ev.Evict: m[ev.Evict], ev.RequestCached: m[ev.RequestCached],
@@ -60,6 +60,7 @@ class Follower:
             **dict.fromkeys((ev.Split, ev.Merge, ev.BlockAlloc, ev.BlockFree, ev.Cow,
                              ev.Watermark, ev.Counters, ev.Fault, ev.Digest, ev.Queue)),
         })  # (the None rows: kinds that change nothing either keeps)
+        return table
 
     def detach(self) -> None:
         """Stop following (the mirror's other watchers go on)."""
