@@ -174,10 +174,20 @@ class StackDistances:
         self.prompt_tokens += a.prompt_tokens
         groups, node, pos = self._walk(a.units, r)
         fen, g = self.groups, self.g
+        tree, raw, size = fen.tree, fen.raw, len(fen.tree)
         for q, lo, hi in groups:  # all queries before any update (a shallow group's move
-            self._record(fen.after(q), lo, min(hi, a.prompt_units), a.prompt_tokens)
-        for q, lo, hi in groups:  # changes the distances of the deeper ones)
-            fen.add(q, lo - hi)
+            s, i = 0, q  # changes the distances of the deeper ones): ``fen.after(q)``
+            while i > 0:  # inline, as the update below is ``fen.add(q, lo - hi)``: these
+                s += tree[i]  # two loops are most of the cost of a request
+                i -= i & -i
+            self._record(fen.total - s, lo, min(hi, a.prompt_units), a.prompt_tokens)
+        for q, lo, hi in groups:  # (q < r: inside the tree, which never grows here)
+            d, i = lo - hi, q
+            raw[q] += d
+            fen.total += d
+            while i < size:
+                tree[i] += d
+                i += i & -i
             g[q] = hi
         n = len(a.units) // self.w
         if pos < n:
