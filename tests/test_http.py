@@ -21,7 +21,7 @@ from radixcache.serving.engine import Engine, EngineConfig
 from radixcache.serving.http import EngineBackend, HttpFront
 from radixcache.serving.http_run import Limits
 from radixcache.serving.loop import BatchSink, ServiceLoop
-from radixcache.serving.model import tiny_model
+from radixcache.serving.model import ModelConfig, tiny_model
 from radixcache.traffic.tokenizer import BOS, EOT, HDR, HDR_END, shipped
 
 MODEL = "radixcache-tiny"
@@ -58,13 +58,14 @@ def client(front: HttpFront) -> openai.OpenAI:
 
 
 def greedy(front: HttpFront, ids: list[int], n: int) -> list[int]:
-    """What the engine answers to ``ids`` greedily among the tokenizer's ids (deterministic):
-    the logits of a teacher-forced run, arg-maxed over the tokenizer's vocabulary."""
+    """What the engine answers to ``ids`` greedily (deterministic): the logits of a
+    teacher-forced run, arg-maxed over the model's vocabulary, which is the tokenizer's."""
     engine = front.backend.engine  # type: ignore[attr-defined]
     out: list[int] = []
     for _ in range(n):
         r = engine.submit([*ids, *out], 1, keep_logits=True).result(30)
-        out.append(int(r.logits[0][: TOK.vocab_size].argmax()))
+        assert r.logits.shape == (1, TOK.vocab_size)
+        out.append(int(r.logits[0].argmax()))
     return out
 
 
@@ -130,6 +131,8 @@ def test_sglang_generate_with_ids_and_text(front: HttpFront) -> None:
     ("/v1/completions", {"model": "gpt-9", "prompt": "x"}, 404, "model"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {"model": MODEL, "prompt": [1, 2, 10**6]}, 400, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": [1, 4096]}, 400, "prompt"),
+    ("/generate", {"input_ids": [1, 4096]}, 400, "input_ids"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}, 400, "n"),
     ("/v1/completions", {"model": MODEL}, 400, "prompt"),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
@@ -166,6 +169,7 @@ def test_info_routes(front: HttpFront) -> None:
     models = _http.get(f"{front.url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL]
     assert models["data"][0]["max_model_len"] == 64 * 16
+    assert info["vocab_size"] == models["data"][0]["vocab_size"] == TOK.vocab_size == 4096
     info = _http.get(f"{front.url}/server_info").json()
     assert info["num_blocks"] == 64
 
@@ -237,6 +241,25 @@ def test_the_front_serves_ipv6_loopback() -> None:
         loop.close()
     with pytest.raises(ValueError, match="port 70000 is outside 0-65535"):
         HttpFront(EngineBackend(engine, loop), port=70000)
+
+
+def test_ids_past_the_vocabulary_are_refused_by_name(front: HttpFront) -> None:
+    r = _http.post(f"{front.url}/v1/completions", json={"model": MODEL, "prompt": [4095, 4096]})
+    assert r.json()["error"]["message"] == "'prompt' holds a token id outside [0, 4096)"
+    ok = _http.post(f"{front.url}/v1/completions",
+                    json={"model": MODEL, "prompt": [4095], "max_tokens": 1})
+    assert ok.status_code == 200
+
+
+def test_the_front_refuses_a_model_whose_vocabulary_is_not_the_tokenizers() -> None:
+    engine = Engine(EngineConfig(num_blocks=8, model=ModelConfig(vocab_size=1000)))
+    loop = ServiceLoop(engine, BatchSink(lambda _batch: None)).start()
+    try:
+        with pytest.raises(ValueError, match=r"the model's vocabulary \(1000\) is not the "
+                                             r"tokenizer's \(4096\)"):
+            HttpFront(EngineBackend(engine, loop))
+    finally:
+        loop.close()
 
 
 def test_the_sglang_stream_sends_only_new_text(front: HttpFront) -> None:

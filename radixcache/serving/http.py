@@ -104,6 +104,9 @@ class HttpFront:
         self.backend, self.model = backend, model
         self.limits = limits if limits is not None else Limits()
         self.tokenizer = tokenizer if tokenizer is not None else shipped()
+        if backend.vocab_size != self.tokenizer.vocab_size:
+            raise ValueError(f"the model's vocabulary ({backend.vocab_size}) is not the "
+                             f"tokenizer's ({self.tokenizer.vocab_size})")
         self.stats = RequestMetrics(backend.counters, model)
         self.runner = Runner(backend, self.tokenizer, self.stats, self.limits, model)
         self.started = time.time()
@@ -194,13 +197,13 @@ class HttpFront:
     async def model_info(self, _request: Request) -> Response:
         """SGLang's model info: where the tokenizer is (a Hugging Face tokenizer directory)."""
         return JSONResponse({"model_path": self.model, "tokenizer_path": str(self.tokenizer.path),
-                             "is_generation": True, "vocab_size": self.tokenizer.vocab_size})
+                             "is_generation": True, "vocab_size": self.backend.vocab_size})
 
     async def models(self, _request: Request) -> Response:
         """OpenAI's model list."""
         card = {"id": self.model, "object": "model", "created": int(self.started),
                 "owned_by": "radixcache", "root": str(self.tokenizer.path),
-                "max_model_len": self.backend.max_context}
+                "max_model_len": self.backend.max_context, "vocab_size": self.backend.vocab_size}
         return JSONResponse({"object": "list", "data": [card]})
 
     async def version(self, _request: Request) -> Response:
