@@ -96,6 +96,29 @@ def test_streamed_completion_concatenates_to_the_answer(front: HttpFront,
     assert whole.choices[0].text == TOK.decode(greedy(front, ids, 6))
 
 
+def test_continuous_usage_puts_the_usage_so_far_in_every_chunk(front: HttpFront) -> None:
+    """What guidellm 0.8.1 sends with every streamed chat (vLLM's continuous_usage_stats)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "max_completion_tokens": 3, "stop": None, "ignore_eos": True}
+    lines = _http.post(f"{front.url}/v1/chat/completions", json=body).text.split("\n\n")
+    assert lines[-2:] == ["data: [DONE]", ""]
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-2]]
+    n = len(TOK.chat([("user", "hi")]))
+    with_text = [c for c in chunks if c["choices"]]
+    assert with_text[0]["usage"] == {"prompt_tokens": n, "completion_tokens": 0,
+                                     "total_tokens": n}
+    assert with_text[-1]["usage"]["completion_tokens"] == 3
+    assert chunks[-1]["usage"]["completion_tokens"] == 3 and chunks[-1]["choices"] == []
+    counts = [c["usage"]["completion_tokens"] for c in with_text]
+    assert counts == sorted(counts) and counts[1] >= 1  # each text chunk counts its tokens
+    assert all(c["usage"]["total_tokens"] == n + c["usage"]["completion_tokens"]
+               for c in with_text)
+    alone = dict(body, stream_options={"continuous_usage_stats": True})
+    plain = _http.post(f"{front.url}/v1/chat/completions", json=alone).text
+    assert '"usage"' not in plain  # as vLLM: only together with include_usage
+
+
 def test_chat_goes_through_the_tokenizers_template(front: HttpFront,
                                                    client: openai.OpenAI) -> None:
     r = client.chat.completions.create(
@@ -164,7 +187,8 @@ def test_size_json_context_and_path_errors(front: HttpFront) -> None:
 def test_info_routes(front: HttpFront) -> None:
     assert _http.get(f"{front.url}/health").status_code == 200
     info = _http.get(f"{front.url}/model_info").json()
-    assert (info["model_path"], info["tokenizer_path"]) == (MODEL, str(TOK.path))
+    assert (info["model_path"], info["tokenizer_path"], info["served_model_name"]) == (
+        str(TOK.path), str(TOK.path), MODEL)
     assert _http.get(f"{front.url}/get_model_info").json() == info
     models = _http.get(f"{front.url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL]
