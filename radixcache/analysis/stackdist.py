@@ -177,11 +177,23 @@ class StackDistances:
         self.prompt_tokens += a.prompt_tokens
         groups, node, pos = self._walk(a.units, r)
         fen, g = self.groups, self.g
-        runs = [(fen.after(q), lo, min(hi, a.prompt_units)) for q, lo, hi in groups]
-        for dist, lo, hi in runs:  # all queries before any update (a shallow group's move
-            self._record(dist, lo, hi, a.prompt_tokens)
-        for q, lo, hi in groups:  # changes the distances of the deeper ones)
-            fen.add(q, lo - hi)
+        tree, raw, size = fen.tree, fen.raw, len(fen.tree)
+        runs: list[tuple[int, int, int]] = []
+        for q, lo, hi in groups:  # all queries before any update (a shallow group's move
+            s, i = 0, q  # changes the distances of the deeper ones): ``fen.after(q)``
+            while i > 0:  # inline, as the update below is ``fen.add(q, lo - hi)``: these
+                s += tree[i]  # two loops are most of the cost of a request
+                i -= i & -i
+            run = (fen.total - s, lo, min(hi, a.prompt_units))
+            runs.append(run)
+            self._record(run[0], run[1], run[2], a.prompt_tokens)
+        for q, lo, hi in groups:  # (q < r: inside the tree, which never grows here)
+            d, i = lo - hi, q
+            raw[q] += d
+            fen.total += d
+            while i < size:
+                tree[i] += d
+                i += i & -i
             g[q] = hi
         n = len(a.units) // self.w
         if pos < n:
