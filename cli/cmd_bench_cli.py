@@ -35,6 +35,9 @@ def bench_cli(
     with tempfile.TemporaryDirectory() as tmp, \
             Progress(console=console, disable=as_json, transient=True) as bar:
         task = bar.add_task("bench cli", total=steps)
+        bar.update(task, description="compiling the project (as an install does)")
+        compiled = b.compile_project(Path(tmp) / "pyc")
+        bar.advance(task)
 
         def step(label: str) -> None:
             bar.update(task, description=label)
@@ -53,16 +56,13 @@ def bench_cli(
             step("radixcache demo (first frame, q)")
             demo_s = b.measure_demo()
             bar.advance(task)
-        step("radixcache record (progress)")
-        progress = b.record_draws_progress(Path(tmp) / "tot.rcx")
-        bar.advance(task)
-        step("radixcache record --from (a busy stream)")
-        record_from = b.record_from_seconds(Path(tmp) / "busy.rcx", b.CLI)
+        step("radixcache record (progress; --from a busy stream)")
+        progress, record_from = b.record_figures(Path(tmp))
         bar.advance(task)
     first_output, first_frame, live, quit_s = (round(s, 3) for s in demo_s)
     figures = b.CliFigures(round(help_s, 3), round(tree_s, 3), round(tree_mb, 1),
                            requests if recording is None else -1, first_output, first_frame,
-                           live, quit_s, progress, record_from, b.load_avg())
+                           live, quit_s, progress, record_from, b.load_avg(), compiled)
     if as_json:
         typer.echo(json.dumps(figures._asdict()))
         return

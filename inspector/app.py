@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from textual import events
+from textual.actions import SkipAction
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
@@ -69,7 +70,8 @@ class InspectorApp(App[None]):
     TITLE = "radixcache inspector"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("question_mark", "help", "Help"),
-        Binding("colon,slash", "focus_command", "Command"),
+        # priority: taken when the key arrives, before the keys typed after it are passed on
+        Binding("colon,slash", "focus_command", "Command", priority=True),
         Binding("escape", "focus_tree", "Tree", show=False),
         *pane_bindings(PANES),
         Binding("ctrl+left", "resize(-5)", "Narrow", show=False),
@@ -304,8 +306,15 @@ class InspectorApp(App[None]):
         events.focus()
 
     def action_focus_command(self) -> None:
-        """Focus the command line."""
-        self._panes.command.focus()
+        """Focus the command line at once. The keys typed right after ``:`` may already wait
+        in the queue (a busy machine reads ``:stats`` in one chunk): a plain binding ran only
+        after the focused pane had passed ``:`` up, and ``Widget.focus`` moves the focus a
+        turn later still, so those keys went to the tree. In an input, or on another screen,
+        ``:`` and ``/`` are left to it (typed as text)."""
+        command = self._panes.command
+        if self.screen is not command.screen or isinstance(self.focused, Input):
+            raise SkipAction
+        self.screen.set_focus(command)
 
     def action_focus_tree(self) -> None:
         """Back to the tree (or the first pane shown)."""

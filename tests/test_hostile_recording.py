@@ -372,16 +372,16 @@ def test_record_from_a_peer_whose_snapshot_is_refused_says_why(tmp_path, capsys)
     assert not out.exists()
 
 
-def test_bench_cli_record_from_ends_with_the_busy_stream_noted(tmp_path):
-    """``bench cli``'s ``record_from_s`` peer does keep the recorder busy past the deadline:
-    the real command exits 0 and its file says a frame was left out."""
-    from radixcache.tools.bench_cli import CLI, record_from_seconds
+def test_bench_cli_record_from_runs_the_real_command_to_a_noted_file(tmp_path):
+    """``bench cli``'s ``record_from_s``: the real command against its busy peer exits 0 and
+    writes a capture note (whether the thread is still busy at the end depends on the CPU;
+    ``test_stop_returns_while_the_stream_thread_is_stuck_*`` proves what happens when it is)."""
+    from radixcache.tools.bench_cli import CLI
+    from radixcache.tools.bench_record_from import record_from_seconds
 
     out = tmp_path / "busy.rcx"
     assert record_from_seconds(out, CLI) > 0  # -1: the command failed
     with RecordingReader(out) as reader:
         note = reader.capture_note()
     assert note is not None
-    assert (note.batches, note.complete, note.last_error) == (
-        0, False, "the stream's thread was still busy with a frame when the time was up "
-                  "(not in the file)")
+    assert (note.seconds, note.keyframes, note.malformed, note.state) == (2.0, 1, 0, "live")

@@ -26,7 +26,7 @@ BLOCK_IDS = 10_000_000  # ids < 256: CPython's cached ints keep the peer's list 
 
 
 class _BusyPeer:
-    """Answers snapshot requests and publishes a huge batch every 0.2 s until closed."""
+    """Answers snapshot requests, then publishes huge batches (one per 0.1 s) until closed."""
 
     def __init__(self) -> None:
         port = free_ports(2)
@@ -38,16 +38,14 @@ class _BusyPeer:
         self.events = f"tcp://127.0.0.1:{port}"
         root = ev.NodeState(0, -1, 0, b"", [], 0, 0)
         self.snapshot = ENC.encode(ev.Snapshot(16, MAX_NUM_BLOCKS, [root], 0, 1, [], 0.9, 0.8))
-        alloc = ev.BlockAlloc([i & 0xFF for i in range(BLOCK_IDS)])
-        self.frames = [ev.encode_batch(ev.Batch(seq, 1, 0.0, "busy", [alloc]))
-                       for seq in (1, 2, 3)]
+        self.alloc = ev.BlockAlloc([i & 0xFF for i in range(BLOCK_IDS)])
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="busy-peer", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         subscribed = answered = False
-        sent = 0
+        seq = 0
         while not self._stop.is_set():
             if self.pub.poll(0) and self.pub.recv()[:1] == b"\x01":
                 subscribed = True  # (an XPUB: frames go out once the subscriber listens)
@@ -57,9 +55,9 @@ class _BusyPeer:
                     self.router.send_multipart([ident, b"snap", body[1], u64(1), u64(0),
                                                 self.snapshot])
                     answered = True
-            elif subscribed and answered and sent < len(self.frames):
-                self.pub.send(self.frames[sent])  # seq 1, 2, 3 after the snapshot at seq 0
-                sent += 1
+            elif subscribed and answered:  # seq 1, 2, ... after the snapshot at seq 0
+                seq += 1
+                self.pub.send(ev.encode_batch(ev.Batch(seq, 1, 0.0, "busy", [self.alloc])))
 
     def close(self) -> None:
         """Stop the thread and close both sockets."""
