@@ -18,25 +18,22 @@ import typer
 from typer.models import DefaultPlaceholder
 
 from cli.lazy import BenchCommands, LazyGroup, RootCommands, command_name
+from cli.table import BENCH_HELP, BENCH_PANEL, ROOT_EPILOG, ROOT_HELP, VERSION_HELP
 from radixcache import __version__
 
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
 
 app = typer.Typer(
     name="radixcache",
-    help=(
-        "A token-granular radix-tree KV cache engine and its live terminal inspector.\n\n"
-        "Start with [bold]radixcache demo[/]: an engine with a mixed workload and the "
-        "inspector attached to it."
-    ),
-    epilog="Exit codes: 0 ok, 1 runtime error, 2 usage error. RADIXCACHE_DEBUG=1 shows tracebacks.",
+    help=ROOT_HELP,
+    epilog=ROOT_EPILOG,
     context_settings=HELP_OPTIONS,
     rich_markup_mode="rich",
     no_args_is_help=True,
     cls=RootCommands,
 )
 bench_app = typer.Typer(
-    help="Benchmarks: each prints a table, or one JSON object with --json.",
+    help=BENCH_HELP,
     epilog="[bold]Example:[/]  radixcache bench cli --json",
     context_settings=HELP_OPTIONS,
     no_args_is_help=True,
@@ -44,9 +41,9 @@ bench_app = typer.Typer(
     cls=BenchCommands,
 )
 RootCommands.typer_app, BenchCommands.typer_app = app, bench_app
-app.add_typer(bench_app, name="bench", rich_help_panel="Benchmarks")
+app.add_typer(bench_app, name="bench", rich_help_panel=BENCH_PANEL)
 
-RUN, INSPECT, DATA, BENCH, DIAG = "Run", "Inspect", "Data", "Benchmarks", "Diagnostics"
+RUN, INSPECT, DATA, BENCH, DIAG = "Run", "Inspect", "Data", BENCH_PANEL, "Diagnostics"
 PANEL_ORDER = (RUN, INSPECT, DATA, DIAG)  # command panels; the bench group's panel comes last
 
 PANELS: Mapping[str, str] = MappingProxyType({
@@ -84,7 +81,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        False, "--version", callback=_version, is_eager=True, help=VERSION_HELP
     ),
 ) -> None:
     """radixcache: see and steer a radix KV cache."""

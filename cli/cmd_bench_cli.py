@@ -31,10 +31,13 @@ def bench_cli(
     Example: radixcache bench cli --json"""
     from radixcache.tools import bench_cli as b
 
-    steps = 4 + int(demo) + int(recording is None)
+    steps = 5 + int(demo) + int(recording is None)
     with tempfile.TemporaryDirectory() as tmp, \
             Progress(console=console, disable=as_json, transient=True) as bar:
         task = bar.add_task("bench cli", total=steps)
+        bar.update(task, description="compiling the project (as an install does)")
+        compiled = b.compile_project(Path(tmp) / "pyc")
+        bar.advance(task)
 
         def step(label: str) -> None:
             bar.update(task, description=label)
@@ -59,7 +62,7 @@ def bench_cli(
     first_output, first_frame, live, quit_s = (round(s, 3) for s in demo_s)
     figures = b.CliFigures(round(help_s, 3), round(tree_s, 3), round(tree_mb, 1),
                            requests if recording is None else -1, first_output, first_frame,
-                           live, quit_s, progress, b.load_avg())
+                           live, quit_s, progress, b.load_avg(), compiled)
     if as_json:
         typer.echo(json.dumps(figures._asdict()))
         return

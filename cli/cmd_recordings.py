@@ -1,8 +1,7 @@
-"""`radixcache record | tree | export`: recordings written, printed and exported.
+"""`radixcache record | export`: recordings written and exported (`tree`: ``cli.cmd_tree``).
 
 Thin shells: the live recorder is ``radixcache.wire.recorder``, the reader
-``radixcache.wire.recording``, the text of a tree ``radixcache.wire.treeview``. Every error
-and warning goes to stderr; results to stdout.
+``radixcache.wire.recording``. Every error and warning goes to stderr; results to stdout.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
-from rich.tree import Tree
 
 from cli.app import CliError, app
 from cli.options import (
@@ -30,50 +27,23 @@ from cli.options import (
     engine_config,
     sized_workload,
 )
-from inspector.sources import DatasetWords
+from cli.output import client_curve, console, stopped, warn
 from radixcache.serving.policy import Policy
-from radixcache.traffic.workloads import Vocabulary, Workload, WorkloadError
+from radixcache.traffic.workloads import Workload, WorkloadError
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.export import jsonl_lines, perfetto_json
-from radixcache.wire.kvevents.pubsub import KVEventsClient
-from radixcache.wire.kvevents.report import follow_lines
-from radixcache.wire.mirror import Mirror
 from radixcache.wire.recorder import LiveRecorder
-from radixcache.wire.recording import CaptureNote, Damage, RecordingReader, RecordingWriter
-from radixcache.wire.security import ClientCurve, CurveError
-from radixcache.wire.subscriber import Subscriber
-from radixcache.wire.treeview import Line, TokenText, node_label, preview, walk
+from radixcache.wire.recording import CaptureNote, RecordingReader, RecordingWriter
+from radixcache.wire.security import ClientCurve
 
 if TYPE_CHECKING:
     from radixcache.core import events as ev
     from radixcache.serving.engine import Engine
     from radixcache.serving.server import RecordResult
 
-# piped (not a terminal), lines are never wrapped at Rich's default 80 columns: a node's line
-# stays one line for grep and for whatever reads it
-console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
 # 2,048 blocks of 16 tokens (32k tokens): 2,000 chat requests evict, so a recording shows
 # eviction, merges and the LRU at work (65,536 never filled up: no eviction to see)
 RECORD_BLOCKS = 2048
-
-
-def _client_curve(directory: Path | None) -> ClientCurve | None:
-    if directory is None:
-        return None
-    try:
-        return ClientCurve.load(directory)
-    except CurveError as exc:
-        raise CliError(str(exc)) from None
-
-
-def _warn(line: str) -> None:
-    """One line on stderr (never wrapped: a path or an offset stays greppable)."""
-    typer.echo(line, err=True)
-
-
-def _stopped(damage: Damage | None) -> None:
-    if damage is not None:
-        _warn(f"warning: stopped at byte {damage.offset:,}: {damage.reason}")
 
 
 ANSWERS_HELP = ("Headless: prefill folds each forced answer into its prompt (same tree, ~50x "
@@ -104,7 +74,7 @@ def record(
     """Record a live engine (--from), or run a workload headless on the engine with the tiny
     model and record every step's events: 2000 chat requests take about 80 s on 2 CPU cores."""
     if from_ is not None:
-        _record_live(from_, out, seconds, keyframe_every, _client_curve(curve_keys))
+        _record_live(from_, out, seconds, keyframe_every, client_curve(curve_keys))
         return
     from radixcache.serving.engine import Answers, Engine
 
@@ -182,7 +152,7 @@ def _record_live(endpoint: str, out: Path, seconds: float, every: int,
     console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches, "
                   f"{r.keyframes} keyframes (seq {note.first_seq:,} to {note.last_seq:,})")
     if not note.complete:
-        _warn(f"warning: incomplete capture (noted in the file): {capture_losses(note)}")
+        warn(f"warning: incomplete capture (noted in the file): {capture_losses(note)}")
 
 
 def capture_losses(note: CaptureNote) -> str:
@@ -220,7 +190,7 @@ def export(
     else:
         target = out or file.with_suffix(".json")
         _write_whole(target, perfetto_json(items))
-    _stopped(damage)
+    stopped(damage)
     console.print(f"wrote {target}")
 
 
@@ -242,77 +212,3 @@ def _write_whole(target: Path, data: bytes) -> None:
             tmp.unlink(missing_ok=True)
         kept = "; the file there is unchanged" if target.exists() else ""
         raise CliError(f"{target}: {exc.strerror or exc} (nothing written{kept})") from None
-
-
-def _words(lines: list[Line]) -> TokenText:
-    """The synthetic words, or, when a preview needs more (trace workloads), the ShareGPT
-    words too: loaded once, waited for at most 15 s (ids render as #id without them)."""
-    synthetic = Vocabulary()
-    if all("#" not in preview(line.node, synthetic) for line in lines):
-        return synthetic
-    words = DatasetWords()
-    words.load()
-    words.ready.wait(15)
-    return words
-
-
-def _rich_tree(mirror: Mirror, limit: int) -> Tree:
-    root = Tree(f"root ({len(mirror.nodes) - 1} nodes)")
-    lines = list(walk(mirror, limit))
-    vocab = _words(lines)
-    branches: dict[int, Tree] = {0: root}
-    for line in lines:
-        parent = line.node.parent
-        assert parent is not None
-        branches[line.node.id] = branches[parent.id].add(node_label(line.node, vocab))
-    return root
-
-
-@app.command()
-def tree(
-    source: str | None = typer.Argument(None, help="A recording file or tcp://HOST:PORT."),
-    kv_events: str | None = typer.Option(None, help="A vLLM/SGLang KV-event PUB endpoint."),
-    replay: str | None = typer.Option(None, help="Its replay ROUTER (replays from seq 0)."),
-    seconds: float = typer.Option(2.0, help="With --kv-events: how long to follow."),
-    limit: int = typer.Option(200, help="Print at most this many nodes."),
-    curve_keys: Path | None = typer.Option(None, help="With ENDPOINT: " + CURVE_HELP),
-) -> None:
-    """Print the cache tree of a recording or a live engine, or a KV-event block-hash tree.
-    Damage in a file is reported on stderr (byte offset, reason); exit 1 when nothing could
-    be read."""
-    if kv_events is not None:
-        _kv_tree(kv_events, replay, seconds, limit)
-        return
-    if source is None:
-        raise typer.BadParameter("give FILE, ENDPOINT or --kv-events")
-    if "://" in source:
-        mirror = _live_mirror(source, _client_curve(curve_keys))
-        console.print(_rich_tree(mirror, limit))
-        return
-    with RecordingReader(Path(source)) as reader:
-        mirror, events = reader.mirror_at(2**62)
-        damage = reader.damage
-    console.print(_rich_tree(mirror, limit))
-    console.print(f"{events:,} events read")
-    _stopped(damage)
-
-
-def _live_mirror(source: str, curve: ClientCurve | None) -> Mirror:
-    sub = Subscriber(Endpoints.from_events(source), curve=curve).start()
-    ok = sub.wait_synced(10)
-    sub.stop()
-    if not ok:
-        why = sub.last_error or "down, or it needs / refused these --curve-keys"
-        raise CliError(f"no snapshot from {source} in 10 s ({why})")
-    if sub.stats.malformed:
-        _warn(f"warning: {sub.stats.malformed} malformed frames; last: {sub.last_error}")
-    return sub.mirror
-
-
-def _kv_tree(endpoint: str, replay: str | None, seconds: float, limit: int) -> None:
-    client = KVEventsClient(endpoint, replay)
-    try:
-        lines = follow_lines(client, seconds, limit)
-    finally:
-        client.close()
-    typer.echo("\n".join(lines))

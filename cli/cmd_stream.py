@@ -1,4 +1,4 @@
-"""`radixcache serve | keys` (record, tree, export: cmd_recordings; bench events:
+"""`radixcache serve | keys` (record, export: cmd_recordings; tree: cmd_tree; bench events:
 cmd_bench_events)."""
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from radixcache.core.blockrule import MAX_BLOCK_TOKENS
 from radixcache.traffic.traces import TraceError
 
 if TYPE_CHECKING:
+    from radixcache.analysis.figures import WhatIfFigures
     from radixcache.analysis.replay import Policy
     from radixcache.analysis.whatif import WhatIfConfig
     from radixcache.serving.cluster import Policy as Router
@@ -75,8 +76,8 @@ def _bytes_per_token(kv_bytes: int | None, model: str | None) -> int | None:
 def _compute(
     cfg: WhatIfConfig, err: Console, *, at: list[int], pool_blocks: int | None,
     bpt: int | None, routers: list[Router], replicas: int,
-) -> tuple[dict[str, object], list[str]]:
-    """The ``--json`` object (with ``routing`` when ``replicas``) and the source's notes."""
+) -> tuple[WhatIfFigures, list[str]]:
+    """The ``--json`` figures (with ``routing`` when ``replicas``) and the source's notes."""
     from radixcache.analysis.answers import summary
     from radixcache.analysis.whatif import analyse
 
@@ -89,7 +90,7 @@ def _compute(
     if replicas and pool_blocks is not None:
         from radixcache.analysis.routing import compare
 
-        fig["routing"] = compare(cfg, routers, replicas, pool_blocks)
+        fig.routing = compare(cfg, routers, replicas, pool_blocks)
     return fig, result.notes
 
 
@@ -160,7 +161,7 @@ def _checked_curve(cfg: WhatIfConfig, at_caps: list[int], bpt: int | None, plot:
 
 
 def _curve(cfg: WhatIfConfig, plot: Path | None, as_json: bool,
-           compute: Callable[[WhatIfConfig, Console], tuple[dict[str, object], list[str]]]) -> None:
+           compute: Callable[[WhatIfConfig, Console], tuple[WhatIfFigures, list[str]]]) -> None:
     """Compute the curve and show it: the answers and the table, or ``--json``; a bad trace
     is one line naming the line (exit 1). The plot is written last: a file that cannot be
     written loses none of the answers."""
@@ -172,7 +173,9 @@ def _curve(cfg: WhatIfConfig, plot: Path | None, as_json: bool,
     for note in notes:
         err.print(f"note: {note}", highlight=False)
     if as_json:
-        typer.echo(json.dumps(fig))
+        from radixcache.analysis.figures import as_json as json_line
+
+        typer.echo(json_line(fig))
     else:
         print_human(fig)
     if plot is not None:  # after the answers: a file that cannot be written loses nothing

@@ -2,19 +2,33 @@
 command runs (``cli.lazy``): `radixcache --help` imports none of them.
 
 Exit codes: 0 ok; 1 a runtime error, printed as one line ``error: <reason>`` on stderr
-(``RADIXCACHE_DEBUG=1`` re-raises it with its traceback); 2 a usage error (Click).
+(``RADIXCACHE_DEBUG=1`` re-raises it with its traceback); 2 a usage error, one line
+``radixcache CMD: error: <problem>`` (``cli.usage``).
 
 Importing this must not import torch (tests/test_cli_version.py checks it), and the command
 modules import the engine, model and pool inside the commands that use them, so a command's
-own ``--help`` starts fast too.
+own ``--help`` starts fast too. ``radixcache --help`` does not even import Typer: it is
+printed from the command table (``cli.tophelp``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from cli.app import CliError, app
+if TYPE_CHECKING:
+    from cli.app import app as app
+
+
+def __getattr__(name: str) -> object:
+    """``cli.main.app``, the Typer app, imported on first use (``radixcache --help`` prints
+    without Typer, so this module does not import it)."""
+    if name == "app":
+        from cli.app import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def runtime_errors() -> tuple[type[BaseException], ...]:
@@ -23,6 +37,7 @@ def runtime_errors() -> tuple[type[BaseException], ...]:
     project's own error types: a ValueError or OSError that reaches here was not expected by
     the command that raised it, so it is a bug and shows its traceback. Imported only when
     something failed (the command that raised one has imported its module already)."""
+    from cli.app import CliError
     from radixcache.core.blocks import PoolError
     from radixcache.core.tokens import InvalidTokens
     from radixcache.core.tree import TreeError
@@ -47,13 +62,22 @@ def reason(exc: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI on ``argv`` (default ``sys.argv[1:]``); always ends in ``SystemExit``."""
+    if (sys.argv[1:] if argv is None else argv) in (["--help"], ["-h"]):
+        from cli.tophelp import print_root_help
+
+        print_root_help()
+        sys.exit(0)
+    from cli.app import app
+    from cli.usage import run_command_line
+
     try:
-        app(args=argv, prog_name="radixcache")
+        code = run_command_line(app, argv)
     except Exception as exc:
         if not isinstance(exc, runtime_errors()) or os.environ.get("RADIXCACHE_DEBUG") == "1":
             raise
         print(f"error: {reason(exc)}", file=sys.stderr)
         sys.exit(1)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

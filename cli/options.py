@@ -7,10 +7,10 @@ import shlex
 from typing import TYPE_CHECKING
 
 from radixcache.serving.policy import Policy
-from radixcache.traffic.workloads import WORKLOADS, Workload, build_workload
 
-if TYPE_CHECKING:  # these import torch (seconds): imported when a command runs
+if TYPE_CHECKING:  # torch (seconds), numpy and the generators: imported when a command runs
     from radixcache.serving.engine import Answers, EngineConfig
+    from radixcache.traffic.workloads import Workload
 
 SCHEDULE_HELP = ("How waiting requests are admitted: fcfs (arrival order), lpm (longest cached "
                  "prefix first) or dfs-weight (depth-first over the cached tree); the last "
@@ -52,6 +52,8 @@ def engine_config(model: ModelSize, blocks: int, device: str | None, threads: in
 def sized_workload(name: str, args: str, requests: int) -> Workload:
     """``name`` built from ``args``, or (no args) sized by its ``size`` parameter to hold at
     least ``requests``."""
+    from radixcache.traffic.workloads import WORKLOADS, build_workload
+
     spec = WORKLOADS.get(name)
     if args or spec is None or spec.size is None:
         return build_workload(name, shlex.split(args))

@@ -1,9 +1,11 @@
 """How `radixcache whatif` shows its answer: the headline answers, the terminal plot, the
-table, the routing table and the plot file (the command itself is in ``cli.cmd_whatif``)."""
+table, the routing table and the plot file (the command itself is in ``cli.cmd_whatif``). All
+of it reads the typed figures (``radixcache.analysis.figures``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import typer
@@ -13,72 +15,66 @@ from rich.text import Text
 
 from cli.app import CliError
 
+if TYPE_CHECKING:
+    from radixcache.analysis.figures import RoutingFigures, WhatIfFigures
+
 
 def pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
-def answers(fig: dict[str, object]) -> list[str]:
-    cf, max_rate = fig["capacity_for"], fig["max_hit_rate"]
-    assert isinstance(cf, dict) and isinstance(max_rate, float)
+def answers(fig: WhatIfFigures) -> list[str]:
+    cf = fig.capacity_for
     lines = [
-        f"{fig['requests']:,} requests, {fig['prompt_tokens']:,} prompt tokens, "
-        f"block {fig['block_size']} ({fig['format']}) in {fig['seconds']:.2f} s",
-        f"maximum hit rate {pct(max_rate)} (infinite cache)",
+        f"{fig.requests:,} requests, {fig.prompt_tokens:,} prompt tokens, "
+        f"block {fig.block_size} ({fig.format}) in {fig.seconds:.2f} s",
+        f"maximum hit rate {pct(fig.max_hit_rate)} (infinite cache)",
         "capacity for 50% / 90% / 99% of it: "
         + " / ".join(f"{cf[f]:,} tokens" for f in ("0.5", "0.9", "0.99")),
-        f"knee at {fig['knee_tokens']:,} tokens",
+        f"knee at {fig.knee_tokens:,} tokens",
     ]
-    pool = fig.get("pool")
-    if isinstance(pool, dict):
-        who = "your pool" if pool["given_by"] == "option" else "the recording's pool"
+    pool = fig.pool
+    if pool is not None:
+        who = "your pool" if pool.given_by == "option" else "the recording's pool"
         lines.append(
-            f"{who} of {pool['blocks']:,} blocks ({pool['tokens']:,} tokens) reaches "
-            f"{pct(pool['of_max'])} of the maximum; 2x reaches {pct(pool['of_max_2x'])}")
-    if "sample_rate" in fig:
-        lines.append(f"estimated from a {pct(float(str(fig['sample_rate'])))} sample of the "
-                     f"blocks (SHARDS)")
+            f"{who} of {pool.blocks:,} blocks ({pool.tokens:,} tokens) reaches "
+            f"{pct(pool.of_max)} of the maximum; 2x reaches {pct(pool.of_max_2x)}")
+    if fig.sample_rate is not None:
+        lines.append(f"estimated from a {pct(fig.sample_rate)} sample of the blocks (SHARDS)")
     return lines
 
 
-def curve_table(fig: dict[str, object], rows: int = 14) -> Table:
-    caps = fig["capacities_tokens"]
-    rates = fig["hit_rate"]
-    miss = fig["misses"]
-    gib = fig.get("capacities_gib")
-    assert isinstance(caps, list) and isinstance(rates, list) and isinstance(miss, dict)
-    how = "sampled" if "sample_rate" in fig else "exact"
-    t = Table(title=f"radixcache whatif {fig['source']} (LRU, {how})")
+def curve_table(fig: WhatIfFigures, rows: int = 14) -> Table:
+    caps, rates, miss, gib = fig.capacities_tokens, fig.hit_rate, fig.misses, fig.capacities_gib
+    how = "sampled" if fig.sample_rate is not None else "exact"
+    t = Table(title=f"radixcache whatif {fig.source} (LRU, {how})")
     for col in ("capacity tokens", "blocks", "GiB", "hit rate", "compulsory", "capacity",
                 "alignment"):
         t.add_column(col, justify="right")
-    align = miss.get("alignment")
+    align = miss.alignment
     step = max(1, len(caps) // rows)
     picks = sorted(set(range(0, len(caps), step)) | {len(caps) - 1})
     for i in picks:
         t.add_row(
-            f"{caps[i]:,}", f"{caps[i] // int(str(fig['block_size'])):,}",
-            f"{gib[i]:.2f}" if isinstance(gib, list) else "-", pct(rates[i]),
-            f"{miss['compulsory'][i]:,}", f"{miss['capacity'][i]:,}",
-            f"{align[i]:,}" if isinstance(align, list) else "-")
+            f"{caps[i]:,}", f"{caps[i] // fig.block_size:,}",
+            f"{gib[i]:.2f}" if gib is not None else "-", pct(rates[i]),
+            f"{miss.compulsory[i]:,}", f"{miss.capacity[i]:,}",
+            f"{align[i]:,}" if align is not None else "-")
     return t
 
 
-def terminal_plot(fig: dict[str, object], width: int, color: bool) -> Text:
+def terminal_plot(fig: WhatIfFigures, width: int, color: bool) -> Text:
     import plotext as plt
 
     from radixcache.analysis.chart import si
 
-    caps, rates = fig["capacities_tokens"], fig["hit_rate"]
-    assert isinstance(caps, list) and isinstance(rates, list)
-    pairs = [(c, 100 * r) for c, r in zip(caps, rates, strict=True) if c > 0]
+    pairs = [(c, 100 * r) for c, r in zip(fig.capacities_tokens, fig.hit_rate, strict=True)
+             if c > 0]
     plt.clear_figure()
     plt.plot([c for c, _ in pairs], [r for _, r in pairs], marker="braille", label="LRU")
-    pol = fig["policies"]
-    assert isinstance(pol, dict)
     ys = [r for _, r in pairs]
-    for name, p in pol.items():
-        both = zip(p["capacities_tokens"], p["hit_rate"], strict=True)
+    for name, p in fig.policies.items():
+        both = zip(p.capacities_tokens, p.hit_rate, strict=True)
         pts = [(c, 100 * r) for c, r in both if c > 0]
         if pts:
             plt.scatter([c for c, _ in pts], [r for _, r in pts], label=name)
@@ -109,7 +105,7 @@ def check_plot(plot: Path | None) -> None:
             raise typer.BadParameter(str(exc), param_hint="--plot") from None
 
 
-def plot_file(path: Path, fig: dict[str, object]) -> None:
+def plot_file(path: Path, fig: WhatIfFigures) -> None:
     from radixcache.analysis.chart import ChartError, draw
 
     try:
@@ -118,26 +114,23 @@ def plot_file(path: Path, fig: dict[str, object]) -> None:
         raise CliError(f"--plot {exc}") from exc
 
 
-def print_human(fig: dict[str, object]) -> None:
+def print_human(fig: WhatIfFigures) -> None:
     out = Console()
     for line in answers(fig):
         out.print(line)
     out.print(terminal_plot(fig, out.width, out.is_terminal))
     out.print(curve_table(fig))
-    routing = fig.get("routing")
-    if isinstance(routing, dict):
-        out.print(routing_table(routing))
+    if fig.routing is not None:
+        out.print(routing_table(fig.routing))
 
 
-def routing_table(r: dict[str, object]) -> Table:
-    t = Table(title=f"{r['replicas']} replicas x {r['capacity_blocks']:,} blocks "
-                    f"(block {r['block_size']}), offline")
+def routing_table(r: RoutingFigures) -> Table:
+    t = Table(title=f"{r.replicas} replicas x {r.capacity_blocks:,} blocks "
+                    f"(block {r.block_size}), offline")
     for col in ("router", "hit rate", "imbalance", "duplicated tokens"):
         t.add_column(col, justify="right")
-    pol, one = r["policies"], r["shared"]
-    assert isinstance(pol, dict) and isinstance(one, dict)
-    for name, p in pol.items():
-        t.add_row(name, pct(p["hit_rate"]), f"{p['imbalance']:.2f}",
-                  f"{p['duplicated_tokens']:,}")
-    t.add_row(f"one shared cache of {one['capacity_blocks']:,}", pct(one["hit_rate"]), "-", "-")
+    for name, p in r.policies.items():
+        t.add_row(name, pct(p.hit_rate), f"{p.imbalance:.2f}", f"{p.duplicated_tokens:,}")
+    one = r.shared
+    t.add_row(f"one shared cache of {one.capacity_blocks:,}", pct(one.hit_rate), "-", "-")
     return t

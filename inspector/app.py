@@ -14,9 +14,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
+from pathlib import Path
 from typing import ClassVar, Protocol
 
 from textual import events
+from textual.actions import SkipAction
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
@@ -29,7 +31,7 @@ from inspector.feed import Delta, Feed
 from inspector.frame import Builder, Frame, Want
 from inspector.layout import collapse, expand
 from inspector.paint import Outside, Painter, Panes
-from inspector.panes import PANES, pane_bindings
+from inspector.panes import PANES, Pane, Place, make, pane_bindings
 from inspector.sources import (
     ReplayControls,
     Source,
@@ -38,10 +40,8 @@ from inspector.tree_layout import LRU_ROWS, TreeLayout
 from inspector.widgets.block_map import BlockMap
 from inspector.widgets.command_line import CommandLine
 from inspector.widgets.event_log import EventLog
-from inspector.widgets.help import HelpScreen
-from inspector.widgets.lru import LruPane
-from inspector.widgets.memory import MemoryPane
-from inspector.widgets.stats import StatsPane
+from inspector.widgets.help import HelpScreen, key_map
+from inspector.widgets.pane import PaneWidget
 from inspector.widgets.tree_view import Folding, TreeView
 
 FRAME_HZ = 30
@@ -62,15 +62,18 @@ class FrameCheck(Protocol):
 
 
 class InspectorApp(App[None]):
-    """See and steer a radix cache through a ``Source``."""
+    """See and steer a radix cache through a ``Source``. Its panes are those of ``PANES``
+    (a subclass with more panes adds their ``pane_bindings`` to its ``BINDINGS``)."""
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # (a subclass elsewhere finds it too)
+    PANES: ClassVar[tuple[Pane, ...]] = PANES
     TITLE = "radixcache inspector"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("question_mark", "help", "Help"),
-        Binding("colon,slash", "focus_command", "Command"),
+        # priority: taken when the key arrives, before the keys typed after it are passed on
+        Binding("colon,slash", "focus_command", "Command", priority=True),
         Binding("escape", "focus_tree", "Tree", show=False),
-        *pane_bindings(),
+        *pane_bindings(PANES),
         Binding("ctrl+left", "resize(-5)", "Narrow", show=False),
         Binding("ctrl+right", "resize(5)", "Widen", show=False),
         Binding("p", "replay('toggle')", "Play", show=False),
@@ -117,19 +120,18 @@ class InspectorApp(App[None]):
 
     # -- layout ----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        """Header, tree | (block map, memory + LRU), events + stats, replay bar, command."""
+        """Header, main: [panes, right: [panes, lower: [panes]]], bottom: [panes], replay
+        bar, command line; each pane where its ``Place`` says (``inspector.panes``)."""
         yield Static(id="header")
         yield Static(id="fault")
         with Horizontal(id="main"):
-            yield TreeView(id="tree")
+            yield from make(self.PANES, Place.MAIN)
             with Vertical(id="right"):
-                yield BlockMap(id="blocks")
+                yield from make(self.PANES, Place.RIGHT)
                 with Horizontal(id="lower"):
-                    yield MemoryPane(id="memory")
-                    yield LruPane(id="lru")
+                    yield from make(self.PANES, Place.LOWER)
         with Horizontal(id="bottom"):
-            yield EventLog(self.feed, id="events")
-            yield StatsPane(id="stats")
+            yield from make(self.PANES, Place.BOTTOM)
         yield Static(id="timeline")
         yield Static(id="message")
         yield CommandLine(id="command")
@@ -138,21 +140,17 @@ class InspectorApp(App[None]):
     def on_mount(self) -> None:
         """Start the source and the frame timer."""
         q = self.query_one
-        self._panes = Panes(q(TreeView), q(BlockMap), q(MemoryPane), q(LruPane), q(EventLog),
-                            q(StatsPane), q("#header", Static), q("#fault", Static),
+        widgets = tuple(q(f"#{pane.id}", PaneWidget) for pane in self.PANES)
+        self._panes = Panes(widgets, q("#header", Static), q("#fault", Static),
                             q("#timeline", Static), q("#message", Static), q(CommandLine))
+        self._tree, self._blocks = self._panes.of(TreeView), self._panes.of(BlockMap)
         self.painter = Painter(self._panes, self.commands, self.flash_s)
         self.tree_pane.vocab = self.source.vocabulary()
-        for pane in PANES:
-            if pane.title:
-                q(f"#{pane.id}").border_title = pane.title
-        self._panes.events.set_kinds(self._panes.events.kinds)
         q("#timeline").display = isinstance(self.source, ReplayControls)
         self._panes.fault.display = False
         self._fit(self.size.width, self.size.height)
         self.source.start(self.feed)
-        self._frame_timers = [self.set_interval(self.frame_interval, self.frame),
-                        self.set_interval(0.5, self.slow_tick)]
+        self._frame_timers = [self.set_interval(self.frame_interval, self.frame)]
         self.tree_pane.focus()
         self.frame()
 
@@ -181,12 +179,12 @@ class InspectorApp(App[None]):
     @property
     def tree_pane(self) -> TreeView:
         """The tree pane."""
-        return self._panes.tree
+        return self._tree
 
     @property
     def blocks(self) -> BlockMap:
         """The block map pane."""
-        return self._panes.blocks
+        return self._blocks
 
     # -- the frame -------------------------------------------------------------------------
     def frame(self) -> None:
@@ -238,13 +236,6 @@ class InspectorApp(App[None]):
         and the tests wait for this)."""
         return self.feed.idle() and self.layout.settled()
 
-    def slow_tick(self) -> None:
-        """Twice a second: redraw the memory pane (sparkline, ages) even without new samples."""
-        if not self.is_running:
-            return
-        self._panes.memory.refresh()
-        self._panes.lru.refresh()
-
     # -- selection and folding -------------------------------------------------------------
     def on_tree_view_selected(self, message: TreeView.Selected) -> None:
         """The cursor's node becomes the selection; the next frame draws it everywhere."""
@@ -281,7 +272,7 @@ class InspectorApp(App[None]):
     # -- actions ---------------------------------------------------------------------------
     def action_help(self) -> None:
         """Show the key map; focus returns to the panes when it closes."""
-        self.push_screen(HelpScreen(), callback=lambda _: self._focus_pane())
+        self.push_screen(HelpScreen(key_map(self.PANES)), callback=lambda _: self._focus_pane())
 
     def action_zoom_blocks(self) -> None:
         """The block map: whole pool / one cell per block, from any pane (the tree has the
@@ -310,12 +301,20 @@ class InspectorApp(App[None]):
 
     def action_focus_events(self) -> None:
         """Focus the event log (up/down select, enter: why that request missed)."""
-        self._panes.events.display = True
-        self._panes.events.focus()
+        events = self._panes.of(EventLog)
+        events.display = True
+        events.focus()
 
     def action_focus_command(self) -> None:
-        """Focus the command line."""
-        self._panes.command.focus()
+        """Focus the command line at once. The keys typed right after ``:`` may already wait
+        in the queue (a busy machine reads ``:stats`` in one chunk): a plain binding ran only
+        after the focused pane had passed ``:`` up, and ``Widget.focus`` moves the focus a
+        turn later still, so those keys went to the tree. In an input, or on another screen,
+        ``:`` and ``/`` are left to it (typed as text)."""
+        command = self._panes.command
+        if self.screen is not command.screen or isinstance(self.focused, Input):
+            raise SkipAction
+        self.screen.set_focus(command)
 
     def action_focus_tree(self) -> None:
         """Back to the tree (or the first pane shown)."""
@@ -358,7 +357,7 @@ class InspectorApp(App[None]):
     def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
         """The palette: the app's own actions next to Textual's."""
         yield from super().get_system_commands(screen)
-        for pane in PANES:
+        for pane in self.PANES:
             yield SystemCommand(f"Toggle {pane.id} pane", f"Show or hide the {pane.id} pane",
                                 partial(self.action_toggle_pane, pane.id))
         yield SystemCommand("Help", "Show the key map", self.action_help)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
 
 from rich.text import Text
+from textual.actions import SkipAction
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
@@ -179,7 +180,7 @@ class ClusterApp(App[int | None]):
     #message { height: 1; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("colon,slash", "focus_command", "Command"),
+        Binding("colon,slash", "focus_command", "Command", priority=True),  # before later keys
         Binding("escape", "focus_table", "Replicas", show=False),
         Binding("q", "quit_cluster", "Quit"),
     ]
@@ -303,8 +304,11 @@ class ClusterApp(App[int | None]):
         self.exit(event.cursor_row)
 
     def action_focus_command(self) -> None:
-        """Focus the command line."""
-        self.query_one(Input).focus()
+        """Focus the command line now (why: ``InspectorApp.action_focus_command``)."""
+        inputs = self.screen.query(Input)
+        if isinstance(self.focused, Input) or not inputs:
+            raise SkipAction  # typed into an input, or a screen without one: its key
+        self.screen.set_focus(inputs.first())
 
     def action_focus_table(self) -> None:
         """Back to the replica table."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_right
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -26,7 +25,6 @@ from radixcache.core import events as ev
 from radixcache.core.kinds import tag
 from radixcache.wire.mirror import Mirror, MirrorError, MirrorNode
 
-LOG_KEEP = 2_000  # events the log pane can scroll back through
 UNLOGGED = (ev.Access, ev.Pin)  # most of a stream, and each only repeats a request's path
 
 
@@ -81,13 +79,13 @@ class Feed:
     def __init__(self, mirror: Mirror | None = None) -> None:
         self.lock = threading.Lock()
         self.mirror = mirror if mirror is not None else Mirror()
-        self.pinned: set[int] = set()
+        self.pinned: set[int] = set()  # nodes with pins > 0 (the root too), after each batch
+        self._touched: set[int] = set()  # nodes whose path's pins a noted event changed
         self.seq = -1
         self.epoch = -1
         self.engine = ""
         self.last_ts = 0.0
         self.out_of_sync = False
-        self.log: deque[LogEntry] = deque(maxlen=LOG_KEEP)
         self._clocks: list[int] = []
         self._clock_ts: list[float] = []
         self._delta = Delta()
@@ -129,6 +127,7 @@ class Feed:
                     d.rebuild = True
                     return False
                 self._note(d, batch, e)
+            self._settle_pins()
             return True
 
     def observe(self, batch: ev.Batch) -> None:
@@ -138,6 +137,7 @@ class Feed:
             d = self._begin(batch)
             for e in batch.events:
                 self._note(d, batch, e)
+            self._settle_pins()
 
     def resynced(self, ts: float) -> None:
         """The mirror was replaced behind the feed's back (a subscriber loaded a snapshot)."""
@@ -160,6 +160,7 @@ class Feed:
         self._unlink_dropped()
         self.out_of_sync = False
         self.pinned = {n.id for n in self.mirror.nodes.values() if n.pins > 0}
+        self._touched.clear()  # the events before the snapshot are superseded by it
         self._clocks, self._clock_ts = [self.mirror.clock], [ts]
         d.rebuild = d.structure = True
         d.blocks.update(range(self.mirror.num_blocks))
@@ -175,7 +176,7 @@ class Feed:
                     self._clocks.append(e.clock)
                     self._clock_ts.append(batch.ts)
             case ev.Pin():
-                self._repin(self.mirror.nodes.get(e.node))
+                self._touched.add(e.node)
             case ev.NodeCreated() | ev.Extend():
                 d.structure = True
                 d.flashes[e.node] = Flash.CREATE if isinstance(e, ev.NodeCreated) else Flash.EXTEND
@@ -184,22 +185,19 @@ class Feed:
                 d.structure = True
                 d.flashes[e.node] = d.flashes[e.prefix] = Flash.SPLIT
                 d.blocks.update(e.suffix_blocks[:1])  # the boundary block may now be shared
-                prefix = self.mirror.nodes.get(e.prefix)
-                if prefix is not None and prefix.pins > 0:
-                    self.pinned.add(e.prefix)
+                self._touched.add(e.prefix)
             case ev.Merge():
                 d.structure = True
                 d.flashes[e.child] = Flash.MERGE
                 d.merged[e.parent] = e.child
                 if e.dropped is not None:
                     d.blocks.add(e.dropped)
-                self.pinned.discard(e.parent)
+                self._touched.add(e.child)  # the joined node, heir of the parent's pins
             case ev.Evict():
                 d.structure = True
                 d.flashes[e.node] = Flash.EVICT
                 d.evicted.add(e.node)
                 d.blocks.update(e.freed)
-                self.pinned.discard(e.node)
             case ev.BlockAlloc() | ev.BlockFree():
                 d.blocks.update(e.blocks)
             case ev.Cow():
@@ -226,8 +224,21 @@ class Feed:
             n.parent = None
             n.children = {}
 
+    def _settle_pins(self) -> None:
+        """Bring ``pinned`` up to date once a batch is noted: drop the nodes gone or no longer
+        pinned, then walk up from every node a Pin, Split or Merge touched that still exists.
+        Per event was not enough: a live feed notes a batch after the subscriber applied all
+        of it, and a request that unpinned its path and whose node was then evicted or merged
+        away in the same step left the rest of the path in ``pinned`` (its blocks drawn pinned
+        with every node r0). Costs one pass over ``pinned`` (the running requests' paths)."""
+        nodes = self.mirror.nodes
+        self.pinned = {i for i in self.pinned if (n := nodes.get(i)) is not None and n.pins > 0}
+        for nid in self._touched:
+            self._repin(nodes.get(nid))
+        self._touched.clear()
+
     def _repin(self, n: MirrorNode | None) -> None:
-        """Bring ``pinned`` up to date along the path of a Pin event."""
+        """Bring ``pinned`` up to date along the path from ``n`` to the root."""
         while n is not None:
             if n.pins > 0:
                 self.pinned.add(n.id)
@@ -244,7 +255,6 @@ class Feed:
     def take_locked(self) -> Delta:
         """``take`` for a caller that holds the lock (and builds its frame in the same hold)."""
         d, self._delta = self._delta, Delta()
-        self.log.extend(d.log)
         return d
 
     def idle(self) -> bool:

@@ -25,6 +25,8 @@ import numpy as np
 
 from inspector.frame import Cell
 from inspector.layout import block_ranges
+from inspector.widgets.lru import LruPane
+from inspector.widgets.memory import MemoryPane
 from radixcache.wire.mirror import Mirror, is_victim
 
 if TYPE_CHECKING:
@@ -87,7 +89,7 @@ class Fidelity:
             out.append(f"block map title {app.blocks.border_title!r} != {used}")
         if f"blocks {used}" not in str(app.panes.header.render()):
             out.append(f"header does not show blocks {used}")
-        memory = app.panes.memory.pool_line()
+        memory = app.panes.of(MemoryPane).pool_line()
         if f"pool {used} blocks" not in memory:
             out.append(f"memory pane does not show pool {used}")
         return out
@@ -122,7 +124,7 @@ class Fidelity:
     def _lru(app: InspectorApp, m: Mirror) -> list[str]:
         out: list[str] = []
         prev: tuple[int, int] | None = None
-        for nid in app.panes.lru.victims:
+        for nid in app.panes.of(LruPane).victims:
             n = m.nodes.get(nid)
             if n is None or not is_victim(n):
                 out.append(f"LRU entry n{nid} is not a live unpinned leaf")

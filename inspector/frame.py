@@ -143,7 +143,7 @@ class Builder:
         if sel is not None:
             node = self._view(feed, m, sel)
             rank = next((i + 1 for i, v in enumerate(lru) if v.id == sel), None)
-            place = f"LRU #{rank}" if rank else ("locked" if node.pins else "not a victim yet")
+            place = f"LRU #{rank}" if rank else ("pinned" if node.pins else "not a victim yet")
             selection = Selection(node, place)
         free = self._bytes.count(Cell.FREE) + self._bytes.count(Cell.EVICTED)
         return Frame(feed.seq, feed.epoch, feed.now(), m.num_blocks, self._bytes,

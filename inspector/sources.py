@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from inspector.layout import TokenText
 from radixcache.traffic import sharegpt
 from radixcache.traffic.sharegpt import TokenArray
-from radixcache.traffic.workloads import Vocabulary
+from radixcache.traffic.workload_types import Vocabulary
 from radixcache.wire.commands import AnyCommand, AnyReply
 
 if TYPE_CHECKING:  # `tree FILE` needs DatasetWords only: not the feed and its what-if (numba)

@@ -348,7 +348,7 @@ def test_tree_rejects_empty_and_oversized_prompts():
 
 
 def test_engine_rejects_empty_and_oversized_prompts():
-    engine = Engine(EngineConfig(num_blocks=8, model=ModelConfig(vocab_size=1000)))
+    engine = Engine(EngineConfig(num_blocks=8, model=ModelConfig(vocab_size=1000, id_space=1000)))
     try:
         for empty in (np.zeros(0, np.int64), np.zeros(0, np.uint32)):
             with pytest.raises(ValueError, match="prompt must hold at least one token"):

@@ -82,6 +82,9 @@ def test_openai_client_through_the_router(cluster: Cluster, fleet: Fleet) -> Non
             for t in ("one", "two", "three")] == [len(shared) + 1] * 3
     assert stats.replication == {2: len(shared) + 3, 1: 6}
     assert stats.duplicated_tokens == len(shared) + 3
+    # the router loaded the tokenizer from the replicas' model_path (a local directory)
+    # instead of warning, once per replica, that it could not fetch "radixcache-tiny" from a hub
+    assert "Failed to load tokenizer" not in (cluster.workdir / "router.log").read_text()
 
 
 def test_cluster_screen_rows_and_tree(cluster: Cluster, fleet: Fleet) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from inspector.app import InspectorApp
 from inspector.replay import ReplaySource, load_recording
 from inspector.shots import record_demo
+from inspector.widgets.stats import StatsPane
 from radixcache.core import events as ev
 from tests.helpers.pilot import ManualSource, app_for, sync, tokens, wait_until
 
@@ -29,7 +30,7 @@ async def test_the_replay_first_screen_labels_what_it_draws(tmp_path: Path) -> N
         k = blocks.per_cell
         legend = str(blocks.border_subtitle)
         assert (f"1 cell = {k:,} blocks" in legend) == (k > 1), (k, legend)
-        assert app.panes.stats.border_title == "stats · seen here"
+        assert app.panes.of(StatsPane).border_title == "stats · seen here"
 
 
 def _children(src: ManualSource, n: int, text: list[int] | None = None) -> None:

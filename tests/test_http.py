@@ -21,7 +21,7 @@ from radixcache.serving.engine import Engine, EngineConfig
 from radixcache.serving.http import EngineBackend, HttpFront
 from radixcache.serving.http_run import Limits
 from radixcache.serving.loop import BatchSink, ServiceLoop
-from radixcache.serving.model import tiny_model
+from radixcache.serving.model import ModelConfig, tiny_model
 from radixcache.traffic.tokenizer import BOS, EOT, HDR, HDR_END, shipped
 
 MODEL = "radixcache-tiny"
@@ -58,13 +58,14 @@ def client(front: HttpFront) -> openai.OpenAI:
 
 
 def greedy(front: HttpFront, ids: list[int], n: int) -> list[int]:
-    """What the engine answers to ``ids`` greedily among the tokenizer's ids (deterministic):
-    the logits of a teacher-forced run, arg-maxed over the tokenizer's vocabulary."""
+    """What the engine answers to ``ids`` greedily (deterministic): the logits of a
+    teacher-forced run, arg-maxed over the model's vocabulary, which is the tokenizer's."""
     engine = front.backend.engine  # type: ignore[attr-defined]
     out: list[int] = []
     for _ in range(n):
         r = engine.submit([*ids, *out], 1, keep_logits=True).result(30)
-        out.append(int(r.logits[0][: TOK.vocab_size].argmax()))
+        assert r.logits.shape == (1, TOK.vocab_size)
+        out.append(int(r.logits[0].argmax()))
     return out
 
 
@@ -93,6 +94,29 @@ def test_streamed_completion_concatenates_to_the_answer(front: HttpFront,
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-2:] == [None, "length"]
     assert chunks[-1].usage.completion_tokens == 6
     assert whole.choices[0].text == TOK.decode(greedy(front, ids, 6))
+
+
+def test_continuous_usage_puts_the_usage_so_far_in_every_chunk(front: HttpFront) -> None:
+    """What guidellm 0.8.1 sends with every streamed chat (vLLM's continuous_usage_stats)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "max_completion_tokens": 3, "stop": None, "ignore_eos": True}
+    lines = _http.post(f"{front.url}/v1/chat/completions", json=body).text.split("\n\n")
+    assert lines[-2:] == ["data: [DONE]", ""]
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-2]]
+    n = len(TOK.chat([("user", "hi")]))
+    with_text = [c for c in chunks if c["choices"]]
+    assert with_text[0]["usage"] == {"prompt_tokens": n, "completion_tokens": 0,
+                                     "total_tokens": n}
+    assert with_text[-1]["usage"]["completion_tokens"] == 3
+    assert chunks[-1]["usage"]["completion_tokens"] == 3 and chunks[-1]["choices"] == []
+    counts = [c["usage"]["completion_tokens"] for c in with_text]
+    assert counts == sorted(counts) and counts[1] >= 1  # each text chunk counts its tokens
+    assert all(c["usage"]["total_tokens"] == n + c["usage"]["completion_tokens"]
+               for c in with_text)
+    alone = dict(body, stream_options={"continuous_usage_stats": True})
+    plain = _http.post(f"{front.url}/v1/chat/completions", json=alone).text
+    assert '"usage"' not in plain  # as vLLM: only together with include_usage
 
 
 def test_chat_goes_through_the_tokenizers_template(front: HttpFront,
@@ -130,6 +154,8 @@ def test_sglang_generate_with_ids_and_text(front: HttpFront) -> None:
     ("/v1/completions", {"model": "gpt-9", "prompt": "x"}, 404, "model"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {"model": MODEL, "prompt": [1, 2, 10**6]}, 400, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": [1, 4096]}, 400, "prompt"),
+    ("/generate", {"input_ids": [1, 4096]}, 400, "input_ids"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2}, 400, "n"),
     ("/v1/completions", {"model": MODEL}, 400, "prompt"),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
@@ -161,11 +187,13 @@ def test_size_json_context_and_path_errors(front: HttpFront) -> None:
 def test_info_routes(front: HttpFront) -> None:
     assert _http.get(f"{front.url}/health").status_code == 200
     info = _http.get(f"{front.url}/model_info").json()
-    assert (info["model_path"], info["tokenizer_path"]) == (MODEL, str(TOK.path))
+    assert (info["model_path"], info["tokenizer_path"], info["served_model_name"]) == (
+        str(TOK.path), str(TOK.path), MODEL)
     assert _http.get(f"{front.url}/get_model_info").json() == info
     models = _http.get(f"{front.url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == [MODEL]
     assert models["data"][0]["max_model_len"] == 64 * 16
+    assert info["vocab_size"] == models["data"][0]["vocab_size"] == TOK.vocab_size == 4096
     info = _http.get(f"{front.url}/server_info").json()
     assert info["num_blocks"] == 64
 
@@ -237,6 +265,25 @@ def test_the_front_serves_ipv6_loopback() -> None:
         loop.close()
     with pytest.raises(ValueError, match="port 70000 is outside 0-65535"):
         HttpFront(EngineBackend(engine, loop), port=70000)
+
+
+def test_ids_past_the_vocabulary_are_refused_by_name(front: HttpFront) -> None:
+    r = _http.post(f"{front.url}/v1/completions", json={"model": MODEL, "prompt": [4095, 4096]})
+    assert r.json()["error"]["message"] == "'prompt' holds a token id outside [0, 4096)"
+    ok = _http.post(f"{front.url}/v1/completions",
+                    json={"model": MODEL, "prompt": [4095], "max_tokens": 1})
+    assert ok.status_code == 200
+
+
+def test_the_front_refuses_a_model_whose_vocabulary_is_not_the_tokenizers() -> None:
+    engine = Engine(EngineConfig(num_blocks=8, model=ModelConfig(vocab_size=1000)))
+    loop = ServiceLoop(engine, BatchSink(lambda _batch: None)).start()
+    try:
+        with pytest.raises(ValueError, match=r"the model's vocabulary \(1000\) is not the "
+                                             r"tokenizer's \(4096\)"):
+            HttpFront(EngineBackend(engine, loop))
+    finally:
+        loop.close()
 
 
 def test_the_sglang_stream_sends_only_new_text(front: HttpFront) -> None:

@@ -125,6 +125,7 @@ def test_fields_at_their_no_op_values_are_accepted(client: openai.OpenAI) -> Non
     ("/v1/completions", {"stop": ["x"] * 17}, "stop"),
     ("/v1/completions", {"stop_token_ids": [10**6]}, "stop_token_ids"),
     ("/v1/completions", {"stream_options": {"include_usage": True}}, "stream_options"),
+    ("/v1/completions", {"stream_options": {"continuous_usage_stats": True}}, "stream_options"),
     ("/v1/completions", {"frobnicate": 1}, "frobnicate"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]},

@@ -20,6 +20,7 @@ from inspector.shots import record_demo
 from inspector.sources import ConnState, SourceStatus
 from inspector.widgets.command_line import complete, parse
 from inspector.widgets.lru import LruPane
+from inspector.widgets.stats import StatsPane
 from radixcache.core import events as ev
 from radixcache.serving.driver import TreeDriver
 from radixcache.serving.memory import MemorySource
@@ -376,7 +377,7 @@ async def test_against_a_real_engine_process() -> None:
             c = app.view.counters
             assert (c.submitted, c.prompt_tokens, c.hit_tokens, c.generation) == (7, 904, 740, 0)
             assert "hit 81.9%" in str(app.query_one("#header").render())
-            assert app.panes.stats.border_title == "stats · since engine start"
+            assert app.panes.of(StatsPane).border_title == "stats · since engine start"
             await type_line(pilot, "evict 100000")
             await wait_until(pilot, lambda: app.replies == 2)
             await wait_until(pilot, lambda: len(app.feed.mirror.nodes) == 1 and app.caught_up())

@@ -15,7 +15,8 @@ from inspector.fidelity import Fidelity
 from inspector.frame import Cell
 from inspector.replay import Recording, ReplaySource
 from inspector.widgets.block_map import cell_codes
-from inspector.widgets.event_log import describe
+from inspector.widgets.event_log import EventLog, describe
+from inspector.widgets.stats import StatsPane
 from radixcache.core import events as ev
 from radixcache.serving.memory import MemorySource
 from radixcache.wire import commands as cmd
@@ -71,7 +72,7 @@ async def test_every_pane_agrees_with_the_mirror_at_100_frames_under_a_50k_flood
             # which a flood never gives)
             app.post_message(events.Key("down" if check.checked % 20 < 12 else "up", None))
             await pilot.pause(0.02)
-            kinds |= {entry.kind for entry in app.feed.log}
+            kinds |= {entry.kind for entry in app.panes.of(EventLog).kept}
         assert check.violations == []
 
 
@@ -147,16 +148,17 @@ async def test_the_engines_counters_are_shown_since_start_then_since_reset() -> 
         src.push([ev.RequestStart(0, 100, 98)])  # what this inspector saw: 98.0%
         await wait_until(pilot, lambda: app.view.stats.requests == 1)
         assert "hit 98.0%" in str(app.panes.header.render())
-        assert app.panes.stats.border_title == "stats · seen here"
+        assert app.panes.of(StatsPane).border_title == "stats · seen here"
         src.push([counters()])
         await wait_until(pilot, lambda: app.view.counters is not None)
         assert "hit 78.3%" in str(app.panes.header.render())
-        assert app.panes.stats.border_title == "stats · since engine start"
-        assert app.panes.stats.rows()[:4] == [
+        assert app.panes.of(StatsPane).border_title == "stats · since engine start"
+        assert app.panes.of(StatsPane).rows()[:4] == [
             ("hit rate", "78.3%"), ("prefill saved", "7,830 tok"), ("requests", "64 (0/s)"),
             ("waiting/running", "2 / 4")]
         src.push([counters(generation=3, paused=True)])
-        await wait_until(pilot, lambda: app.panes.stats.border_title == "stats · since reset 3")
+        stats = app.panes.of(StatsPane)
+        await wait_until(pilot, lambda: stats.border_title == "stats · since reset 3")
         # pause stops admission: the 4 running requests still step, and the header says so
         assert "⏸ admission paused, 4 running  hit" in str(app.panes.header.render())
         src.push([msgspec.structs.replace(counters(generation=3, paused=True), running=0)])
@@ -288,6 +290,6 @@ async def test_filter_all_skips_heartbeats_and_event_lines_line_up() -> None:
             "✓ showing create extend split merge evict cow alloc free rstart rcached rfinish "
             "snapshot reset digest fault (heartbeats wm, counters, queue hidden: filter wm "
             "shows them)")
-        lines = str(app.panes.events.render()).splitlines()
+        lines = str(app.panes.of(EventLog).render()).splitlines()
         assert [line.split(" ", 1)[1] for line in lines[-2:]] == [
             "create  n3 under n1, 2 tok from position 2", "rfinish req 3502 +16 tok"]

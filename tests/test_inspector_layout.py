@@ -12,6 +12,8 @@ from inspector.app import InspectorApp
 from inspector.widgets.block_map import BlockMap
 from inspector.widgets.event_log import EventLog
 from inspector.widgets.help import KEYS, key_table
+from inspector.widgets.lru import LruPane
+from inspector.widgets.stats import StatsPane
 from inspector.widgets.tree_view import TreeView
 from radixcache.serving.memory import MemorySource
 from tests.helpers.local import LocalSource
@@ -64,9 +66,9 @@ async def test_80x24_keeps_the_header_and_a_block_map_and_120x40_every_tree_colu
         assert [m.group(1) if m else r for m, r in zip(ids, rows[1:], strict=True)] == [
             f"n{r.node.id}" for r in tree.rows[1:]]
         assert all(re.search(r" b[\d,-]+ +r0 +0s n\d+ *$", r) for r in rows[1:])
-        lru = app.panes.lru
+        lru = app.panes.of(LruPane)
         assert str(lru.render()).splitlines()[0].split() == ["1", "n1", "46", "tok", "0s"]
-        stats = app.panes.stats
+        stats = app.panes.of(StatsPane)
         assert max(len(f"{a:<16}{b}") for a, b in stats.rows()) <= stats.size.width
 
 

@@ -106,9 +106,9 @@ def test_prefill_and_decode_equals_dense(model: TinyTransformer) -> None:
     out = prefill_and_decode(model, pool.kv, prompt, [3, 12], start=0, n_new=12)
     none = prefill_and_decode(model, new_pool(model).kv, prompt, [3, 12], start=0, n_new=0)
     assert none.tokens == []
-    assert none.step_logits.shape == (0, 100_014)
+    assert none.step_logits.shape == (0, 4096)
     assert len(out.tokens) == 12
-    assert out.step_logits.shape == (12, 100_014)
+    assert out.step_logits.shape == (12, 4096)
     ref = model.reference_logits(prompt + out.tokens[:-1])[19:]
     torch.testing.assert_close(out.step_logits, ref, **TOL)
     assert out.tokens == ref.argmax(-1).tolist()
@@ -139,7 +139,7 @@ def test_batched_forward_equals_one_by_one(model: TinyTransformer) -> None:
         torch.testing.assert_close(got, want, **TOL)
     torch.testing.assert_close(pool_a.kv, pool_b.kv, **TOL)
     last = model.forward(batch, pool_a.kv)
-    assert last.shape == (3, 100_014)
+    assert last.shape == (3, 4096)
     for i, seq in enumerate(full):
         torch.testing.assert_close(last[i], model.reference_logits(seq)[-1], **TOL)
 
@@ -180,12 +180,29 @@ def test_tokens_accepted_as_list_numpy_or_tensor(model: TinyTransformer) -> None
     assert torch.equal(outs[0], outs[2])
 
 
+def test_ids_past_the_vocabulary_fold_into_it(model: TinyTransformer) -> None:
+    """A trace word id (>= 4,096) is read as its embedding row id % 4,096, paged or dense."""
+    assert (model.config.vocab_size, model.config.id_space) == (4096, 100_014)
+    wide, folded = [5, 4096 + 7, 100_013], [5, 7, 100_013 % 4096]
+    torch.testing.assert_close(model.reference_logits(wide), model.reference_logits(folded),
+                               rtol=0, atol=0)
+    paged = model.forward([SeqInput(wide, 0, [2])], new_pool(model).kv)
+    torch.testing.assert_close(paged, model.forward([SeqInput(folded, 0, [2])],
+                                                    new_pool(model).kv), rtol=0, atol=0)
+    torch.testing.assert_close(paged[0], model.reference_logits(wide)[-1], **TOL)
+
+
+def test_a_vocabulary_wider_than_the_id_space_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"vocab_size 5000 must be in \[1, id_space 4096\]"):
+        ModelConfig(vocab_size=5000, id_space=4096)
+
+
 @pytest.mark.parametrize(
     ("seq", "message"),
     [
         (SeqInput([1, 2, 3], 14, [0]), "block table covers 1 blocks, needs 2"),
         (SeqInput([1, 2, 3], 0, [16]), r"block id outside \[0, 16\)"),
-        (SeqInput([1, 100_014], 0, [0]), "token id outside"),
+        (SeqInput([1, 100_014], 0, [0]), r"token id outside \[0, 100014\)"),
         (SeqInput([], 0, [0]), "no new tokens"),
         (SeqInput([1], -1, [0]), "start must be >= 0"),
     ],

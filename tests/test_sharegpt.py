@@ -314,3 +314,21 @@ def test_the_preview_words_are_built_once_then_read_from_the_cache(tmp_path: Pat
     cached.write_text(json.dumps({str(ids[3]): "cached"}))  # a hit reads the table only
     assert load_words(1, data, cache).decode(ids) == "? ? ? cached"
     assert load_words(None, data, cache).decode(ids) == "hello world there later"
+
+
+def test_a_damaged_preview_word_table_is_rebuilt(tmp_path: Path) -> None:
+    """A cache that is not an id -> word object (cut, or written by something else) is built
+    again from the dataset, never an error in ``tree FILE``."""
+    from radixcache.traffic.sharegpt import load_words, word_id
+
+    data = tmp_path / "sharegpt.json"
+    data.write_text(json.dumps([{"id": "a", "conversations": [
+        {"from": "human", "value": "hello world"}]}]))
+    cache = tmp_path / "cache"
+    ids = [word_id("hello"), word_id("world")]
+    assert load_words(1, data, cache).decode(ids) == "hello world"
+    [cached] = cache.glob("*.words-1.json")
+    for damaged in ('["hello"]', '{"x1": "hello"}', '{"1": 2}', '{"1": "a"'):
+        cached.write_text(damaged)
+        assert load_words(1, data, cache).decode(ids) == "hello world"
+        assert json.loads(cached.read_text()) == {str(ids[0]): "hello", str(ids[1]): "world"}

@@ -75,9 +75,9 @@ def test_transformers_loads_it_with_the_servers_chat_template() -> None:
     assert ids == TOK.chat([("system", "be brief"), ("user", "hi")])
 
 
-def test_the_models_vocabulary_covers_the_tokenizers_and_the_traces() -> None:
+def test_the_models_vocabulary_is_the_tokenizers_and_reads_the_traces_ids() -> None:
     from radixcache.serving.model import ModelConfig, tiny_model
     from radixcache.traffic.sharegpt import VOCAB_SIZE
 
     for config in (ModelConfig(), tiny_model()):
-        assert config.vocab_size == VOCAB_SIZE > TOK.vocab_size
+        assert (config.vocab_size, config.id_space) == (TOK.vocab_size, VOCAB_SIZE)

@@ -41,7 +41,7 @@ async def test_enter_on_a_request_in_the_event_log_explains_it() -> None:
         log = app.query_one(EventLog)
         assert app.focused is log and log.selected is None
         await pilot.press("up", "up")  # the newest request start, then the one before it
-        entries = [e for e in app.feed.log if e.kind == "rstart"]
+        entries = [e for e in app.panes.of(EventLog).kept if e.kind == "rstart"]
         assert log.selected is entries[-2]
         picked = entries[-2].event
         assert isinstance(picked, ev.RequestStart)
@@ -58,8 +58,8 @@ async def test_enter_on_a_request_in_the_event_log_explains_it() -> None:
         # every finished request was explained, and the spans cover exactly what it missed
         with app.feed.lock:
             whys = app.feed.follow.misses.all()
-        served = {e.event.req for e in app.feed.log if isinstance(e.event, ev.RequestFinish)
-                  and e.event.output_tokens > 0}
+        served = {e.event.req for e in app.panes.of(EventLog).kept
+                  if isinstance(e.event, ev.RequestFinish) and e.event.output_tokens > 0}
         assert len(served) >= 8
         assert {w.req for w in whys if w.spans is not None} == served
         for w in whys:

@@ -21,6 +21,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from inspector.frame import EMPTY, Cell, Frame
+from inspector.widgets.pane import Paint, PaneWidget
 from inspector.widgets.styled import Styled
 
 NAMES = {Cell.SELECTED: "selected node", Cell.PINNED: "pinned", Cell.COW: "COW copy",
@@ -37,8 +38,13 @@ def cell_class(state: Cell) -> str:
     return f"blockmap--{state.name.lower()}"
 
 
-class BlockMap(ScrollView, can_focus=True):
+class BlockMap(ScrollView, PaneWidget, can_focus=True):
     """The pool as a grid of cells, from ``show(frame)``."""
+
+    DEFAULT_CSS = """
+    BlockMap { height: 1fr; min-height: 3; border: round #4c566a; border-subtitle-align: left; }
+    BlockMap:focus { border: round #7fd4ff; }
+    """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {cell_class(s) for s in Cell}
     BINDINGS: ClassVar[list[BindingType]] = []  # z is the app's: it works from every pane
@@ -78,6 +84,11 @@ class BlockMap(ScrollView, can_focus=True):
     def _show_legend(self) -> None:
         self.border_subtitle = Text.assemble(
             *[(f"{t}  ", self.styled(c)) for t, c in self.legend()])
+
+    def paint(self, p: Paint) -> None:
+        """Draw the frame's cells; the title counts the used blocks."""
+        self.show(p.frame)
+        self.border_title = f"block map {p.frame.used_blocks:,}/{p.frame.num_blocks:,}"
 
     def show(self, frame: Frame) -> None:
         """Draw ``frame``: recompute the cells and redraw the rows whose cells changed."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
@@ -11,14 +12,15 @@ from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.message import Message
-from textual.widget import Widget
 
-from inspector.feed import UNLOGGED, Feed, LogEntry
+from inspector.feed import UNLOGGED, LogEntry
+from inspector.widgets.pane import Paint, PaneWidget
 from radixcache.core import events as ev
 from radixcache.core.kinds import KINDS as ALL_KINDS
 from radixcache.core.kinds import TAGS, exhaustive
 
 KINDS = tuple(TAGS[k] for k in ALL_KINDS if k not in UNLOGGED)  # the kinds the log can show
+LOG_KEEP = 2_000  # events the log pane can scroll back through
 NOISY = frozenset({"wm", "counters", "queue"})  # heartbeats: `filter all` leaves them out
 # rfinish: one line per request, and the one Enter explains (the why screen needs a request)
 DEFAULT_KINDS = frozenset(
@@ -62,10 +64,16 @@ def _short(value: object) -> object:
     return len(value) if isinstance(value, Sequence) and not isinstance(value, str) else value
 
 
-class EventLog(Widget, can_focus=True):
-    """The last events of the kinds in ``kinds``, newest at the bottom. Focused, up/down
-    select an entry (the view holds still around it; end follows the newest again) and enter
-    on a request event (rstart, rfinish) asks for why it missed (``Explain``)."""
+class EventLog(PaneWidget, can_focus=True):
+    """The last ``LOG_KEEP`` events, those of the kinds in ``kinds`` shown, newest at the
+    bottom. Focused, up/down select an entry (the view holds still around it; end follows the
+    newest again) and enter on a request event (rstart, rfinish) asks for why it missed
+    (``Explain``)."""
+
+    DEFAULT_CSS = """
+    EventLog { width: 1fr; border: round #4c566a; padding: 0 1;
+               text-wrap: nowrap; text-overflow: ellipsis; }
+    """
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("up", "move(-1)", "Older", show=False),
@@ -83,11 +91,21 @@ class EventLog(Widget, can_focus=True):
             super().__init__()
             self.req = req  # None: the selected entry is not a request event
 
-    def __init__(self, feed: Feed, *, id: str | None = None) -> None:
+    def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.feed = feed  # only ``feed.log``, which the UI thread itself fills at each frame
+        self.kept: deque[LogEntry] = deque(maxlen=LOG_KEEP)  # filled by ``paint`` (UI thread)
         self.kinds: frozenset[str] = DEFAULT_KINDS
         self.selected: LogEntry | None = None  # None: follow the newest
+
+    def on_mount(self) -> None:
+        """The title names the kinds shown."""
+        self.set_kinds(self.kinds)
+
+    def paint(self, p: Paint) -> None:
+        """Keep the delta's events; redraw when some came."""
+        if p.delta.log:
+            self.kept.extend(p.delta.log)
+            self.refresh()
 
     def set_kinds(self, kinds: frozenset[str]) -> None:
         """Show only these kinds; the border title lists them."""
@@ -96,7 +114,7 @@ class EventLog(Widget, can_focus=True):
         self.refresh()
 
     def _entries(self) -> list[LogEntry]:
-        return [e for e in self.feed.log if e.kind in self.kinds]
+        return [e for e in self.kept if e.kind in self.kinds]
 
     def _at(self, entries: list[LogEntry]) -> int | None:
         """Where the selected entry is in ``entries`` (None: not there, or none selected)."""
@@ -108,7 +126,7 @@ class EventLog(Widget, can_focus=True):
         want = max(1, self.size.height)
         if self.selected is None:
             out: list[LogEntry] = []
-            for entry in reversed(self.feed.log):
+            for entry in reversed(self.kept):
                 if entry.kind in self.kinds:
                     out.append(entry)
                     if len(out) == want:

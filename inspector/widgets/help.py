@@ -3,6 +3,7 @@ the README's table, this table and the widgets' bindings)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar, NamedTuple
 
 from rich.console import Group
@@ -14,7 +15,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from inspector.panes import help_row
+from inspector.panes import PANES, Pane, help_row
 from inspector.words import help_lines, main_words
 
 
@@ -26,7 +27,7 @@ class Key(NamedTuple):
     does: str
 
 
-KEYS: tuple[Key, ...] = (
+_BEFORE: tuple[Key, ...] = (
     Key("`?`", ("question_mark",), "help (esc closes it)"),
     Key("`:` `/`", ("colon", "slash"), "focus the command line"),
     Key("`esc`", ("escape",), "back to the tree"),
@@ -34,7 +35,8 @@ KEYS: tuple[Key, ...] = (
     Key("`pgup` `pgdn` `home` `end`", ("pageup", "pagedown", "home", "end"), "move by pages"),
     Key("`enter` `space`", ("enter", "space"), "fold or unfold the selected node"),
     Key("`←` `→` `h` `l`", ("left", "right", "h", "l"), "collapse / expand the selected node"),
-    Key(*help_row()),
+)
+_AFTER: tuple[Key, ...] = (
     Key("`ctrl+←` `ctrl+→`", ("ctrl+left", "ctrl+right"), "narrow / widen the tree pane"),
     Key("`z`", ("z",), "block map: whole pool at a glance / one cell per block"),
     Key("`w`", ("w",), "what-if: the hit-rate curve of all the engine did since the "
@@ -50,10 +52,18 @@ KEYS: tuple[Key, ...] = (
 )
 
 
-def key_table() -> str:
+def key_map(panes: Sequence[Pane] = PANES) -> tuple[Key, ...]:
+    """The key map of a main screen with ``panes`` (their keys: one row)."""
+    return (*_BEFORE, Key(*help_row(panes)), *_AFTER)
+
+
+KEYS = key_map()
+
+
+def key_table(keys: Sequence[Key] = KEYS) -> str:
     """The key map as the Markdown table the README carries."""
     lines = ["| key | what it does |", "| --- | --- |"]
-    lines += [f"| {k.shown} | {k.does} |" for k in KEYS]
+    lines += [f"| {k.shown} | {k.does} |" for k in keys]
     return "\n".join(lines)
 
 
@@ -63,25 +73,25 @@ def _commands_text() -> str:
             "Press esc to close (↑ ↓ scroll when the screen is short).")
 
 
-def help_text() -> str:
+def help_text(keys: Sequence[Key] = KEYS) -> str:
     """The help screen's text: the key map, then the command line's words (the README's
     Markdown backticks left out: the screen shows them as they are)."""
-    width = max(len(k.shown.replace("`", "")) for k in KEYS) + 2
+    width = max(len(k.shown.replace("`", "")) for k in keys) + 2
     rows = "\n".join(f"  {k.shown.replace('`', ''):<{width}}{k.does.replace('`', '')}"
-                     for k in KEYS)
+                     for k in keys)
     return ("[b]radixcache inspector[/b]\n\n" + rows.replace("[", r"\[") + "\n\n"
             + _commands_text())
 
 
-def help_renderable() -> Group:
+def help_renderable(keys: Sequence[Key] = KEYS) -> Group:
     """``help_text`` as the screen draws it: the keys in a grid, so a long line wraps under
     its own column, not under the keys."""
-    keys = Table.grid(padding=(0, 2))
-    keys.add_column(no_wrap=True)
-    keys.add_column()
-    for k in KEYS:
-        keys.add_row("  " + k.shown.replace("`", ""), k.does.replace("`", ""))
-    return Group(Text.from_markup("[b]radixcache inspector[/b]\n"), keys, Text(),
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for k in keys:
+        grid.add_row("  " + k.shown.replace("`", ""), k.does.replace("`", ""))
+    return Group(Text.from_markup("[b]radixcache inspector[/b]\n"), grid, Text(),
                  Text.from_markup(_commands_text()))
 
 
@@ -92,10 +102,14 @@ class HelpScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,q,question_mark", "dismiss", "Close")]
 
+    def __init__(self, keys: Sequence[Key] = KEYS) -> None:
+        super().__init__()
+        self.key_rows = keys
+
     def compose(self) -> ComposeResult:
         """One framed, scrollable text."""
         with VerticalScroll(id="help"):
-            yield Static(help_renderable())
+            yield Static(help_renderable(self.key_rows))
 
     def on_mount(self) -> None:
         """The arrows and page keys scroll it."""

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widget import Widget
 
 from inspector.frame import EMPTY, Frame
 from inspector.layout import human_count
+from inspector.widgets.pane import Paint, PaneWidget
 
 
-class LruPane(Widget):
+class LruPane(PaneWidget):
     """Rank, node, tokens, age (victims are unpinned by definition); the selected node's row
     is marked. One line per victim, never wrapped."""
+
+    DEFAULT_CSS = """
+    LruPane { width: 1fr; border: round #4c566a; padding: 0 1;
+              text-wrap: nowrap; text-overflow: ellipsis; }
+    """
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -21,6 +26,14 @@ class LruPane(Widget):
     def victims(self) -> list[int]:
         """Node ids in eviction order, as drawn."""
         return [v.id for v in self.frame.lru]
+
+    def on_mount(self) -> None:
+        """Twice a second a redraw, so the ages move without new batches."""
+        self.set_interval(0.5, self.refresh)
+
+    def paint(self, p: Paint) -> None:
+        """Draw the frame's queue."""
+        self.show(p.frame)
 
     def show(self, frame: Frame) -> None:
         """Draw this frame's queue (only when it changed)."""

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import deque
 
 from rich.text import Text
-from textual.widget import Widget
 
 from inspector.frame import EMPTY, Frame
+from inspector.widgets.pane import Paint, PaneWidget
 from radixcache.core import events as ev
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -38,8 +38,13 @@ def pool_bar(used: float, high: float, low: float, width: int) -> Text:
     return bar
 
 
-class MemoryPane(Widget):
+class MemoryPane(PaneWidget):
     """Watermark samples in, one short panel out. ``draws`` counts redraws (the bench)."""
+
+    DEFAULT_CSS = """
+    MemoryPane { width: 1fr; border: round #4c566a; padding: 0 1;
+                 text-wrap: nowrap; text-overflow: ellipsis; }
+    """
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -48,6 +53,17 @@ class MemoryPane(Widget):
         self.history: deque[float] = deque(maxlen=HISTORY)
         self.draws = 0
         self.frame = EMPTY
+
+    def on_mount(self) -> None:
+        """Twice a second a redraw (the sparkline, the device line) without new samples."""
+        self.set_interval(0.5, self.refresh)
+
+    def paint(self, p: Paint) -> None:
+        """Take every watermark sample of the delta (so the sparkline does not depend on the
+        frame rate), then the frame's pool line."""
+        for sample in p.delta.watermarks[-HISTORY:]:
+            self.push(sample, p.status.memory_note)
+        self.show(p.frame)
 
     def show(self, frame: Frame) -> None:
         """The pool line follows the frame's used blocks (the mirror's, at the frame's seq),

@@ -11,11 +11,11 @@ from collections import deque
 from typing import NamedTuple
 
 from rich.text import Text
-from textual.widget import Widget
 
 from inspector.frame import EMPTY, Frame
 from inspector.layout import human_count
 from inspector.sources import ConnState, SourceStatus
+from inspector.widgets.pane import Paint, PaneWidget
 from radixcache.core import events as ev
 
 _DOT = {ConnState.CONNECTING: ("◌", "#e5c07b"), ConnState.LIVE: ("●", "#98c379"),
@@ -76,13 +76,22 @@ class Rate:
         return (count - c0) / (t - t0) if t > t0 else 0.0
 
 
-class StatsPane(Widget):
+class StatsPane(PaneWidget):
     """Hit rate, prefill tokens saved, requests/s, queue, evictions, COW, splits/merges."""
+
+    DEFAULT_CSS = """
+    StatsPane { width: 42; border: round #4c566a; padding: 0 1;
+                text-wrap: nowrap; text-overflow: ellipsis; }
+    """
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.frame = EMPTY
         self.req_per_s = 0.0
+
+    def paint(self, p: Paint) -> None:
+        """Draw the frame's figures with the header's request rate."""
+        self.show(p.frame, p.req_per_s)
 
     def show(self, frame: Frame, req_per_s: float) -> None:
         """Copy the figures to draw; the border title says what they count since."""

@@ -22,6 +22,8 @@ from textual.strip import Strip
 from inspector.feed import Flash
 from inspector.frame import EMPTY, Frame, NodeView
 from inspector.layout import Row, TokenText, block_ranges, human_count, preview_text
+from inspector.sources import DatasetWords
+from inspector.widgets.pane import Paint, PaneWidget
 from inspector.widgets.styled import Styled
 
 FLASH_S = 1.5
@@ -45,9 +47,14 @@ BLOCKS_W = 12
 RIGHT = 1 + BLOCKS_W + 4 + 5 + 8  # blocks, ref, age, id columns
 
 
-class TreeView(ScrollView, can_focus=True):
+class TreeView(ScrollView, PaneWidget, can_focus=True):
     """The radix tree, one row per visible node; the cursor row is the selected node. Rows
     come from the layout (order, depth); what a row says comes from the frame (``show``)."""
+
+    DEFAULT_CSS = """
+    TreeView { width: 50%; border: round #4c566a; border-title-color: #7fd4ff; }
+    TreeView:focus { border: round #7fd4ff; }
+    """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "tree--count", "tree--text", "tree--dim", "tree--pinned", "tree--gone", "tree--cursor",
@@ -92,6 +99,7 @@ class TreeView(ScrollView, can_focus=True):
         self.flashes: dict[int, tuple[Flash, float]] = {}
         self.collapsed: set[int] = set()
         self._preview: dict[int, str] = {}
+        self._words_in = False
         self.styled = Styled(self)
 
     def notify_style_update(self) -> None:
@@ -100,6 +108,30 @@ class TreeView(ScrollView, can_focus=True):
         self.styled.clear()
 
     # -- data in ---------------------------------------------------------------------------
+    def paint(self, p: Paint) -> None:
+        """Highlight what changed, draw the frame's figures, title the pane with its size."""
+        d = p.delta
+        if d.flashes:
+            self.flash(d.flashes, p.wall, p.flash_s)
+        self.expire_flashes(p.wall)
+        self._words_arrived()
+        self.show(p.frame)
+        if d.structure or d.rebuild or d.flashes:
+            self.refresh()
+        self.border_title = f"tree ({p.frame.node_count:,} nodes, {len(self.rows):,} rows)"
+        self.border_subtitle = p.frame.selection.footer() if p.frame.selection else ""
+
+    def animating(self) -> bool:
+        """True while a highlight is on (it runs out with time)."""
+        return bool(self.flashes)
+
+    def _words_arrived(self) -> None:
+        """Once the dataset's words are in, previews drawn with ids are drawn again."""
+        vocab = self.vocab
+        if not self._words_in and isinstance(vocab, DatasetWords) and vocab.ready.is_set():
+            self._words_in = True
+            self.forget_previews()
+
     def set_rows(self, rows: list[Row]) -> None:
         """Show ``rows``; keeps the cursor on the same node when it is still there."""
         selected = self.selected_id()

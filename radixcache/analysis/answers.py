@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from radixcache.analysis.figures import Misses, PolicyFigures, PoolFigures, WhatIfFigures
 from radixcache.analysis.stackdist import Curve
 from radixcache.analysis.whatif import WhatIf
 from radixcache.traffic.traces import TraceFormat
@@ -83,7 +84,7 @@ def grid_tokens(curve: Curve, at: Sequence[int], points: int = 96) -> list[int]:
     return sorted({int(u) * b for u in units} | set(at))  # ``at`` as given: C holds C // b
 
 
-def misses(w: WhatIf, caps_tokens: Sequence[int]) -> dict[str, list[int]]:
+def misses(w: WhatIf, caps_tokens: Sequence[int]) -> Misses:
     """The miss classes at each capacity (tokens), as in the module docstring. Without the
     block-1 curve (``--alignment``) a token source's alignment misses are not told apart:
     ``compulsory`` then holds them too, and ``alignment`` is absent."""
@@ -93,66 +94,47 @@ def misses(w: WhatIf, caps_tokens: Sequence[int]) -> dict[str, list[int]]:
     n = len(caps_tokens)
     known = w.token_curve is not None or w.format is TraceFormat.MOONCAKE
     seen = w.token_curve.max_hits if w.token_curve is not None else c.max_hits
-    out = {"compulsory": [c.prompt_tokens - seen] * n,
-           "capacity": [int(c.max_hits - h) for h in hits]}
-    if known:
-        out["alignment"] = [seen - c.max_hits] * n
-    return out
+    return Misses([c.prompt_tokens - seen] * n, [int(c.max_hits - h) for h in hits],
+                  [seen - c.max_hits] * n if known else None)
 
 
 def summary(
     w: WhatIf, at: Sequence[int], pool_blocks: int | None, bytes_per_token: int | None
-) -> dict[str, object]:
-    """The ``--json`` object (its keys are a stable contract; see docs/whatif.md)."""
+) -> WhatIfFigures:
+    """The figures ``--json`` prints (its keys are a stable contract; see docs/whatif.md)."""
     c = w.curve
     caps = grid_tokens(c, at)
     hits = c.hits(np.asarray(caps, dtype=np.int64) // c.block_tokens)
     p = max(c.prompt_tokens, 1)
-    out: dict[str, object] = {
-        "source": w.source,
-        "format": w.format.value,
-        "requests": c.requests,
-        "prompt_tokens": c.prompt_tokens,
-        "block_size": c.block_tokens,
-        "capacities_tokens": caps,
-        "capacities_blocks": [x // c.block_tokens for x in caps],
-        "hit_rate": [float(h) / p for h in hits],
-        "max_hit_rate": c.max_hits / p,
-        "capacity_for": {f: capacity_for(c, float(f)) for f in FRACTIONS},
-        "knee_tokens": knee_tokens(c),
-        "misses": misses(w, caps),
-        "seconds": w.seconds,
-        "policies": {
-            pt.policy.value: {
-                "capacities_tokens": [u * c.block_tokens for u in pt.capacities_units],
-                "hit_rate": [h / p for h in pt.hits],
-                "lru_hit_rate": [
-                    float(x) / p for x in c.hits(np.asarray(pt.capacities_units, np.int64))
-                ],
-            }
-            for pt in w.policies
-        },
-        "notes": w.notes,
+    policies = {
+        pt.policy.value: PolicyFigures(
+            [u * c.block_tokens for u in pt.capacities_units], [h / p for h in pt.hits],
+            [float(x) / p for x in c.hits(np.asarray(pt.capacities_units, np.int64))])
+        for pt in w.policies
     }
+    fig = WhatIfFigures(
+        w.source, w.format.value, c.requests, c.prompt_tokens, c.block_tokens, caps,
+        [x // c.block_tokens for x in caps], [float(h) / p for h in hits], c.max_hits / p,
+        {f: capacity_for(c, float(f)) for f in FRACTIONS}, knee_tokens(c), misses(w, caps),
+        w.seconds, policies, w.notes)
     if w.token_curve is not None:
         tc = w.token_curve
-        out["hit_rate_block_size_1"] = [float(h) / p for h in tc.hits(np.asarray(caps))]
+        fig.hit_rate_block_size_1 = [float(h) / p for h in tc.hits(np.asarray(caps))]
     if bytes_per_token is not None:
-        out["capacities_gib"] = [x * bytes_per_token / 2**30 for x in caps]
+        fig.capacities_gib = [x * bytes_per_token / 2**30 for x in caps]
     if pool_blocks is not None:
-        out["pool"] = pool_statement(c, pool_blocks, "option")
+        fig.pool = pool_statement(c, pool_blocks, "option")
     elif w.pool_tokens is not None:
-        out["pool"] = pool_statement(c, w.pool_tokens // c.block_tokens, "recording")
+        fig.pool = pool_statement(c, w.pool_tokens // c.block_tokens, "recording")
     if c.unit_step != 1.0:
-        out["sample_rate"] = 1 / c.unit_step
-    return out
+        fig.sample_rate = 1 / c.unit_step
+    return fig
 
 
-def pool_statement(c: Curve, pool_blocks: int, given_by: str) -> dict[str, float | int | str]:
+def pool_statement(c: Curve, pool_blocks: int, given_by: str) -> PoolFigures:
     """What a pool of ``pool_blocks`` blocks (of the curve's block size, so its tokens are in
     the source's unit) and twice it reach, as fractions of the maximum hit rate; ``given_by``
     says who knows that pool (``option``: --pool-blocks, ``recording``: its engine)."""
     top = max(c.max_hits, 1)
     at1, at2 = (float(h) / top for h in c.hits(np.asarray([pool_blocks, 2 * pool_blocks])))
-    return {"blocks": pool_blocks, "tokens": pool_blocks * c.block_tokens, "of_max": at1,
-            "of_max_2x": at2, "given_by": given_by}
+    return PoolFigures(pool_blocks, pool_blocks * c.block_tokens, at1, at2, given_by)

@@ -4,11 +4,11 @@ given bytes per token) on the top axis, the knee, the capacities for 50/90/99% o
 the maximum, the pool when one is known, and other policies' replayed points; legend outside
 the data, a short title.
 
-The input is the ``--json`` object of ``radixcache whatif`` (``answers.summary``)."""
+The input is the figures of ``radixcache whatif`` (``answers.summary``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +18,8 @@ from numpy.typing import ArrayLike
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-Fig = Mapping[str, object]
+    from radixcache.analysis.figures import WhatIfFigures as Fig
+
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e")
 FORMATS = (".svg", ".png")
 
@@ -50,39 +51,37 @@ Scale = Callable[[ArrayLike], ArrayLike]
 
 def _scale_axis(fig: Fig) -> tuple[str, Scale, Scale]:
     """The top axis: GiB when bytes per token are known, else blocks."""
-    caps, gib = fig["capacities_tokens"], fig.get("capacities_gib")
-    assert isinstance(caps, list)
-    per = 1 / int(str(fig["block_size"]))
-    label = f"capacity (blocks of {fig['block_size']} tokens)"
-    if isinstance(gib, list) and caps[-1] > 0:
+    caps, gib = fig.capacities_tokens, fig.capacities_gib
+    per = 1 / fig.block_size
+    label = f"capacity (blocks of {fig.block_size} tokens)"
+    if gib is not None and caps[-1] > 0:
         per, label = gib[-1] / caps[-1], "KV cache (GiB)"
     return label, lambda t: np.asarray(t) * per, lambda g: np.asarray(g) / per
 
 
 def _marks(ax: Axes, fig: Fig, caps: np.ndarray, rates: np.ndarray) -> None:
     """The knee, the 50/90/99% capacities and the maximum, on the curve."""
-    top = 100 * float(str(fig["max_hit_rate"]))
+    top = 100 * fig.max_hit_rate
     ax.axhline(top, color="#666", lw=0.8, ls=":", label=f"maximum {top:.1f}% (infinite cache)")
-    cf = fig["capacity_for"]
-    assert isinstance(cf, dict)
+    cf = fig.capacity_for
     for frac, marker in (("0.5", "v"), ("0.9", "s"), ("0.99", "D")):
         c = max(int(cf[frac]), 1)
         y = 100 * float(np.interp(np.log(c), np.log(caps), rates))
         ax.plot([c], [y], marker, color="#333", ms=6, ls="none",
                 label=f"{float(frac):.0%} of max at {si(c)} tokens")
-    knee = max(int(str(fig["knee_tokens"])), 1)
+    knee = max(fig.knee_tokens, 1)
     ky = 100 * float(np.interp(np.log(knee), np.log(caps), rates))
     ax.plot([knee], [ky], "o", ms=11, mfc="none", mec="#d62728", mew=2, ls="none",
             label=f"knee at {si(knee)} tokens")
 
 
 def _pool(ax: Axes, fig: Fig) -> None:
-    pool = fig.get("pool")
-    if isinstance(pool, dict):
-        who = "your pool" if pool.get("given_by") == "option" else "the engine's pool"
-        ax.axvline(int(pool["tokens"]), color="#2ca02c", lw=1.5, ls="--",
-                   label=f"{who}: {pool['blocks']:,} blocks = {si(int(pool['tokens']))} tokens "
-                         f"({float(pool['of_max']):.0%} of max)")
+    pool = fig.pool
+    if pool is not None:
+        who = "your pool" if pool.given_by == "option" else "the engine's pool"
+        ax.axvline(pool.tokens, color="#2ca02c", lw=1.5, ls="--",
+                   label=f"{who}: {pool.blocks:,} blocks = {si(pool.tokens)} tokens "
+                         f"({pool.of_max:.0%} of max)")
 
 
 def draw(path: Path, fig: Fig) -> None:
@@ -91,19 +90,16 @@ def draw(path: Path, fig: Fig) -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, LogLocator, PercentFormatter
 
-    caps_all, rates_all = fig["capacities_tokens"], fig["hit_rate"]
-    assert isinstance(caps_all, list) and isinstance(rates_all, list)
+    caps_all, rates_all = fig.capacities_tokens, fig.hit_rate
     keep = [i for i, c in enumerate(caps_all) if c > 0]
     caps = np.asarray([caps_all[i] for i in keep], dtype=np.float64)
     rates = np.asarray([rates_all[i] for i in keep], dtype=np.float64)
     figure = Figure(figsize=(10, 5.2), layout="constrained")
     ax = figure.add_subplot()
-    exact = "sampled" if "sample_rate" in fig else "exact"
+    exact = "sampled" if fig.sample_rate is not None else "exact"
     ax.plot(caps, 100 * rates, color=COLORS[0], lw=2, label=f"LRU (one pass, {exact})")
-    pol = fig["policies"]
-    assert isinstance(pol, dict)
-    for i, (name, p) in enumerate(pol.items(), 1):
-        pts = [(c, 100 * r) for c, r in zip(p["capacities_tokens"], p["hit_rate"], strict=True)
+    for i, (name, p) in enumerate(fig.policies.items(), 1):
+        pts = [(c, 100 * r) for c, r in zip(p.capacities_tokens, p.hit_rate, strict=True)
                if c > 0]
         ax.plot([c for c, _ in pts], [r for _, r in pts], "o", color=COLORS[i % len(COLORS)],
                 label=f"{name.upper()} (replayed)")
@@ -121,8 +117,8 @@ def draw(path: Path, fig: Fig) -> None:
     top = ax.secondary_xaxis("top", functions=(fwd, inv))
     top.set_xlabel(label)
     top.xaxis.set_major_formatter(FuncFormatter(lambda x, _: si(x)))
-    name = Path(str(fig["source"])).name
-    ax.set_title(f"What-if: {name}, block {fig['block_size']}", loc="left", fontsize=12)
+    name = Path(fig.source).name
+    ax.set_title(f"What-if: {name}, block {fig.block_size}", loc="left", fontsize=12)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=9)
     from matplotlib import rc_context
 

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from radixcache.analysis.figures import RouterFigures, RoutingFigures, SharedFigures
 from radixcache.analysis.replay import CachedRun, Policy, ReplayCache
 from radixcache.analysis.whatif import Source, WhatIfConfig
 from radixcache.serving.cluster import Policy as Router  # sglang-router's routing policies
@@ -157,18 +158,16 @@ def shared(accesses: Iterable[Access], capacity: int, width: int, block: int) ->
 def compare(
     cfg: WhatIfConfig, routers: Iterable[Router], replicas: int, capacity_blocks: int,
     rc: RouterConfig | None = None,
-) -> dict[str, object]:
+) -> RoutingFigures:
     """Every router in ``routers`` over ``cfg``'s source, and the shared N x C cache: the
     ``routing`` object of ``radixcache whatif --json``."""
     src = Source(cfg)
     w, b = src.width(), src.block_tokens
-    policies: dict[str, object] = {}
+    policies: dict[str, RouterFigures] = {}
     for router in routers:
         r = simulate(src.accesses(), router, replicas, capacity_blocks, w, b, rc)
-        policies[r.name] = {"hit_rate": r.hit_rate, "imbalance": r.imbalance,
-                            "duplicated_tokens": r.duplicated_tokens,
-                            "requests": r.requests_per_replica}
+        policies[r.name] = RouterFigures(r.hit_rate, r.imbalance, r.duplicated_tokens,
+                                         r.requests_per_replica)
     one = shared(src.accesses(), replicas * capacity_blocks, w, b)
-    return {"replicas": replicas, "capacity_blocks": capacity_blocks, "block_size": b,
-            "policies": policies,
-            "shared": {"hit_rate": one.hit_rate, "capacity_blocks": replicas * capacity_blocks}}
+    return RoutingFigures(replicas, capacity_blocks, b, policies,
+                          SharedFigures(one.hit_rate, replicas * capacity_blocks))

@@ -112,14 +112,15 @@ class Engine(TreeService):
 
         ``forced_output`` (teacher forcing) replaces the greedy choice of each step and must
         hold ``max_new_tokens`` tokens. Raises ``ValueError`` for an empty prompt, token ids
-        outside the vocabulary or ``max_new_tokens < 1``. A request that needs more blocks than
-        the pool holds is not queued: its handle is already failed with ``RequestRejected``.
+        outside the model's id space or ``max_new_tokens < 1``. A request that needs more
+        blocks than the pool holds is not queued: its handle is already failed with
+        ``RequestRejected``.
         ``on_token(token)`` is called with each output token as it is chosen, in order, from
         the stepping thread with the step lock held (streaming fronts): keep it short.
         ``policy`` chooses the tokens instead of the greedy argmax and may end the request
         early (then it finishes as if it had run out of ``max_new_tokens``).
         """
-        vocab = self.config.model.vocab_size
+        vocab = self.config.model.id_space  # ids past the vocabulary fold into it (model.py)
         prompt = tk.validated_array(prompt_tokens, vocab, "prompt")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")

@@ -104,6 +104,9 @@ class HttpFront:
         self.backend, self.model = backend, model
         self.limits = limits if limits is not None else Limits()
         self.tokenizer = tokenizer if tokenizer is not None else shipped()
+        if backend.vocab_size != self.tokenizer.vocab_size:
+            raise ValueError(f"the model's vocabulary ({backend.vocab_size}) is not the "
+                             f"tokenizer's ({self.tokenizer.vocab_size})")
         self.stats = RequestMetrics(backend.counters, model)
         self.runner = Runner(backend, self.tokenizer, self.stats, self.limits, model)
         self.started = time.time()
@@ -185,22 +188,29 @@ class HttpFront:
     async def server_info(self, _request: Request) -> Response:
         """SGLang-style server info with the engine's counters."""
         c = await run_in_threadpool(self.backend.counters)  # waits for a step: off the loop
-        return JSONResponse({"model_path": self.model, "version": _server_version(),
-                             "tokenizer_path": str(self.tokenizer.path),
+        return JSONResponse({**self._paths(), "version": _server_version(),
                              "max_total_num_tokens": self.backend.max_context,
                              "max_running_requests": self.limits.max_waiting,
                              **c._asdict()})
 
+    def _paths(self) -> dict[str, str]:
+        """SGLang's names: ``model_path`` is the directory of the model's files (the tokenizer
+        and its config: the weights come from a seed, not a file), so that sglang-router loads
+        the tokenizer from it instead of asking a hub for the served name; clients send
+        ``served_model_name``."""
+        path = str(self.tokenizer.path)
+        return {"model_path": path, "tokenizer_path": path, "served_model_name": self.model}
+
     async def model_info(self, _request: Request) -> Response:
         """SGLang's model info: where the tokenizer is (a Hugging Face tokenizer directory)."""
-        return JSONResponse({"model_path": self.model, "tokenizer_path": str(self.tokenizer.path),
-                             "is_generation": True, "vocab_size": self.tokenizer.vocab_size})
+        return JSONResponse({**self._paths(), "is_generation": True,
+                             "vocab_size": self.backend.vocab_size})
 
     async def models(self, _request: Request) -> Response:
         """OpenAI's model list."""
         card = {"id": self.model, "object": "model", "created": int(self.started),
                 "owned_by": "radixcache", "root": str(self.tokenizer.path),
-                "max_model_len": self.backend.max_context}
+                "max_model_len": self.backend.max_context, "vocab_size": self.backend.vocab_size}
         return JSONResponse({"object": "list", "data": [card]})
 
     async def version(self, _request: Request) -> Response:

@@ -18,7 +18,8 @@ class Backend(Protocol):
 
     @property
     def vocab_size(self) -> int:
-        """Token ids a prompt may hold are in ``[0, vocab_size)``."""
+        """The model's vocabulary: token ids a prompt may hold are in ``[0, vocab_size)``, and
+        it must equal the tokenizer's."""
         ...
 
     @property

@@ -3,7 +3,8 @@
 OpenAI (completions and chat): a chat's first chunk carries ``role: assistant`` (an echoed
 completion's first chunk, the prompt); then one chunk per piece of new text, with its
 logprobs when asked; the last chunk carries ``finish_reason`` (``stop`` or ``length``); then
-the usage chunk when ``stream_options.include_usage`` is set; then ``[DONE]``.
+the usage chunk when ``stream_options.include_usage`` is set (with ``continuous_usage_stats``,
+as vLLM, every chunk before it also carries the usage so far); then ``[DONE]``.
 
 SGLang ``/generate``: each chunk carries only the new text and the new ``output_ids`` (what
 SGLang sends with ``stream_output``: the chunks concatenate to the answer; a 2,000-token answer
@@ -57,12 +58,17 @@ class _Chunks:
 
     def first(self) -> list[bytes]:
         if self.ask.dialect is api.CHAT:
-            return [sse(out.chunk(self.ask, self.rid, self.model, "", None, role=True))]
+            return [self._sse(out.chunk(self.ask, self.rid, self.model, "", None, role=True))]
         if self.ask.dialect is api.COMPLETION and self.ask.echo:
             prompt = self.tok.decode(self.ask.prompt)
             self.chars_sent += len(prompt)
-            return [sse(out.chunk(self.ask, self.rid, self.model, prompt, None))]
+            return [self._sse(out.chunk(self.ask, self.rid, self.model, prompt, None))]
         return []
+
+    def _sse(self, chunk: api.JsonObject) -> bytes:
+        if self.ask.continuous_usage:
+            chunk["usage"] = out.usage_so_far(len(self.ask.prompt), self.ids_sent)
+        return sse(chunk)
 
     def piece(self, p: Piece, reason: str | None) -> bytes:
         ids = self.run.ids[self.ids_sent:]
@@ -76,8 +82,8 @@ class _Chunks:
             logprobs = (out.chat_logprobs(p.logprobs, self.tok) if self.ask.dialect is api.CHAT
                         else out.completion_logprobs(p.logprobs, self.tok, self.chars_sent))
         self.chars_sent += len(p.text)
-        return sse(out.chunk(self.ask, self.rid, self.model, p.text, reason,
-                             logprobs=logprobs))
+        return self._sse(out.chunk(self.ask, self.rid, self.model, p.text, reason,
+                                   logprobs=logprobs))
 
     def last(self, o: out.Outcome, rest: Piece) -> list[bytes]:
         if self.ask.dialect is api.GENERATE:

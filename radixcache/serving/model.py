@@ -30,15 +30,23 @@ from radixcache.serving.batch import SeqInput as SeqInput
 from radixcache.serving.batch import TokenIds as TokenIds
 from radixcache.serving.batch import as_numpy, host_indices
 
+TEXT_VOCAB = 4096  # traffic.tokenizer's vocabulary (a test holds them equal)
+TRACE_IDS = 100_014  # traffic.sharegpt's VOCAB_SIZE: word ids and the trace's markers
+
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """Shape and seed of the tiny transformer. ``vocab_size`` covers both id spaces the engine
-    serves: the ShareGPT trace's word ids (``traffic.sharegpt``, 100,014) and the shipped text
-    tokenizer's (``traffic.tokenizer``, 4,096, the low ids); the HTTP front samples answers
-    among the tokenizer's ids only, so every answer decodes to text."""
+    """Shape and seed of the tiny transformer.
 
-    vocab_size: int = 100014
+    ``vocab_size`` is the shipped text tokenizer's (``traffic.tokenizer``, 4,096): the logits
+    cover exactly its ids, so every answer decodes to text. The model reads ids of a wider
+    space, ``[0, id_space)``, so that the ShareGPT trace's word ids (``traffic.sharegpt``,
+    100,014) reach it unchanged: an id at or past ``vocab_size`` is folded into the vocabulary
+    (embedding row ``id % vocab_size``, the hashing trick). The cache keys on the ids as sent,
+    never on the folded ones, so the trace's hits are its own."""
+
+    vocab_size: int = TEXT_VOCAB
+    id_space: int = TRACE_IDS
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
@@ -51,6 +59,9 @@ class ModelConfig:
     norm_eps: float = 1e-6
 
     def __post_init__(self) -> None:
+        if not 0 < self.vocab_size <= self.id_space:
+            raise ValueError(f"vocab_size {self.vocab_size} must be in [1, id_space "
+                             f"{self.id_space}]")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads")
         if self.head_dim % 2:
@@ -186,12 +197,13 @@ class TinyTransformer:
         """Validate a batch against the pool tensor and move its indices to the device at once.
 
         Raises ``ValueError`` for an empty batch, a sequence without new tokens, a token id
-        outside the vocabulary, a block table too short for its context or naming a block
+        outside ``[0, id_space)``, a block table too short for its context or naming a block
         outside the pool, two new tokens that would write one slot, or a ``kv`` whose shape,
         dtype or device does not fit the model.
         """
         self._check_kv(kv)
-        arrays, counts = host_indices(batch, kv.shape[3], kv.shape[2], self.config.vocab_size)
+        arrays, counts = host_indices(batch, kv.shape[3], kv.shape[2], self.config.id_space)
+        arrays[0] = arrays[0] % self.config.vocab_size  # trace ids fold into the vocabulary
         flat = torch.from_numpy(np.concatenate([a.reshape(-1) for a in arrays]))
         if self.device.type == "cuda":
             flat = flat.pin_memory()
@@ -263,7 +275,7 @@ class TinyTransformer:
         No pool and no block table: K/V are the ones just computed, with a causal mask. This
         is the recompute baseline that paged forwards with cache hits must match.
         """
-        ids = torch.from_numpy(as_numpy(tokens)).to(self.device)
+        ids = torch.from_numpy(as_numpy(tokens) % self.config.vocab_size).to(self.device)
         t, cfg = ids.shape[0], self.config
         pos = torch.arange(t, device=self.device)
         rope, mask = self._rope(pos), (pos[None, :] <= pos[:, None])[None]
@@ -306,5 +318,5 @@ def prefill_and_decode(
 
 def tiny_model() -> ModelConfig:
     """The smallest model the engine serves well on a CPU: 1 layer, d_model 32, 2 query heads
-    over 1 K/V head of 16 (the full ShareGPT vocabulary, so trace token ids stay valid)."""
+    over 1 K/V head of 16 (the text tokenizer's vocabulary; trace ids fold into it)."""
     return ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)

@@ -10,7 +10,8 @@ Three dialects reach the same engine call (``prompt ids, max_new_tokens, policy`
 Honoured: ``temperature`` / ``top_p`` / ``top_k`` / ``seed`` (greedy when the temperature is 0
 or absent, so the default stays deterministic), ``stop`` (strings) and ``stop_token_ids``,
 ``logprobs`` / ``top_logprobs`` (SGLang: ``return_logprob`` / ``top_logprobs_num``), ``echo``,
-``stream`` with ``stream_options.include_usage``, ``ignore_eos`` (the model has no end of
+``stream`` with ``stream_options.include_usage`` and ``continuous_usage_stats`` (vLLM's: every
+chunk carries the usage so far), ``ignore_eos`` (the model has no end of
 sequence: answers always run to ``max_tokens`` or a stop), ``user`` and ``metadata`` (carried,
 not used). Refused unless at their no-op value: the fields in ``_NOOP`` (``n``, ``best_of``,
 ``suffix``, ``response_format``, ``tools``, penalties, ...). Any other field: 400. Every refusal
@@ -85,6 +86,7 @@ class Ask(NamedTuple):
     sampling: Sampling = Sampling()
     echo: bool = False
     rid: str | None = None  # the client's request id (SGLang ``rid``), for /abort_request
+    continuous_usage: bool = False  # every chunk carries the usage so far (vLLM's option)
 
 
 # A field absent, null or at one of these values changes nothing; any other value is refused.
@@ -225,19 +227,23 @@ def _prompt(value: object, ctx: Context) -> list[int]:
     return _ids(value, "prompt", ctx.vocab)
 
 
-def _stream(body: Mapping[str, object]) -> tuple[bool, bool]:
+class _Streaming(NamedTuple):
+    stream: bool
+    usage: bool  # the usage chunk at the end
+    continuous: bool  # and the usage so far in every chunk (vLLM: only with ``usage``)
+
+
+def _stream(body: Mapping[str, object]) -> _Streaming:
     stream = _flag(body, "stream")
     opts = _get(body, "stream_options", dict, {})
     assert isinstance(opts, dict)
     _refuse_unknown(opts, frozenset({"include_usage", "continuous_usage_stats"}),
                     " in 'stream_options'")
-    if opts.get("continuous_usage_stats"):
-        raise ApiError(400, "'continuous_usage_stats' is not supported", param="stream_options")
-    usage = _flag(opts, "include_usage")
-    if usage and not stream:
+    usage, continuous = _flag(opts, "include_usage"), _flag(opts, "continuous_usage_stats")
+    if (usage or continuous) and not stream:
         raise ApiError(400, "'stream_options' is only allowed with 'stream': true",
                        param="stream_options")
-    return stream, usage
+    return _Streaming(stream, usage, usage and continuous)
 
 
 def parse_completion(body: Mapping[str, object], ctx: Context) -> Ask:
@@ -254,9 +260,10 @@ def parse_completion(body: Mapping[str, object], ctx: Context) -> Ask:
     if echo and logprobs is not None:
         raise ApiError(400, "'echo' with 'logprobs' is not supported (prompt logprobs)",
                        param="echo")
-    stream, usage = _stream(body)
-    return Ask(COMPLETION, prompt, n, stream, usage,
-               sampling(body, ctx.tok.vocab_size, logprobs), echo)  # type: ignore[arg-type]
+    st = _stream(body)
+    return Ask(COMPLETION, prompt, n, st.stream, st.usage,
+               sampling(body, ctx.tok.vocab_size, logprobs), echo,  # type: ignore[arg-type]
+               continuous_usage=st.continuous)
 
 
 def _content(value: object) -> str:
@@ -312,8 +319,9 @@ def parse_chat(body: Mapping[str, object], ctx: Context) -> Ask:
     logprobs = top if _flag(body, "logprobs") else None
     if top and logprobs is None:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    stream, usage = _stream(body)
-    return Ask(CHAT, prompt, n, stream, usage, sampling(body, ctx.tok.vocab_size, logprobs))
+    st = _stream(body)
+    return Ask(CHAT, prompt, n, st.stream, st.usage, sampling(body, ctx.tok.vocab_size, logprobs),
+               continuous_usage=st.continuous)
 
 
 def parse_generate(body: Mapping[str, object], ctx: Context) -> Ask:

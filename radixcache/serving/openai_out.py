@@ -128,3 +128,9 @@ def chunk(ask: Ask, rid: str, model: str, text: str, reason: str | None, *,
 def usage_chunk(ask: Ask, o: Outcome, model: str) -> JsonObject:
     """The final usage-only chunk sent when ``stream_options.include_usage`` is set."""
     return {**_head(ask, o.rid, model), "choices": [], "usage": usage(o)}
+
+
+def usage_so_far(prompt_tokens: int, completion_tokens: int) -> JsonObject:
+    """The usage a chunk carries with ``continuous_usage_stats`` (vLLM's three counts)."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

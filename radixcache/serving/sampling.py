@@ -3,8 +3,8 @@ hands the engine with each request.
 
 ``choose`` runs on the engine's stepping thread with the step's logits of one request:
 greedy (argmax) unless ``temperature > 0``, then temperature, top-k, top-p and a seeded
-``torch.Generator`` (the same seed gives the same tokens). Only the tokenizer's ids are ever
-chosen (the model's vocabulary is wider: it also covers the trace benchmarks' word ids).
+``torch.Generator`` (the same seed gives the same tokens). The model's vocabulary is the
+tokenizer's (the front refuses to start otherwise), so every chosen id decodes to text.
 ``stops_at`` decodes the token incrementally and ends the request at a stop token id or when
 a stop string appears; the answer's text is cut before the stop string, as OpenAI does.
 Every token's text (and its logprobs when asked) is handed to ``on_piece`` as it is decided;
@@ -73,9 +73,9 @@ class RequestPolicy:
             self._generator = torch.Generator().manual_seed(self.sampling.seed)
 
     def choose(self, logits: torch.Tensor) -> int:
-        """The next token among the tokenizer's ids."""
+        """The next token: one of the ``(vocab,)`` logits' ids, the tokenizer's."""
         s = self.sampling
-        scores = logits[: self.tokenizer.vocab_size].float().cpu()
+        scores = logits.float().cpu()
         greedy = s.temperature <= 0
         token = int(scores.argmax()) if greedy else _sample(scores, s, self._generator)
         if s.logprobs is not None:

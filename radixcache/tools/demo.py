@@ -81,6 +81,8 @@ class EngineProcess:
         self.endpoints = Endpoints.ipc(str(self.dir / "engine"))
         self.log = self.dir / "engine.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._terminated_at: float | None = None  # when SIGTERM was sent (monotonic)
+        self._died = False  # the engine had exited on its own before it was told to
 
     def command(self) -> list[str]:
         """The engine's command line: this interpreter running ``radixcache serve``."""
@@ -117,17 +119,30 @@ class EngineProcess:
         reply = self.send(cmd.Stats())
         return reply.values if isinstance(reply, cmd.Ok) else {}
 
+    def terminate(self) -> None:
+        """Send SIGTERM now and return (idempotent): the engine shuts down while the caller
+        closes its own side; ``stop()`` then waits what is left of ``grace_s``."""
+        if self.proc is None or self._terminated_at is not None:
+            return
+        self._died = self.proc.poll() is not None
+        self._terminated_at = time.monotonic()
+        if not self._died:
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self) -> int | None:
-        """SIGTERM, then SIGKILL after ``grace_s``; remove the temp dir. Returns the exit code.
-        When the engine had died on its own, or exited with a failure, its log is kept (moved
-        next to the temp dir) and its path printed on stderr."""
+        """SIGTERM (unless ``terminate`` sent it), then SIGKILL ``grace_s`` after it; remove
+        the temp dir. Returns the exit code. When the engine had died on its own, or exited
+        with a failure, its log is kept (moved next to the temp dir) and its path printed on
+        stderr."""
         code = None
-        died = self.proc is not None and self.proc.poll() is not None
+        self.terminate()
+        died = self._died
         if self.proc is not None:
             if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
+                assert self._terminated_at is not None
+                left = self.grace_s - (time.monotonic() - self._terminated_at)
                 try:
-                    self.proc.wait(self.grace_s)
+                    self.proc.wait(max(left, 0.0))
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait()

@@ -34,6 +34,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -259,9 +260,10 @@ def load_words(conversations: int | None = None, path: Path | None = None,
     with dataset_file(path) as found:
         stem = _cache_stem(found, cache_dir or default_cache_dir())
         cached = stem.with_name(f"{stem.name}.words-{conversations or 'all'}.json")
-        with suppress(OSError, ValueError, TypeError, AttributeError):
-            words = json.loads(cached.read_text(encoding="utf-8"))
-            detok.learn({int(k): str(v) for k, v in words.items()})
+        with suppress(OSError, msgspec.DecodeError):
+            # typed decode: keys come back as ints in C (json.loads and int() per key took
+            # 0.25 s of `tree FILE`'s budget for 88k words, this 0.06 s)
+            detok.learn(msgspec.json.decode(cached.read_bytes(), type=dict[int, str]))
             return detok
         records, _ = decode_records(found.read_bytes())
     for record in records[:conversations]:

@@ -323,9 +323,9 @@ class Detokenizer:
         return {i: w for i, w in self._words.items() if i not in SPECIAL_NAMES}
 
     def learn(self, words: dict[int, str]) -> None:
-        """Take ``words`` (a ``learned()`` table) as if their texts had been added."""
-        for i, w in words.items():
-            self._words.setdefault(i, w)
+        """Take ``words`` (a ``learned()`` table) as if their texts had been added (the words
+        known already win, as ``add_text`` keeps the first word seen)."""
+        self._words = {**words, **self._words}
 
     @classmethod
     def from_conversations(cls, convs: Sequence[ConversationText]) -> Detokenizer:

@@ -14,7 +14,9 @@ The chat template (OpenAI messages -> ids) uses special tokens 0-3::
 Message contents are encoded with the markers taken as plain text, so a user cannot forge a
 turn; a completion prompt recognizes them (what a client that renders the template sends).
 
-The trace benchmarks (``traffic.sharegpt``: crc32 word ids) keep their own tokenization.
+The model's vocabulary is this one's (``serving.model.ModelConfig.vocab_size``, 4,096; the HTTP
+front refuses to start otherwise). The trace benchmarks (``traffic.sharegpt``: crc32 word ids)
+keep their own tokenization; the model reads their ids folded into its vocabulary.
 """
 
 from __future__ import annotations

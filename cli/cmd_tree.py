@@ -1,0 +1,106 @@
+"""`radixcache tree`: the cache tree of a recording, a live engine or a KV-event stream.
+
+Its own module so that `tree FILE` imports only the reader, the mirror and the tree's text
+(``radixcache.wire.treeview``): ZeroMQ, the workloads and the recorder come in only with an
+endpoint (``radixcache bench cli`` times `tree FILE` on 500 requests against 0.5 s).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.tree import Tree
+
+from cli.app import CliError, app
+from cli.options import CURVE_HELP
+from cli.output import client_curve, console, stopped, warn
+from inspector.sources import DatasetWords
+from radixcache.traffic.workload_types import Vocabulary
+from radixcache.wire.recording import RecordingReader
+from radixcache.wire.treeview import Line, TokenText, node_label, preview, walk
+
+if TYPE_CHECKING:
+    from radixcache.wire.mirror import Mirror
+    from radixcache.wire.security import ClientCurve
+
+
+def _words(lines: list[Line]) -> TokenText:
+    """The synthetic words, or, when a preview needs more (trace workloads), the ShareGPT
+    words too: loaded once, waited for at most 15 s (ids render as #id without them)."""
+    synthetic = Vocabulary()
+    if all("#" not in preview(line.node, synthetic) for line in lines):
+        return synthetic
+    words = DatasetWords()
+    words.load()
+    words.ready.wait(15)
+    return words
+
+
+def _rich_tree(mirror: Mirror, limit: int) -> Tree:
+    root = Tree(f"root ({len(mirror.nodes) - 1} nodes)")
+    lines = list(walk(mirror, limit))
+    vocab = _words(lines)
+    branches: dict[int, Tree] = {0: root}
+    for line in lines:
+        parent = line.node.parent
+        assert parent is not None
+        branches[line.node.id] = branches[parent.id].add(node_label(line.node, vocab))
+    return root
+
+
+@app.command()
+def tree(
+    source: str | None = typer.Argument(None, help="A recording file or tcp://HOST:PORT."),
+    kv_events: str | None = typer.Option(None, help="A vLLM/SGLang KV-event PUB endpoint."),
+    replay: str | None = typer.Option(None, help="Its replay ROUTER (replays from seq 0)."),
+    seconds: float = typer.Option(2.0, help="With --kv-events: how long to follow."),
+    limit: int = typer.Option(200, help="Print at most this many nodes."),
+    curve_keys: Path | None = typer.Option(None, help="With ENDPOINT: " + CURVE_HELP),
+) -> None:
+    """Print the cache tree of a recording or a live engine, or a KV-event block-hash tree.
+    Damage in a file is reported on stderr (byte offset, reason); exit 1 when nothing could
+    be read."""
+    if kv_events is not None:
+        _kv_tree(kv_events, replay, seconds, limit)
+        return
+    if source is None:
+        raise typer.BadParameter("give FILE, ENDPOINT or --kv-events")
+    if "://" in source:
+        mirror = _live_mirror(source, client_curve(curve_keys))
+        console.print(_rich_tree(mirror, limit))
+        return
+    with RecordingReader(Path(source)) as reader:
+        mirror, events = reader.mirror_at(2**62)
+        damage = reader.damage
+    console.print(_rich_tree(mirror, limit))
+    console.print(f"{events:,} events read")
+    stopped(damage)
+
+
+def _live_mirror(source: str, curve: ClientCurve | None) -> Mirror:
+    from radixcache.wire.endpoints import Endpoints
+    from radixcache.wire.subscriber import Subscriber
+
+    sub = Subscriber(Endpoints.from_events(source), curve=curve).start()
+    ok = sub.wait_synced(10)
+    sub.stop()
+    if not ok:
+        why = sub.last_error or "down, or it needs / refused these --curve-keys"
+        raise CliError(f"no snapshot from {source} in 10 s ({why})")
+    if sub.stats.malformed:
+        warn(f"warning: {sub.stats.malformed} malformed frames; last: {sub.last_error}")
+    return sub.mirror
+
+
+def _kv_tree(endpoint: str, replay: str | None, seconds: float, limit: int) -> None:
+    from radixcache.wire.kvevents.pubsub import KVEventsClient
+    from radixcache.wire.kvevents.report import follow_lines
+
+    client = KVEventsClient(endpoint, replay)
+    try:
+        lines = follow_lines(client, seconds, limit)
+    finally:
+        client.close()
+    typer.echo("\n".join(lines))
