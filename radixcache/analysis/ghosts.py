@@ -60,7 +60,8 @@ class Ghosts:
             child = node.children.get(seq[pos : pos + W])
             if child is None:
                 break
-            k = _common(seq, pos, child.key)
+            key = child.key  # (``_common`` inline: this loop is most of following a stream)
+            k = len(key) if seq.startswith(key, pos) else common_units(seq, pos, key) * W
             if pos < lo < pos + k:
                 k = lo - pos
             if k < len(child.key):

@@ -39,6 +39,7 @@ import enum
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MethodType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from radixcache.analysis.ghosts import MAX_TOKENS, Ghosts, W
@@ -131,8 +132,8 @@ class MissHistory:
         self._match: tuple[int, int] | None = None  # (node, version) of a match in progress
         self._dropped = b""  # the path of a match given up for room, until its RequestStart
         self._edge = 0  # event counter at the last RequestStart or RequestFinish
-        self._seq: int | None = None  # the batch of the last event seen (a snapshot before
-        # it: a seek back); None before the first
+        self.last_seq: int | None = None  # the batch of the last event seen (a snapshot
+        # before it: a seek back); None before the first
 
     def why(self, req: int) -> Why | None:
         """What is known of request ``req`` (None: not seen since the history began); its
@@ -160,11 +161,22 @@ class MissHistory:
         handler = _HANDLERS.get(type(e))
         if handler is not None:
             handler(self, e)
-        self._seq = self.mirror.seq  # (a snapshot's handler compares it before this line)
+        self.last_seq = self.mirror.seq  # (a snapshot's handler compares it before this line)
         if prompt is not None and isinstance(e, ev.RequestFinish):
-            why = self.whys.get(e.req)
-            if why is not None and why.spans is None:
-                why.prompt = prompt  # explained when asked (``why``): most never are
+            self.keep_prompt(e.req, prompt)
+
+    def handlers(self) -> dict[type[ev.Event], Callable[[Any], None]]:
+        """What ``observe`` calls per kind, bound to this history (kinds it ignores are
+        absent): for a caller that dispatches once for several followers (``Follower``),
+        then sets ``last_seq`` and hands a finished request's prompt to ``keep_prompt``."""
+        return {kind: MethodType(f, self) for kind, f in _HANDLERS.items()}
+
+    def keep_prompt(self, req: int, prompt: bytes) -> None:
+        """The finished request ``req``'s prompt, explained when asked (``why``): most never
+        are."""
+        why = self.whys.get(req)
+        if why is not None and why.spans is None:
+            why.prompt = prompt
 
     def _held(self, e: ev.NodeCreated | ev.Extend) -> None:
         m = self.mirror
@@ -180,7 +192,9 @@ class MissHistory:
             seq = path_tokens(n)
             self.ghosts.evict(seq, len(seq) - len(n.tokens), m.version, m.seq)
 
-    def _finish(self, e: ev.RequestFinish) -> None:
+    def finish(self, e: ev.RequestFinish) -> None:
+        """Request ``e.req`` finished: its insert is every event since the last start or
+        finish (or its ``RequestCached``)."""
         why = self.whys.get(e.req)
         if why is not None:  # its insert is every event since the last start or finish
             why.finished = True
@@ -209,7 +223,8 @@ class MissHistory:
             n = m.nodes.get(e.node)  # the match given up: the request waits or goes on
             self._dropped, self._match = (path_tokens(n) if n is not None else b""), None
 
-    def _start(self, e: ev.RequestStart) -> None:
+    def start(self, e: ev.RequestStart) -> None:
+        """Request ``e.req`` started: keep its matched path and the moment of its match."""
         m = self.mirror
         node_id, version = self._match if self._match is not None else (m.root.id, m.version)
         path: list[tuple[int, int, int]] = []
@@ -226,14 +241,14 @@ class MissHistory:
             self.whys.popitem(last=False)
         self._match, self._dropped, self._edge = None, b"", m.version
 
-    def _restart(self, _: ev.Snapshot) -> None:
+    def restart(self, _: ev.Snapshot) -> None:
         """A snapshot was loaded. Forward in the same stream (a resync, a replay's keyframe),
         the history goes on: what the snapshot holds is marked held, and a span the history
         holds that the snapshot lacks left during the gap ("not followed" if asked). Back
         (a replay seek, a new engine), the history starts again from what it holds; the
         finished requests are explained first, against the history they were matched in."""
         m = self.mirror
-        if self._seq is None or self._seq > m.seq:  # the join, or back: start again
+        if self.last_seq is None or self.last_seq > m.seq:  # the join, or back: start again
             self.all()
             self.ghosts = Ghosts(self.max_tokens)
             self.since = m.seq
@@ -287,9 +302,9 @@ _HANDLERS: Mapping[type, Callable[[MissHistory, Any], None]] = exhaustive(
     "analysis.misses",
     {ev.NodeCreated: MissHistory._held, ev.Extend: MissHistory._held,
      ev.Evict: MissHistory._evicted, ev.Pin: MissHistory._pin,
-     ev.RequestStart: MissHistory._start, ev.RequestFinish: MissHistory._finish,
+     ev.RequestStart: MissHistory.start, ev.RequestFinish: MissHistory.finish,
      ev.RequestCached: MissHistory._cached,
-     ev.Reset: MissHistory._reset, ev.Snapshot: MissHistory._restart},
+     ev.Reset: MissHistory._reset, ev.Snapshot: MissHistory.restart},
     ignored=(ev.Split, ev.Merge, ev.Access, ev.BlockAlloc, ev.BlockFree, ev.Cow, ev.Watermark,
              ev.Counters, ev.Fault, ev.Digest, ev.Queue),
 )

@@ -167,17 +167,33 @@ class StackDistances:
                 break
         return groups, node, pos
 
-    def add(self, a: Access) -> None:
-        """Account one request: its prompt units' distances, then touch its whole path."""
+    def add(self, a: Access) -> list[tuple[int, int, int]]:
+        """Account one request: its prompt units' distances, then touch its whole path.
+        Returns the prompt's matched runs ``(distance of the first unit, depth from, depth
+        to)``, shallow first, distances one more per unit deeper: the request's hit at
+        capacity C is the longest prefix whose distances are below C."""
         self.requests += 1
         r = self.requests
         self.prompt_tokens += a.prompt_tokens
         groups, node, pos = self._walk(a.units, r)
         fen, g = self.groups, self.g
+        tree, raw, size = fen.tree, fen.raw, len(fen.tree)
+        runs: list[tuple[int, int, int]] = []
         for q, lo, hi in groups:  # all queries before any update (a shallow group's move
-            self._record(fen.after(q), lo, min(hi, a.prompt_units), a.prompt_tokens)
-        for q, lo, hi in groups:  # changes the distances of the deeper ones)
-            fen.add(q, lo - hi)
+            s, i = 0, q  # changes the distances of the deeper ones): ``fen.after(q)``
+            while i > 0:  # inline, as the update below is ``fen.add(q, lo - hi)``: these
+                s += tree[i]  # two loops are most of the cost of a request
+                i -= i & -i
+            run = (fen.total - s, lo, min(hi, a.prompt_units))
+            runs.append(run)
+            self._record(run[0], run[1], run[2], a.prompt_tokens)
+        for q, lo, hi in groups:  # (q < r: inside the tree, which never grows here)
+            d, i = lo - hi, q
+            raw[q] += d
+            fen.total += d
+            while i < size:
+                tree[i] += d
+                i += i & -i
             g[q] = hi
         n = len(a.units) // self.w
         if pos < n:
@@ -189,6 +205,7 @@ class StackDistances:
             self.distinct_units += n - pos
         fen.add(r, n)
         g.append(0)
+        return [run for run in runs if run[2] > run[1]]
 
     def _record(self, dist: int, lo: int, hi: int, prompt_tokens: int) -> None:
         """Histogram the prompt units at depths [lo, hi), the first at distance ``dist``."""

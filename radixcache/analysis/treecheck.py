@@ -11,8 +11,14 @@ curve's recency stack after every request.
 
 At block size B > 1 a node's last block is partly filled and a branch inside a block takes a
 copy (COW) of up to B - 1 slots: capacity that the token-granular curve does not see. The
-slots the tree spends beyond its tokens are measured (``waste_slots``), so the curve at
-``capacity - waste`` and at ``capacity`` bracket what the tree can hold.
+slots the tree spends beyond its tokens are measured (``waste_slots``): the curve at
+``capacity - waste`` is the floor. The ceiling is not the curve at ``capacity``: a block is as
+recent as its most recent token, so a block used in part keeps its unused tail tokens for free
+(they share its slots), and a later request can hit them where the token-granular LRU had
+dropped them. That is the only way past the curve: the tree holds whole blocks whose first
+token is in the curve's top D tokens (D <= capacity), so a request's hit ends at most at the
+block boundary after its hit in the curve, and never past what it could match at all
+(``block_rounded_hits``, from the same one pass).
 """
 
 from __future__ import annotations
@@ -20,9 +26,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from radixcache.analysis.stackdist import Curve, StackDistances
 from radixcache.core.pool import KVPool, KVShape
+from radixcache.core.tokens import TOKEN_BYTES
 from radixcache.core.tree import RadixTree
-from radixcache.traffic.traces import TokenRequest
+from radixcache.traffic.traces import TokenRequest, token_access
+
+Runs = list[tuple[int, int, int]]  # one request's matched prompt runs (``StackDistances.add``)
 
 
 class TreeReplay(NamedTuple):
@@ -62,3 +72,29 @@ def replay_tree(
     used = tree.alloc.used_count * block_size
     return TreeReplay(capacity_tokens, block_size, hits, tree.cached_tokens, used,
                       max(peak, used - tree.cached_tokens))
+
+
+def token_pass(requests: Sequence[TokenRequest]) -> tuple[Curve, list[Runs]]:
+    """The one-pass curve at block 1 and each request's matched runs (their distances)."""
+    sd = StackDistances(TOKEN_BYTES, 1)
+    runs = [sd.add(token_access(r, 1)) for r in requests]
+    return sd.curve(), runs
+
+
+def block_rounded_hits(runs: Sequence[Runs], capacity_tokens: int, block_size: int) -> int:
+    """The most a tree of ``capacity_tokens`` slots at ``block_size`` can hit (see the module
+    docstring): each request's hit in the block-1 curve at that capacity, rounded up to a block
+    boundary, capped at its longest possible match. Equal to the curve at block 1."""
+    total = 0
+    for request in runs:
+        hit = 0
+        for dist, lo, hi in request:  # shallow first, contiguous from depth 0
+            take = min(hi - lo, capacity_tokens - dist)
+            if take <= 0:
+                break
+            hit = lo + take
+            if hit < hi:
+                break
+        if hit:
+            total += min(-(-hit // block_size) * block_size, request[-1][2])
+    return total

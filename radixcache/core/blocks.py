@@ -170,10 +170,10 @@ class BlockAllocator:
         if not hi:
             return run
         extra = self._extra
-        if extra:
-            if self._drop_extra(run[0]):
+        if extra:  # a membership test first: most runs share neither end
+            if run[0] in extra and self._drop_extra(run[0]):
                 lo = 1
-            if hi > lo and self._drop_extra(run[-1]):
+            if hi > lo and run[-1] in extra and self._drop_extra(run[-1]):
                 hi -= 1
         freed = run[lo:hi] if lo or hi < len(run) else run
         if freed and self._partial:
@@ -181,6 +181,16 @@ class BlockAllocator:
             self._partial.pop(freed[-1], None)
         self._free.extend(freed)
         return freed
+
+    def free_tail(self, run: array[int]) -> None:
+        """Return ``run`` to the free list: the tail of a leaf cut back to a block boundary,
+        blocks held by that leaf alone (only a node's first block is ever shared, and a leaf
+        has no child continuing in its last), of which only the last can be partly claimed.
+        ``release_run`` without its checks of shared ends: eviction calls it on nearly every
+        allocation of a full pool."""
+        if run:
+            self._partial.pop(run[-1], None)
+            self._free.extend(run)
 
     def _drop_extra(self, block: int) -> bool:
         """Drop one extra reference of ``block`` if it has one; True when it had."""
@@ -198,7 +208,8 @@ class BlockAllocator:
         size = self.block_size
         if not 0 <= slots <= size:
             raise BlockStateError(f"claim {slots} on block {block}: outside 0..{size}")
-        self._check_id(block)
+        if not 0 <= block < self.num_blocks:  # ``_check_id`` inline: ~3 calls a request
+            self._check_id(block)
         if slots < size:
             self._partial[block] = slots
         else:

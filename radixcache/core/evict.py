@@ -19,20 +19,21 @@ from radixcache.core.nodes import EvictResult, RadixNode, TreeStats
 
 
 class Cut(NamedTuple):
-    """What cutting one leaf freed: ``blocks`` back on the free list (its parent's merge
-    included), ``tokens`` no longer cached, ``removed`` 1 when the leaf is gone."""
+    """What cutting one leaf did: ``blocks`` back on the free list (its parent's merge
+    included), ``tokens`` no longer cached; ``exposed``: the leaf went whole and its parent
+    became an evictable leaf (to be offered), else None."""
 
     blocks: int
     tokens: int
-    removed: int
+    exposed: RadixNode | None
 
 
 class Cutter(Protocol):
     """What the evictor asks of the tree's structure."""
 
-    def cut(self, leaf: RadixNode, want: int) -> tuple[Cut, RadixNode | None]:
+    def cut(self, leaf: RadixNode, want: int) -> Cut:
         """Free blocks of the evictable ``leaf``'s least recent tokens (as few as give
-        ``want``); the second item is its parent when that became an evictable leaf."""
+        ``want``)."""
         ...
 
     def live_nodes(self) -> Iterable[RadixNode]:
@@ -49,19 +50,18 @@ class Evictor:
     leaf, keyed by the access time of its deepest tokens (``tail_clock``) when queued, with
     lazy re-queue.
 
-    A touch does not push (entries only ever understate a clock): ``_pop`` re-queues an entry
-    whose node was used since, so the first entry it finds current is the least recently
-    used leaf (exact LRU, O(log n) a step). A parent that becomes a leaf enters at its own
+    A touch does not push (entries only ever understate a clock): the eviction loop re-queues
+    an entry whose node was used since, so the first entry it finds current is the least
+    recently used leaf (exact LRU, O(log n) a step). A parent that becomes a leaf enters at its own
     access time, which an append-only queue could not do."""
 
     def __init__(
         self, tree: Cutter, alloc: BlockAllocator, stats: TreeStats, high: float, low: float
     ) -> None:
-        check_watermarks(high, low)
         self._tree = tree
         self.alloc = alloc
         self.stats = stats
-        self.high, self.low = high, low
+        self.set_watermarks(high, low)
         self.clock = 0  # the logical time of the last access; the walk stamps nodes with it
         self._heap: list[tuple[int, int, RadixNode]] = []
 
@@ -96,23 +96,6 @@ class Evictor:
             node.queued = True
             heapq.heappush(self._heap, (node.tail_clock, node.id, node))
 
-    def _pop(self) -> RadixNode | None:
-        """The least recently used evictable leaf, taken off the heap (None: nothing to evict)."""
-        heap = self._heap
-        while heap:
-            clock, _, node = heap[0]
-            if node.alive and node.evictable:
-                tail = node.tail_clock
-                if tail != clock:  # used (or cut) since it was queued: re-queue at that time
-                    heapq.heapreplace(heap, (tail, node.id, node))
-                    continue
-                heapq.heappop(heap)
-                node.queued = False
-                return node
-            heapq.heappop(heap)  # not an evictable leaf now: offered again once it is one
-            node.queued = False
-        return None
-
     def entries(self) -> list[tuple[int, int, RadixNode]]:
         """The heap's entries (clock when queued, id, node), stale ones included (a copy)."""
         return list(self._heap)
@@ -137,23 +120,40 @@ class Evictor:
         recently used leaf gives up its least recent tokens, tail first, as few blocks as
         complete ``want``, and stays cached with the rest. Per block this is exact LRU (the
         deepest tokens of the leaf with the oldest tail are the least recent of all)."""
-        tree = self._tree
+        nodes, tokens, freed = self._evict(want)
+        return EvictResult(nodes, tokens, freed, freed < want)
+
+    def _evict(self, want: int) -> tuple[int, int, int]:
+        """``evict``'s loop: (leaves removed whole, tokens, blocks freed). It runs on nearly
+        every allocation once the pool is full, so it reads the heap's top in place: a leaf
+        that gives up only its tail keeps its entry there (its tail time is unchanged, or
+        newer when its deepest stretch went whole, which the next look re-queues)."""
+        tree, heap = self._tree, self._heap
         freed = nodes = tokens = 0
-        while freed < want:
-            victim = self._pop()
-            if victim is None:
-                break
-            cut, exposed = tree.cut(victim, want - freed)
-            if exposed is not None:
-                self.offer(exposed)
-            if victim.alive:  # it gave up its tail: it stays a leaf, keyed by what is left
-                self.offer(victim)
+        while freed < want and heap:
+            clock, _, node = heap[0]
+            # ``node.evictable`` spelled out (entries are never the root): no property call
+            if not node.alive or node.children or node.pins:
+                heapq.heappop(heap)  # offered again once it is an evictable leaf
+                node.queued = False
+                continue
+            older = node.older
+            tail = older[-1][1] if older else node.clock
+            if tail != clock:  # used (or cut) since it was queued: re-queue at that time
+                heapq.heapreplace(heap, (tail, node.id, node))
+                continue
+            cut = tree.cut(node, want - freed)
             freed += cut.blocks
             tokens += cut.tokens
-            nodes += cut.removed
-        if len(self._heap) > 2 * len(tree) + 32:  # entries of merged-away nodes linger
+            if not node.alive:  # its entry is still on top: cutting pushes nothing
+                heapq.heappop(heap)
+                node.queued = False
+                nodes += 1
+                if cut.exposed is not None:
+                    self.offer(cut.exposed)
+        if nodes and len(heap) > 2 * len(tree) + 32:  # entries of merged-away nodes linger
             self._rebuild(tree)
-        return EvictResult(nodes, tokens, freed, freed < want)
+        return nodes, tokens, freed
 
     def evict_sparing(self, want: int, keep: RadixNode) -> None:
         """``evict`` while holding ``keep``'s path (a pin that nets to zero: no event)."""
@@ -168,22 +168,22 @@ class Evictor:
         """Evict so that ``need`` blocks are free, and down to ``low`` once past ``high``.
         Raises ``PoolExhausted`` when that many cannot be had."""
         a = self.alloc
-        if a.used_count + need > self.high * a.num_blocks:
-            target = need + round(a.num_blocks * (1 - self.low))
-            if a.free_count < target:
-                t0 = time.perf_counter_ns()
-                self.evict(target - a.free_count)
-                self.stats.evict_calls += 1
-                self.stats.last_evict_ns = time.perf_counter_ns() - t0
-        if a.free_count < need:
-            raise PoolExhausted(
-                f"need {need} blocks, {a.free_count} free and nothing more evictable"
-            )
+        free = a.free_count
+        if free < need + self._reserve and a.num_blocks - free + need > self._high_blocks:
+            t0 = time.perf_counter_ns()
+            self._evict(need + self._reserve - free)
+            self.stats.evict_calls += 1
+            self.stats.last_evict_ns = time.perf_counter_ns() - t0
+            free = a.free_count
+        if free < need:
+            raise PoolExhausted(f"need {need} blocks, {free} free and nothing more evictable")
 
     def set_watermarks(self, high: float, low: float) -> None:
         """Past ``high`` (fraction of blocks used) evict down to ``low``."""
         check_watermarks(high, low)
         self.high, self.low = high, low
+        self._high_blocks = high * self.alloc.num_blocks  # eviction starts past this use
+        self._reserve = round(self.alloc.num_blocks * (1 - low))  # and frees down to this
 
 
 def check_watermarks(high: float, low: float) -> None:

@@ -149,9 +149,11 @@ class Leases:
             self._inplace.discard(lease.inplace)
             if not inplace_used:
                 self.alloc.set_claim(lease.inplace, lease.prev_claim)
-        freed = len(self.alloc.release_run(dup))  # private blocks: none is shared
+        freed = 0
+        if dup:  # private blocks: none is shared
+            freed = len(self.alloc.release_run(dup))
+            if self.log.on:
+                self.log.emit(ev.BlockFree(dup))
         self._open.discard(lease)
-        if self.log.on and dup:
-            self.log.emit(ev.BlockFree(dup))
         lease.done = True
         return freed

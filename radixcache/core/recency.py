@@ -19,6 +19,8 @@ so their digests stay equal.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 Steps = tuple[tuple[int, int], ...]  # (first position, access clock) of each older stretch
 
 
@@ -68,7 +70,7 @@ def join(parent_clock: int, older: Steps, child_start: int, child_clock: int,
 
 def trim(older: Steps, end: int) -> Steps:
     """The steps left when the node ends at ``end`` (its tail was evicted)."""
-    return tuple((p, c) for p, c in older if p < end)
+    return older[: bisect_left(older, (end,))]  # (end,) sorts before every (end, c)
 
 
 def well_formed(start: int, end: int, clock: int, older: Steps, block: int) -> bool:

@@ -175,7 +175,7 @@ class Structure:
             self.log.emit(ev.Merge(parent.id, child.id, dropped, keeps_times=True))
         return int(freed)
 
-    def cut(self, leaf: RadixNode, want: int) -> tuple[Cut, RadixNode | None]:
+    def cut(self, leaf: RadixNode, want: int) -> Cut:
         """Give up blocks of the evictable ``leaf``'s least recent tokens, its deepest
         stretch (``leaf.older``'s last, or the whole leaf): as few as free ``want`` blocks,
         or the whole stretch. The rest of the leaf stays with its access times. Returns what
@@ -187,40 +187,46 @@ class Structure:
                              [ b5 ][ b6 ][ b7 ]   tail, b7 first; all of them and q == s:
                                                   the leaf goes (a boundary block it shares
                                                   with its parent stays the parent's)"""
-        B, parent = self.B, leaf.parent
-        assert parent is not None
+        B, older, start = self.B, leaf.older, leaf.start
         last = (leaf.end - 1) // B
-        q = leaf.older[-1][0] if leaf.older else leaf.start
-        if q > leaf.start:
-            return self._trim(leaf, max(q, (last - want + 1) * B)), None
-        shared = (leaf.start % B != 0 and parent is not self.root
-                  and leaf.blocks[0] == parent.blocks[-1])
-        if want < last - leaf.start // B + 1 - shared:
-            return self._trim(leaf, (last - want + 1) * B), None
-        return self._remove(leaf)
-
-    def _trim(self, leaf: RadixNode, end: int) -> Cut:
-        """Cut ``leaf`` back to ``end`` (a block boundary inside it), freeing its blocks past
-        ``end`` (all private: only a node's first block can be shared with its parent)."""
-        blocks, start = leaf.blocks, leaf.start
-        keep = (end - 1) // self.B - start // self.B + 1
-        freed = self.alloc.release_run(blocks[keep:])
+        if older:  # steps start past the leaf's start: a deeper stretch goes, never all of it
+            end = max(older[-1][0], (last - want + 1) * B)
+        else:
+            spare = last - start // B - want  # blocks left if ``want`` of them go
+            if spare < 0 or (spare == 0 and self._shares_first(leaf)):
+                return self._remove(leaf)
+            end = (last - want + 1) * B
+        # trim back to ``end``, a block boundary inside the leaf: the blocks past it are all
+        # private (only a node's first block can be shared with its parent). Inline, not a
+        # helper: this runs on nearly every allocation once the pool is full.
+        blocks = leaf.blocks
+        keep = (end - 1) // B - start // B + 1
+        freed = blocks[keep:]
+        self.alloc.free_tail(freed)
         tokens = leaf.end - end
         leaf.tokens = leaf.tokens[: (end - start) * TOKEN_BYTES]
         leaf.end, leaf.blocks = end, blocks[:keep]  # a new array: events hold the old one
-        if leaf.older:
-            leaf.older = recency.trim(leaf.older, end)
+        if older:
+            leaf.older = recency.trim(older, end)
         self.stats.evicted_tokens += tokens
         if self.log.on:
             self.log.emit(ev.Evict(leaf.id, tokens, freed))
-        return Cut(len(freed), tokens, 0)
+        return Cut(len(freed), tokens, None)
 
-    def _remove(self, leaf: RadixNode) -> tuple[Cut, RadixNode | None]:
+    def _shares_first(self, node: RadixNode) -> bool:
+        """``node``'s first block is its parent's last (it continues in that block)."""
+        parent = node.parent
+        assert parent is not None
+        return (node.start % self.B != 0 and parent is not self.root
+                and node.blocks[0] == parent.blocks[-1])
+
+    def _remove(self, leaf: RadixNode) -> Cut:
         """Remove ``leaf`` whole (see ``cut``)."""
         parent = leaf.parent
         assert parent is not None
+        shared = self._shares_first(leaf)
         freed = self.alloc.release_run(leaf.blocks)
-        if leaf.start % self.B and parent is not self.root and leaf.blocks[0] == parent.blocks[-1]:
+        if shared:
             self.alloc.set_claim(leaf.blocks[0], leaf.start % self.B)
         del parent.children[_first(leaf.tokens, 0)[0]]
         del self.nodes[leaf.id]
@@ -232,7 +238,7 @@ class Structure:
             self.log.emit(ev.Evict(leaf.id, tokens, freed))
         leaf.tokens, leaf.blocks = b"", array("i")  # stale heap entries may still point here
         if parent is self.root:
-            return Cut(len(freed), tokens, 1), None
+            return Cut(len(freed), tokens, None)
         if parent.children:  # a joined child keeps its LRU entry: its deepest time is unchanged
-            return Cut(len(freed) + self.merge(parent), tokens, 1), None
-        return Cut(len(freed), tokens, 1), parent
+            return Cut(len(freed) + self.merge(parent), tokens, None)
+        return Cut(len(freed), tokens, parent)

@@ -152,7 +152,8 @@ class RadixTree:
     # -- match -----------------------------------------------------------------------------
     def _walk(self, seq: bytes) -> tuple[RadixNode, int, array[int]]:
         """Deepest match of ``seq`` from the root: (node, matched length, block table), the
-        path stamped with a new access clock on the way down (what ``_touch`` does after)."""
+        path stamped with a new access clock on the way down (what ``Evictor.touch`` does
+        after an insert), and its ``Access`` event."""
         self.evictor.clock += 1
         c = self.evictor.clock
         node, pos, n, B = self.structure.root, 0, tk.count(seq), self.B
@@ -178,12 +179,9 @@ class RadixTree:
                 child.clock = c
                 break
         del table[(pos + B - 1) // B :]
-        return node, pos, table
-
-    def _touch(self, node: RadixNode, upto: int) -> None:
-        c = self.evictor.touch(node, upto)
         if self.log.on:
-            self.log.emit(ev.Access(node.id, c, upto if upto < node.end else None))
+            self.log.emit(ev.Access(node.id, c, pos if pos < node.end else None))
+        return node, pos, table
 
     def match(self, tokens: TokenSeq) -> MatchResult:
         """Longest cached prefix of ``tokens`` at token granularity; marks the path used (LRU).
@@ -193,7 +191,6 @@ class RadixTree:
         seq = tk.validated(tokens, self.vocab_limit)
         with self.lock_:
             node, length, table = self._walk(seq)
-            self._access(node, length)
             return MatchResult(length, node, table)
 
     def peek(self, tokens: TokenSeq) -> tuple[RadixNode, int]:
@@ -210,16 +207,10 @@ class RadixTree:
         seq = tk.validated(tokens, self.vocab_limit)
         with self.lock_:
             node, length, table = self._walk(seq)
-            self._access(node, length)
             if node.start < length < node.end:
                 node = self.structure.split(node, length - node.start)
             self._pin(node)
             return MatchResult(length, node, table)
-
-    def _access(self, node: RadixNode, length: int) -> None:
-        if self.log.on:
-            end = length if length < node.end else None
-            self.log.emit(ev.Access(node.id, self.evictor.clock, end))
 
     # -- pin -------------------------------------------------------------------------------
     def _pin(self, node: RadixNode) -> None:
@@ -247,7 +238,8 @@ class RadixTree:
             if self.log.on:
                 self.log.emit(ev.Pin(node.id, -1))
             self.evictor.offer(node)
-            self.structure.merge(node)
+            if len(node.children) == 1:  # what ``merge`` needs first: skip its call if not
+                self.structure.merge(node)
 
     # -- leases ----------------------------------------------------------------------------
     def allocate(self, match: MatchResult, total: int) -> Lease:
@@ -297,7 +289,10 @@ class RadixTree:
                     self.evictor.offer(leaf)
                     # attached under a node the request did not pin (cached meanwhile): compress
                     self.structure.merge(node if leaf.parent is None else leaf.parent)
-            self._touch(leaf or node, n)
+            last = leaf or node
+            c = self.evictor.touch(last, n)
+            if self.log.on:
+                self.log.emit(ev.Access(last.id, c, n if n < last.end else None))
             self.stats.inserted_tokens += n - pos if leaf else 0
             return InsertResult(leaf, n - pos if leaf else 0, freed)
 

@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,6 +36,9 @@ from radixcache.traffic.traces import (
     TokenRequest,
     token_access,
 )
+
+if TYPE_CHECKING:  # treecheck imports torch (the pool): imported where used
+    from radixcache.analysis.treecheck import Runs
 
 NewTask = Callable[[str, int | None], int]
 Advance = Callable[[int, int], None]
@@ -60,22 +64,29 @@ def _direct(acc: Sequence[Access], curve: Curve, caps: list[int], width: int) ->
             "equal": replayed == predicted}
 
 
-def _tree(reqs: list[TokenRequest], token_curve: Curve, caps: list[int], block: int) -> Figures:
+def _tree(reqs: list[TokenRequest], token_curve: Curve, hit_runs: list[Runs], caps: list[int],
+          block: int) -> Figures:
+    """The real tree at ``block`` against the block-1 curve: below it by at most the partial-
+    block waste (the curve at capacity - waste), above it by at most the free tails of blocks
+    used in part (``block_rounded_hits``; equal to the curve at block 1)."""
+    from radixcache.analysis.treecheck import block_rounded_hits
     from radixcache.analysis.treecheck import replay_tree as tree_replay  # imports torch
 
     runs = [tree_replay(reqs, c, block, sample_every=997) for c in caps]
     predicted = [int(h) for h in token_curve.hits(np.asarray(caps))]
     lower = [int(token_curve.hits(np.asarray([max(0, c - r.peak_waste_slots)]))[0])
              for c, r in zip(caps, runs, strict=True)]
+    upper = [block_rounded_hits(hit_runs, c, block) for c in caps]
     p = max(token_curve.prompt_tokens, 1)
     diffs = [(r.hit_tokens - h) / p for r, h in zip(runs, predicted, strict=True)]
     return {"capacities_tokens": caps, "curve_hits": predicted,
             "tree_hits": [r.hit_tokens for r in runs], "curve_hits_at_capacity_minus_waste": lower,
+            "curve_hits_block_rounded": upper,
             "peak_waste_slots": [r.peak_waste_slots for r in runs],
             "max_abs_diff_points": 100 * max(abs(d) for d in diffs),
             "equal_at": sum(r.hit_tokens == h for r, h in zip(runs, predicted, strict=True)),
-            "within_waste_at": sum(lo <= r.hit_tokens <= h
-                                   for r, h, lo in zip(runs, predicted, lower, strict=True))}
+            "within_waste_at": sum(lo <= r.hit_tokens <= hi
+                                   for r, lo, hi in zip(runs, lower, upper, strict=True))}
 
 
 def _batched(pairs: list[Request], token_curve: Curve, caps: list[int]) -> Figures:
@@ -108,16 +119,18 @@ def sharegpt(limit: int | None, checks: int, new: NewTask, advance: Advance) -> 
     t0 = time.perf_counter()
     curve = one_pass((token_access(r, 16) for r in reqs), 64, 16, lambda n: advance(task, n))
     curve_s = time.perf_counter() - t0
-    token_curve = one_pass((token_access(r, 1) for r in reqs), 4, 1)
+    from radixcache.analysis.treecheck import token_pass
+
+    token_curve, hit_runs = token_pass(reqs)
     longest = max(len(r.cached) for r in reqs)
     caps16 = _check_caps(curve, checks, 4 * longest)
     caps1 = _check_caps(token_curve, checks, 4 * longest)
     task = new("exactness replays", 4)
     direct = _direct([token_access(r, 16) for r in reqs], curve, caps16, 64)
     advance(task, 1)
-    tree1 = _tree(reqs, token_curve, caps1, 1)
+    tree1 = _tree(reqs, token_curve, hit_runs, caps1, 1)
     advance(task, 1)
-    tree16 = _tree(reqs, token_curve, caps1, 16)
+    tree16 = _tree(reqs, token_curve, hit_runs, caps1, 16)
     advance(task, 1)
     # bench tree holds 8 requests' paths at once: its smallest size must fit 8 of the longest
     batched = _batched(pairs, token_curve, _check_caps(token_curve, checks, 16 * longest))

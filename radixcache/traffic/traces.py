@@ -199,15 +199,24 @@ class RequestTracker:
                 assert_never(e)
         return None
 
-    def _finished(self, e: ev.RequestFinish) -> TokenRequest | None:
+    def finished(self, e: ev.RequestFinish) -> tuple[bytes, int] | None:
+        """For a ``RequestFinish`` (instead of ``after``): the request's cached sequence
+        (prompt + output - 1 tokens, little-endian uint32 ids) and its prompt length in
+        tokens, or None when the stream did not show them."""
         p = self._prompts.pop(e.req, None)
         node = None if self._node is None else self.mirror.nodes.get(self._node)
         if p is None or node is None:
             return None
-        seq = np.frombuffer(path_tokens(node), dtype="<u4")[: p + e.output_tokens - 1]
-        if len(seq) >= p:
-            return TokenRequest(seq[:p].astype(np.uint32), seq.astype(np.uint32))
-        return None
+        n = p + e.output_tokens - 1
+        seq = path_tokens(node)[: 4 * n if n >= 0 else -4]  # (as a [: n] slice of ids)
+        return (seq, p) if len(seq) >= 4 * p else None
+
+    def _finished(self, e: ev.RequestFinish) -> TokenRequest | None:
+        got = self.finished(e)
+        if got is None:
+            return None
+        seq = np.frombuffer(got[0], dtype="<u4")
+        return TokenRequest(seq[: got[1]].astype(np.uint32), seq.astype(np.uint32))
 
 
 def read_recording(path: Path, notes: list[str]) -> Iterator[TokenRequest]:
