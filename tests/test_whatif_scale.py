@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import json
 from array import array
-from collections.abc import Callable
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from radixcache.analysis.hashstack import HashStack, HashStackError
 from radixcache.analysis.whatif import one_pass
@@ -22,7 +19,7 @@ from radixcache.traffic.mooncake import (
     read_hash_runs,
     read_mooncake,
 )
-from radixcache.traffic.traces import Access, TraceError
+from radixcache.traffic.traces import Access
 
 ODD = 0x9E3779B97F4A7C15  # x -> x * ODD mod 2^64 is a bijection: the same trace, sparse ids
 
@@ -143,47 +140,6 @@ def test_whatif_sample_on_the_command_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["whatif", str(path), "--limit", "10", "--json"])
     assert json.loads(capsys.readouterr().out)["requests"] == 10
-
-
-@given(st.lists(st.tuples(
-    st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=6),
-    st.integers(1, 511),  # tokens in the last block
-    st.permutations(["input_length", "hash_ids", "timestamp", "note"]),
-    st.sampled_from(["", " ", "  ", "\t"]),
-    st.one_of(st.integers(-5, 10**6), st.floats(0, 1e9, allow_nan=False), st.text(max_size=5)),
-), min_size=1, max_size=8))
-@settings(max_examples=60, deadline=None)
-def test_the_scanner_reads_what_msgspec_reads(tmp_path_factory, lines):
-    """Keys in any order, any spacing, other values of any kind: the array reader (scanner or
-    msgspec) and the line reader (msgspec alone) agree."""
-    from radixcache.traffic.mooncake import read_requests
-
-    path = tmp_path_factory.mktemp("scan") / "m.jsonl"
-    text = []
-    for ids, last, keys, ws, other in lines:
-        tokens = 512 * (len(ids) - 1) + last
-        vals = {"input_length": tokens, "hash_ids": ids, "timestamp": other, "note": other}
-        sep = f",{ws}"
-        text.append("{" + ws + sep.join(f'"{k}":{ws}{json.dumps(vals[k])}' for k in keys)
-                    + ws + "}\n")
-    path.write_text("".join(text))
-
-    def scanned() -> object:
-        return accesses(list(read_hash_runs(path)))
-
-    def decoded() -> object:
-        return [Access(array("Q", r.hash_ids).tobytes(), len(r.hash_ids), r.input_length)
-                for _, r in read_requests(path)]
-
-    assert outcome(scanned) == outcome(decoded)
-
-
-def outcome(read: Callable[[], object]) -> object:
-    """What a reader gives: its result, or the one line of its ``TraceError``."""
-    try:
-        return read()
-    except TraceError as exc:
-        return str(exc)
 
 
 def test_the_scale_section_has_its_keys():

@@ -30,9 +30,10 @@ import numpy as np
 
 from radixcache.analysis.stackdist import Curve
 from radixcache.core.blockrule import check_length
+from radixcache.traffic.mooncake_scan import SAMPLE_BITS, mix, sample_keep, sampled
 
 F = TypeVar("F", bound=Callable[..., object])
-SAMPLE_BITS = 24
+NO_WANTS = np.zeros(0, np.int32)  # ``_run``'s ``wants`` for ids read whole
 # error codes of ``_run``: a request index and the id at fault come with them
 BAD_LENGTH, BAD_ORDER = 1, 2
 
@@ -42,21 +43,13 @@ def _jit(f: F) -> F:
 
 
 @_jit
-def _mix(x: np.uint64) -> np.uint64:
-    """splitmix64's finaliser: spreads dense ids over the table and the sampling range."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-@_jit
 def _slot(keys: np.ndarray, last: np.ndarray, x: np.uint64, dense: int) -> int:
     """The slot of id ``x``: >= 0 when present, ``-1 - slot`` of its empty slot when not."""
     if dense:
         i = np.int64(x)
         return int(i) if last[i] != 0 else int(-1 - i)
     mask = np.int64(len(keys) - 1)
-    h = np.int64(_mix(x) & np.uint64(mask))
+    h = np.int64(mix(x) & np.uint64(mask))
     while last[h] != 0:
         if keys[h] == x:
             return int(h)
@@ -82,13 +75,26 @@ def _fen_add(tree: np.ndarray, i: int, delta: int) -> None:
 
 
 @_jit
-def _run(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, block: int, keep: np.uint64,
-         dense: int, keys: np.ndarray, last: np.ndarray, length: np.ndarray,
+def _want(x: np.uint64, k: int, start: int, end: int, tok: int, wants: np.ndarray, block: int,
+          keep: np.uint64) -> int:
+    """The tokens of block ``x`` (``ids[k]`` of a request ``ids[start:end]`` of ``tok``
+    tokens), or -1 if it is not followed (not in the sample)."""
+    if len(wants):  # read as a sample: ``wants`` says
+        return int(wants[k])
+    if not sampled(x, keep):
+        return -1
+    return block if k < end - 1 else tok - (end - start - 1) * block
+
+
+@_jit
+def _run(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, wants: np.ndarray, block: int,
+         keep: np.uint64, dense: int, keys: np.ndarray, last: np.ndarray, length: np.ndarray,
          fen: np.ndarray, hist: np.ndarray, st: np.ndarray) -> None:
     """Apply requests in order (see the module docstring). ``st`` in and out: requests,
     distinct blocks, Fenwick total, followed prompt tokens, then an error (code, request, id,
     its length before, its length now), then the last stamp (a request's number in ``last``
-    and the Fenwick tree, given only to requests that follow a block)."""
+    and the Fenwick tree, given only to requests that follow a block). ``wants`` given (not
+    empty): ``ids`` are a sample already, and these their blocks' tokens."""
     path = np.empty(ids.shape[0] + 1, np.int64)  # slots of one request's followed blocks
     was = np.empty(ids.shape[0] + 1, np.int64)  # their last toucher before this request
     start = 0
@@ -98,9 +104,9 @@ def _run(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, block: int, keep
         n, m = 0, 0
         for k in range(start, end):  # the followed blocks; the matched ones are a prefix
             x = ids[k]
-            if keep != np.uint64(0) and (_mix(x) >> np.uint64(64 - SAMPLE_BITS)) >= keep:
+            want = _want(x, k, start, end, tok, wants, block, keep)
+            if want < 0:
                 continue
-            want = block if k < end - 1 else tok - (end - start - 1) * block
             s = _slot(keys, last, x, dense)
             if s >= 0:  # seen: after an unseen block, twice, or touched after its parent: bad
                 bad = length[s] != want or n != m or last[s] < 0 or (m and last[s] > was[m - 1])
@@ -178,7 +184,7 @@ class HashStack:
 
     def __init__(self, block_tokens: int, rate: float = 1.0) -> None:
         self.block_tokens = block_tokens
-        self.keep = 0 if rate >= 1 else max(1, round(rate * 2**SAMPLE_BITS))
+        self.keep = sample_keep(rate)
         self.rate = self.keep / 2**SAMPLE_BITS if self.keep else 1.0
         self.dense = not self.keep  # a sample is small: a table from the start
         self.keys = np.zeros(1 if self.dense else 1 << 16, np.uint64)
@@ -200,12 +206,17 @@ class HashStack:
         """Distinct blocks followed so far (all of them at rate 1)."""
         return int(self.st[1])
 
-    def add(self, ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray) -> None:
-        """Account consecutive requests (``HashRuns``' arrays); ``HashStackError`` names the
-        first that breaks the rule (the stack is of no further use then)."""
+    def add(self, ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray,
+            wants: np.ndarray | None = None) -> None:
+        """Account consecutive requests (``HashRuns``' arrays: ``wants`` with a sample read
+        at this stack's ``keep``); ``HashStackError`` names the first that breaks the rule (the
+        stack is of no further use then)."""
+        if wants is not None and not self.keep:
+            raise ValueError("a sample's ids given to an exact stack")
         self._room(ids, len(ends))
-        _run(ids, ends, tokens, self.block_tokens, np.uint64(self.keep), int(self.dense),
-             self.keys, self.last, self.length, self.fen, self.hist, self.st)
+        _run(ids, ends, tokens, NO_WANTS if wants is None else wants, self.block_tokens,
+             np.uint64(self.keep), int(self.dense), self.keys, self.last, self.length, self.fen,
+             self.hist, self.st)
         if self.st[4]:
             code, i, x, had, now = (int(v) for v in self.st[4:9])
             why = check_length(x, had, now) if code == BAD_LENGTH else (

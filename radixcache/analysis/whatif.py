@@ -134,12 +134,12 @@ class Source:
 
         path, left = Path(self.cfg.source), self.cfg.limit
         stack = HashStack(self.cfg.hash_block_size, self.cfg.sample)
-        for runs in read_hash_runs(path, self.cfg.hash_block_size):
+        for runs in read_hash_runs(path, self.cfg.hash_block_size, stack.keep):
             if left is not None:
                 runs = head(runs, left)
                 left -= len(runs.tokens)
             try:
-                stack.add(runs.ids, runs.ends, runs.tokens)
+                stack.add(runs.ids, runs.ends, runs.tokens, runs.wants)
             except HashStackError as exc:
                 raise TraceError(f"{path}:{line_of(runs, exc.index)}: {exc}") from None
             if progress is not None:

@@ -25,7 +25,7 @@ import numpy as np
 from radixcache.analysis.hashstack import HashStack
 from radixcache.analysis.stackdist import Curve
 from radixcache.traffic.mooncake import generate_runs, write_mooncake
-from radixcache.traffic.mooncake_scan import scan_chunk
+from radixcache.traffic.mooncake_scan import sample_keep, scan_bytes
 from radixcache.traffic.traces import MOONCAKE_BLOCK
 
 Figures = dict[str, object]
@@ -59,7 +59,9 @@ def warm_up() -> float:
     one = (np.asarray([1], np.uint64), np.asarray([1]), np.asarray([5]))
     HashStack(MOONCAKE_BLOCK).add(*one)
     HashStack(MOONCAKE_BLOCK, 0.5).add(*one)
-    scan_chunk(b'{"input_length": 5, "hash_ids": [1]}\n')
+    line = b'{"input_length": 5, "hash_ids": [1]}\n'
+    scan_bytes(line, MOONCAKE_BLOCK)
+    scan_bytes(line, MOONCAKE_BLOCK, sample_keep(0.5))
     return time.perf_counter() - t0
 
 

@@ -47,13 +47,16 @@ class MooncakeRequest(msgspec.Struct):
 class HashRuns(NamedTuple):
     """Consecutive requests of a hash-id trace as flat arrays: request i's ids are
     ``ids[ends[i] - n_i : ends[i]]`` (``ends`` cumulative from 0 at the batch start), its prompt
-    ``tokens[i]`` tokens; ``first_line`` is the file line of request 0 (0: not from a file)."""
+    ``tokens[i]`` tokens; ``first_line`` is the file line of request 0 (0: not from a file).
+    A sample (``read_hash_runs(keep=...)``) holds only the sampled ids, and ``wants``: the
+    tokens of each one's block (a request's last block may be partial)."""
 
     ids: np.ndarray  # uint64
     ends: np.ndarray  # int64
     tokens: np.ndarray  # int64
     first_line: int
     line_nos: np.ndarray | None = None  # each request's line, where blank lines intervene
+    wants: np.ndarray | None = None  # int32, beside ``ids``: a sample's
 
 
 def request_problem(rec: MooncakeRequest, hash_block_size: int) -> str | None:
@@ -117,24 +120,57 @@ def _checked(runs: HashRuns, block: int) -> HashRuns | None:
     return runs
 
 
-def _chunk_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """The file in chunks of whole lines, with the line number each chunk starts at."""
+def _last_newline(buf: np.ndarray, end: int) -> int:
+    """The index after the last newline in ``buf[:end]``; 0 if there is none."""
+    hi = end
+    while hi > 0:
+        lo = max(0, hi - (1 << 16))
+        found = np.flatnonzero(buf[lo:hi] == 10)
+        if len(found):
+            return lo + int(found[-1]) + 1
+        hi = lo
+    return 0
+
+
+def _chunks(path: Path, chunk_bytes: int) -> Iterator[tuple[np.ndarray, int]]:
+    """The file in chunks of whole lines, read into one reused buffer: ``(buf, size)``, the
+    chunk being ``buf[:size]`` with ``PAD`` more bytes readable (the scanner's 8-byte loads),
+    and gone at the next chunk. A byte order mark at byte 0 is dropped; a last line without
+    its newline gets one."""
+    from radixcache.traffic.mooncake_scan import PAD
+
+    buf = np.zeros(chunk_bytes + PAD, np.uint8)
     with open_trace(path) as f:
-        line_no, rest = 1, b""
+        start = f.read(len(BOM))
+        held = 0 if start == BOM else len(start)  # a line begun in the read before
+        buf[:held] = np.frombuffer(start, np.uint8)[:held]
         while True:
-            data = f.read(CHUNK_BYTES)
-            if line_no == 1 and not rest and data.startswith(BOM):
-                data = data[len(BOM):]
-            buf = rest + data
-            cut = buf.rfind(b"\n") + 1 if data else len(buf)
-            chunk, rest = buf[:cut], buf[cut:]
-            if not data and chunk and not chunk.endswith(b"\n"):
-                chunk += b"\n"  # the last line, unterminated
-            if chunk:
-                yield line_no, chunk
-                line_no += chunk.count(b"\n")
-            if not data:
+            got = f.readinto(buf.data[held : len(buf) - PAD])
+            end = held + got
+            if not got and held:  # the end, in an unterminated line
+                buf[end] = 10
+                yield buf, end + 1
+            if not got:
                 return
+            cut = _last_newline(buf, end)
+            if cut:
+                yield buf, cut
+                buf[: end - cut] = buf[cut:end]  # the line begun: to the front
+            elif end + PAD == len(buf):  # one line longer than the buffer: a larger one
+                buf = np.concatenate((buf, np.zeros(len(buf), np.uint8)))
+            held = end - cut
+
+
+def _decoded(dec: msgspec.json.Decoder[MooncakeRequest], path: Path, first: int,
+             chunk: bytes, block: int) -> HashRuns:
+    """A chunk the scanner left, by msgspec: all at once, else line by line (which names the
+    first bad line and numbers the lines past blank ones)."""
+    if b"\n\n" not in chunk and not chunk[:1].isspace():
+        with contextlib.suppress(msgspec.DecodeError):
+            runs = _runs(dec.decode_lines(chunk), first, block)
+            if runs is not None:
+                return runs
+    return _slow(dec, path, first, chunk, block)
 
 
 def _slow(dec: msgspec.json.Decoder[MooncakeRequest], path: Path, first: int, chunk: bytes,
@@ -147,23 +183,31 @@ def _slow(dec: msgspec.json.Decoder[MooncakeRequest], path: Path, first: int, ch
     return runs
 
 
-def read_hash_runs(path: Path, hash_block_size: int = MOONCAKE_BLOCK) -> Iterator[HashRuns]:
-    """A Mooncake-format trace as ``HashRuns`` of about 8 MB of file each: msgspec decodes a
-    chunk of lines at once and numpy checks the rule on all of them; only a chunk with a bad
-    (or blank) line is walked line by line, to name it."""
-    from radixcache.traffic.mooncake_scan import scan_chunk  # numba: imported when read
+def read_hash_runs(path: Path, hash_block_size: int = MOONCAKE_BLOCK, keep: int = 0,
+                   chunk_bytes: int = CHUNK_BYTES) -> Iterator[HashRuns]:
+    """A Mooncake-format trace as ``HashRuns`` of about ``chunk_bytes`` of file each; with
+    ``keep`` (``mooncake_scan.sample_keep``) only the sampled ids, with their ``wants``. The
+    compiled scanner reads the common shape; a chunk it leaves is decoded by msgspec (all at
+    once, or line by line to name a bad line)."""
+    from radixcache.traffic.mooncake_scan import sample_runs, scan_chunk  # numba: when read
 
     dec = msgspec.json.Decoder(MooncakeRequest)
-    for first, chunk in _chunk_lines(path):
-        runs = None
-        scanned = scan_chunk(chunk)  # the common shape, compiled; else msgspec
+    first = 1
+    for buf, size in _chunks(path, chunk_bytes):
+        scanned = scan_chunk(buf, size, hash_block_size, keep)
         if scanned is not None:
-            runs = _checked(HashRuns(*scanned, first), hash_block_size)
-        elif b"\n\n" not in chunk and not chunk[:1].isspace():
-            with contextlib.suppress(msgspec.DecodeError):
-                runs = _runs(dec.decode_lines(chunk), first, hash_block_size)
-        if runs is None:
-            runs = _slow(dec, path, first, chunk, hash_block_size)
+            runs = HashRuns(scanned.ids, scanned.ends, scanned.tokens, first, None,
+                            scanned.wants)
+            lines_read = len(scanned.ends)
+        else:
+            chunk = buf[:size].tobytes()
+            runs = _decoded(dec, path, first, chunk, hash_block_size)
+            lines_read = chunk.count(b"\n")
+            if keep:
+                ids, ends, wants = sample_runs(runs.ids, runs.ends, runs.tokens, keep,
+                                               hash_block_size)
+                runs = runs._replace(ids=ids, ends=ends, wants=wants)
+        first += lines_read
         if len(runs.tokens):
             yield runs
 
@@ -174,7 +218,9 @@ def head(runs: HashRuns, n: int) -> HashRuns:
         return runs
     cut = int(runs.ends[n - 1]) if n > 0 else 0
     lines_kept = None if runs.line_nos is None else runs.line_nos[:n]
-    return HashRuns(runs.ids[:cut], runs.ends[:n], runs.tokens[:n], runs.first_line, lines_kept)
+    wants = None if runs.wants is None else runs.wants[:cut]
+    return HashRuns(runs.ids[:cut], runs.ends[:n], runs.tokens[:n], runs.first_line, lines_kept,
+                    wants)
 
 
 def line_of(runs: HashRuns, i: int) -> int:

@@ -2,225 +2,374 @@
 costs less than analysing it: ``{"timestamp": 27482, "input_length": 6955, "output_length": 52,
 "hash_ids": [46, 47, 48, ...]}``, keys in any order, any whitespace between tokens.
 
-It accepts a strict subset of JSON: one object a line whose values are numbers, strings
-without escapes, or arrays of integers. Anything else -- a blank line, an escape, a nested
-object, a negative or oversized id, a fractional length, a missing or repeated key -- makes it
-give up on the whole chunk, and the caller reads that chunk with msgspec, which validates every
-line and names the bad one. So the scanner never decides that a line is wrong: it only reads
-the lines it is sure of (``tests/test_whatif_scale.py`` checks it against msgspec).
+It accepts a strict subset of JSON: one object a line whose values are numbers (no exponent,
+at most 18 integer digits, but the ids), strings without escapes, or arrays of integers. A
+line must also obey ``radixcache.core.blockrule``'s count rule (exactly ``ceil(input_length /
+block)`` ids, input_length >= 1). Anything else -- a blank line, an escape, a nested object, a
+negative or oversized id, a fractional length, a missing or repeated key -- makes it give up on
+the whole chunk, and the caller reads that chunk with msgspec, which validates every line and
+names the bad one. So the scanner never decides that a line is wrong: it only reads the lines
+it is sure of (``tests/test_whatif_scale.py`` checks it against msgspec).
+
+Sampling (SHARDS: see ``radixcache.analysis.hashstack``) happens here, as each id is read: a
+sampled pass keeps only the ids whose mixed value falls under ``keep``, with the tokens each
+kept block holds (``wants``: a block's, or the partial last block's), so a 1% sample builds
+arrays of 1% of the ids and its pass does little more than read the file.
+
+Speed: every loop stops at the chunk's last newline (the scanner checks it is there), so none
+tests the chunk's end; numbers and keys are read eight bytes at a time (unaligned loads: the
+buffer holds ``PAD`` bytes past the chunk).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numba
+import numba.extending
 import numpy as np
+from llvmlite import ir
+from numba import types
 
 F = TypeVar("F", bound=Callable[..., object])
-INPUT_LENGTH = np.frombuffer(b"input_length", np.uint8)
-HASH_IDS = np.frombuffer(b"hash_ids", np.uint8)
-TIMESTAMP = np.frombuffer(b"timestamp", np.uint8)
-OUTPUT_LENGTH = np.frombuffer(b"output_length", np.uint8)
+U = np.uint64
+PAD = 16  # bytes readable past a chunk's end (the 8-byte loads)
+SAMPLE_BITS = 24  # a block is sampled when the top SAMPLE_BITS bits of its mixed id < keep
 U64_DIGITS = np.frombuffer(b"18446744073709551615", np.uint8)
+# the known keys: their first 8 bytes, then the rest with the closing quote (little-endian)
+_KEYS = (b"input_length", b"hash_ids", b"timestamp", b"output_length")
+KEY_WORDS = np.asarray([int.from_bytes(k[:8], "little") for k in _KEYS], np.uint64)
+KEY_TAILS = np.asarray([int.from_bytes(k[8:] + b'"', "little") for k in _KEYS], np.uint64)
+FAIL = (-1, 0, U(0), 0, False)  # ``_object``'s answer for a line it does not accept
+
+
+# No reference counting (numba's ``_nrt`` off): these functions allocate nothing, and counting
+# the arrays passed to each helper cost two atomic operations a call (4-8x slower); no
+# exception checks (``error_model``): nothing here divides by a value that may be 0.
+JIT_OPTIONS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy",
+                               "_nrt": False}
 
 
 def _jit(f: F) -> F:
-    return cast(F, numba.njit(cache=True, nogil=True)(f))
+    return cast(F, numba.njit(**JIT_OPTIONS)(f))
 
 
-@_jit
+def _inline(f: F) -> F:
+    """Compiled into each caller: a call passes each array as a struct of seven words on the
+    stack, which cost the per-id helpers a third of the scanner's instructions (cachegrind:
+    2,310 a line called, 1,620 inlined)."""
+    return cast(F, numba.njit(**JIT_OPTIONS, inline="always")(f))
+
+
+def sample_keep(rate: float) -> int:
+    """The sampling threshold of rate ``rate`` (0: keep every block)."""
+    return 0 if rate >= 1 else max(1, round(rate * 2**SAMPLE_BITS))
+
+
+@_inline
+def mix(x: np.uint64) -> np.uint64:
+    """splitmix64's finaliser: spreads dense ids over a hash table and the sampling range."""
+    x = (x ^ (x >> U(30))) * U(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> U(27))) * U(0x94D049BB133111EB)
+    return x ^ (x >> U(31))
+
+
+@_inline
+def sampled(x: np.uint64, keep: np.uint64) -> bool:
+    """Whether block ``x`` is in the sample of threshold ``keep`` (0: every block is)."""
+    return bool(keep == U(0) or (mix(x) >> U(64 - SAMPLE_BITS)) < keep)
+
+
+def _load8_codegen(typingctx: object, arr: Any, i: Any) -> tuple[object, object]:
+    def codegen(context: Any, builder: Any, sig: object, args: Any) -> object:
+        data = context.make_array(arr)(context, builder, args[0]).data
+        word = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(64).as_pointer())
+        return builder.load(word, align=1)
+
+    return types.uint64(arr, i), codegen
+
+
+def _trailing_zeros_codegen(typingctx: object, x: Any) -> tuple[object, object]:
+    def codegen(context: Any, builder: Any, sig: object, args: Any) -> object:
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 0))
+
+    return types.int64(x), codegen
+
+
+# compiled-only helpers (llvmlite): an unaligned 8-byte load, as a little-endian uint64 (the
+# buffer must hold 8 bytes past any index asked for: ``PAD``), and the trailing zero bits of
+# a uint64, 64 for 0 (one instruction, no branch)
+_load8 = cast(Callable[[np.ndarray, int], np.uint64],
+              numba.extending.intrinsic(_load8_codegen))
+_trailing_zeros = cast(Callable[[np.uint64], int],
+                       numba.extending.intrinsic(_trailing_zeros_codegen))
+
+
+@_inline
 def _ws(b: np.ndarray, i: int) -> int:
-    while i < len(b) and (b[i] == 32 or b[i] == 9 or b[i] == 13):
+    while b[i] == 32 or b[i] == 9 or b[i] == 13:
         i += 1
     return i
 
 
 @_jit
-def _uint(b: np.ndarray, i: int, out: np.ndarray) -> int:
-    """An unsigned integer at ``i`` into ``out[0]``; the index after it, or -1 (none, a
-    leading zero, or over 2^64 - 1: a 20-digit number is compared with it digit by digit)."""
-    start, v = i, np.uint64(0)
-    while i < len(b) and 48 <= b[i] <= 57:
-        v = v * np.uint64(10) + np.uint64(b[i] - 48)
+def _fits(b: np.ndarray, start: int, end: int) -> bool:
+    """Whether the digits ``b[start:end]`` (no leading zero) are at most 2^64 - 1."""
+    if end - start != 20:
+        return end - start < 20
+    for t in range(20):
+        if b[start + t] != U64_DIGITS[t]:
+            return bool(b[start + t] < U64_DIGITS[t])
+    return True
+
+
+@_inline
+def _digits(b: np.ndarray, i: int) -> tuple[int, np.uint64]:
+    """The decimal digits at ``i``: (the index after them, their value mod 2^64). The first
+    eight at once (SWAR, as simdjson and fast_float parse them), so no branch per digit::
+
+        bytes  '4' '7' '1' ',' ...   x = word ^ 0x30..30: digits become 0-9, others not
+        count  the first byte of x or x + 6 with a high nibble: 3
+        value  x << 8 * (8 - 3) = 0 0 0 0 0 4 7 1 (bytes, first digit first), then pairs
+               (47 = 4 * 10 + 7), quads, eights: 471
+    """
+    x = _load8(b, i) ^ U(0x3030303030303030)
+    m = (x | (x + U(0x0606060606060606))) & U(0xF0F0F0F0F0F0F0F0)
+    nd = _trailing_zeros(m) >> 3  # 8 when all eight are digits (m == 0)
+    if nd == 0:
+        return i, U(0)
+    x <<= U(8 * (8 - nd))
+    x = ((x & U(0x0F0F0F0F0F0F0F0F)) * U(2561)) >> U(8)
+    x = ((x & U(0x00FF00FF00FF00FF)) * U(6553601)) >> U(16)
+    v = ((x & U(0x0000FFFF0000FFFF)) * U(42949672960001)) >> U(32)
+    i += nd
+    d = U(b[i]) - U(48)  # a ninth digit or more (rare: no branch on nd == 8), one by one;
+    while d <= U(9):  # a byte below '0' wraps around: one test
+        v = v * U(10) + d
         i += 1
-    nd = i - start
-    if nd == 0 or nd > 20 or (b[start] == 48 and nd > 1):
-        return -1
-    if nd == 20:
-        for t in range(20):
-            if b[start + t] != U64_DIGITS[t]:
-                if b[start + t] > U64_DIGITS[t]:
-                    return -1
-                break
-    out[0] = v
-    return i
+        d = U(b[i]) - U(48)
+    return i, v
+
+
+@_inline
+def _uint(b: np.ndarray, i: int, most: int) -> tuple[int, np.uint64]:
+    """An unsigned integer of at most ``most`` digits at ``i``: (the index after it, its
+    value); index -1 when there is none, it has a leading zero, or it is too long (20
+    digits: over 2^64 - 1)."""
+    end, v = _digits(b, i)
+    if end == i or end - i > most or (b[i] == 48 and end > i + 1):
+        return -1, v
+    return (end, v) if end - i < 20 or _fits(b, i, end) else (-1, v)
 
 
 @_jit
-def _skip_value(b: np.ndarray, i: int, tmp: np.ndarray) -> int:
-    """Skip a number or an escape-free string; -1 on anything else."""
-    if b[i] == 34:
-        i += 1
-        while i < len(b) and b[i] != 34:
-            if b[i] == 92 or b[i] == 10:
-                return -1
-            i += 1
-        return i + 1 if i < len(b) else -1
+def _number(b: np.ndarray, i: int) -> int:
+    """Past a JSON number without exponent (``-``? int (``.`` digits)?); -1 if none."""
     if b[i] == 45:
         i += 1
-    i = _uint(b, i, tmp)
-    while i > 0 and i < len(b) and (b[i] == 46 or b[i] == 101 or b[i] == 69 or b[i] == 43
-                                    or b[i] == 45 or 48 <= b[i] <= 57):
-        i += 1
-    return i
+    i, _ = _uint(b, i, 18)
+    if i > 0 and b[i] == 46:  # a fraction: at least one digit
+        j, _ = _digits(b, i + 1)
+        i = j if j > i + 1 else -1
+    return -1 if i > 0 and (b[i] == 101 or b[i] == 69) else i
 
 
 @_jit
-def _ids(b: np.ndarray, i: int, ids: np.ndarray, n: int, tmp: np.ndarray) -> tuple[int, int]:
-    """An array of unsigned integers at ``i`` (after ``[``) appended to ``ids`` from ``n``.
-    The digit loop is written out here: most of a trace's bytes are these digits."""
-    size = len(b)
-    i = _ws(b, i)
-    if i < size and b[i] == 93:
-        return i + 1, n
-    while True:
-        i = _ws(b, i)
-        start, v = i, np.uint64(0)
-        while i < size and 48 <= b[i] <= 57:
-            v = v * np.uint64(10) + np.uint64(b[i] - 48)
-            i += 1
-        nd = i - start
-        if nd == 0 or n >= len(ids) or (b[start] == 48 and nd > 1):
-            return -1, n
-        if nd >= 20 and _uint(b, start, tmp) < 0:  # 20 digits: over 2^64 - 1?
-            return -1, n
-        ids[n] = v
-        n += 1
-        i = _ws(b, i)
-        if i >= size:
-            return -1, n
-        if b[i] == 93:
-            return i + 1, n
-        if b[i] != 44:
-            return -1, n
+def _scalar(b: np.ndarray, i: int, which: int) -> int:
+    """Past the value of key ``which`` (``_key``), not the ids; -1 if it is not of the
+    accepted shape (timestamp: a number; output_length: an integer; another: a number or a
+    string without escapes)."""
+    if which == 8:
+        i, _ = _uint(b, i + 1 if b[i] == 45 else i, 18)
+        return i
+    if b[i] != 34:
+        return _number(b, i)
+    if which == 4:
+        return -1
+    i += 1
+    while b[i] != 34:
+        if b[i] == 92 or b[i] == 10:
+            return -1
         i += 1
+    return i + 1
 
 
-@_jit
+@_inline
 def _key(b: np.ndarray, i: int) -> tuple[int, int]:
-    """A key at ``i`` (at its quote): 1 for input_length, 2 for hash_ids, 4 for timestamp (a
-    number), 8 for output_length (an integer), 0 for another (any number or string)."""
+    """A key at ``i`` (at its quote): (the index after it, 1 for input_length, 2 for hash_ids,
+    4 for timestamp, 8 for output_length, 0 for another); index -1 on an escape. A known key
+    is told by its first 8 bytes and its rest with the closing quote, read as words."""
+    w, tail = _load8(b, i + 1), _load8(b, i + 9)
+    if w == KEY_WORDS[0] and tail & U(0xFFFFFFFFFF) == KEY_TAILS[0]:
+        return i + 14, 1
+    if w == KEY_WORDS[1] and tail & U(0xFF) == KEY_TAILS[1]:
+        return i + 10, 2
+    if w == KEY_WORDS[2] and tail & U(0xFFFF) == KEY_TAILS[2]:
+        return i + 11, 4
+    if w == KEY_WORDS[3] and tail & U(0xFFFFFFFFFFFF) == KEY_TAILS[3]:
+        return i + 15, 8
     j = i + 1
-    while j < len(b) and b[j] != 34:
+    while b[j] != 34:
         if b[j] == 92 or b[j] == 10:
             return -1, 0
         j += 1
-    if j >= len(b):
-        return -1, 0
-    k = b[i + 1 : j]
-    if _is(k, INPUT_LENGTH):
-        return j + 1, 1
-    if _is(k, HASH_IDS):
-        return j + 1, 2
-    if _is(k, TIMESTAMP):
-        return j + 1, 4
-    return j + 1, 8 if _is(k, OUTPUT_LENGTH) else 0
+    return j + 1, 0
 
 
 @_jit
-def _is(k: np.ndarray, word: np.ndarray) -> bool:
-    if len(k) != len(word):  # (an array comparison would allocate: this runs per key)
-        return False
-    t = 0
-    while t < len(word) and k[t] == word[t]:
-        t += 1
-    return t == len(word)
-
-
-@_jit
-def _value(b: np.ndarray, i: int, which: int, ids: np.ndarray, n: int,
-           tmp: np.ndarray) -> tuple[int, int]:
-    """The value of a key (``which`` as ``_key`` says) at ``i``: ids appended, a length into
-    ``tmp[0]``, anything else skipped; then the index at the next key's quote or at ``}``."""
-    if which == 2:
-        if b[i] != 91:
-            return -1, n
-        i, n = _ids(b, i + 1, ids, n, tmp)
-    elif which == 1:
-        i = _uint(b, i, tmp)
-    elif which == 8:
-        i = _uint(b, i + 1 if b[i] == 45 else i, tmp)
-    else:
-        i = -1 if which == 4 and b[i] == 34 else _skip_value(b, i, tmp)
-    if i < 0:
-        return -1, n
+def _ids(b: np.ndarray, i: int, ids: np.ndarray, wants: np.ndarray, n: int, keep: np.uint64,
+         block: int) -> tuple[int, int, int, bool]:
+    """The ids after ``[`` at ``i``, the sampled ones appended to ``ids`` from ``n`` (with a
+    block's tokens in ``wants`` when sampling): (the index after ``]``, the new ``n``, the ids
+    read, whether the last one was kept); index -1 if they are not of the accepted shape."""
+    count, kept = 0, False
     i = _ws(b, i)
-    if i < len(b) and b[i] == 44:
+    if b[i] == 93:
+        return i + 1, n, 0, False
+    while True:
+        i, v = _uint(b, _ws(b, i), 20)
+        if i < 0:
+            return -1, n, count, kept
+        kept = sampled(v, keep)
+        if kept:
+            ids[n] = v
+            if keep:
+                wants[n] = block
+            n += 1
+        count += 1
+        i = _ws(b, i)
+        if b[i] == 93:
+            return i + 1, n, count, kept
+        if b[i] != 44:
+            return -1, n, count, kept
+        i += 1
+
+
+@_inline
+def _next(b: np.ndarray, i: int) -> int:
+    """After a value: the index of the next key's quote or of ``}``; -1 if neither follows."""
+    i = _ws(b, i)
+    if b[i] == 44:
         i = _ws(b, i + 1)
-        return (i, n) if i < len(b) and b[i] == 34 else (-1, n)
-    return (i, n) if i < len(b) and b[i] == 125 else (-1, n)
+        return i if b[i] == 34 else -1
+    return i if b[i] == 125 else -1
 
 
 @_jit
-def _object(b: np.ndarray, i: int, ids: np.ndarray, n: int,
-            tmp: np.ndarray) -> tuple[int, int, np.uint64]:
-    """One object after its ``{``: the index after its ``}`` (-1 if it is not of the accepted
-    shape), the ids written so far, its input_length."""
-    seen, length = 0, np.uint64(0)
+def _object(b: np.ndarray, i: int, ids: np.ndarray, wants: np.ndarray, n: int,
+            keep: np.uint64, block: int) -> tuple[int, int, np.uint64, int, bool]:
+    """One object after its ``{``: (the index after its ``}``, the ids written so far, its
+    input_length, its ids' count, whether its last id was kept); index -1 (``FAIL``) if it is
+    not of the accepted shape."""
+    seen, tokens, count, last = 0, U(0), 0, False
     i = _ws(b, i)
-    while i < len(b) and b[i] != 125:
+    while b[i] != 125:
         if b[i] != 34:
-            return -1, n, length
+            return FAIL
         i, which = _key(b, i)
-        if i < 0 or (which and seen & which):
-            return -1, n, length
-        i = _ws(b, i)
-        if i >= len(b) or b[i] != 58:
-            return -1, n, length
-        i = _ws(b, i + 1)
-        if i >= len(b):
-            return -1, n, length
+        if i < 0 or which & seen:
+            return FAIL
         seen |= which
-        i, n = _value(b, i, which, ids, n, tmp)
+        i = _ws(b, i)
+        if b[i] != 58:
+            return FAIL
+        i = _ws(b, i + 1)
+        if which == 2 and b[i] == 91:
+            i, n, count, last = _ids(b, i + 1, ids, wants, n, keep, block)
+        elif which == 2:
+            return FAIL
+        elif which == 1:
+            i, tokens = _uint(b, i, 18)
+        else:
+            i = _scalar(b, i, which)
+        i = _next(b, i) if i >= 0 else -1
         if i < 0:
-            return -1, n, length
-        if which == 1:
-            length = tmp[0]
-    if seen & 3 != 3 or i >= len(b):
-        return -1, n, length
-    return i + 1, n, length
+            return FAIL
+    return (i + 1, n, tokens, count, last) if seen & 3 == 3 else FAIL
 
 
 @_jit
-def scan(b: np.ndarray, ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray) -> int:
-    """Read every line of ``b`` (whole lines, each ending in a newline) into the arrays;
-    the number of requests, or -1 where a line is outside the accepted shape."""
-    i, n, r, tmp = 0, 0, 0, np.zeros(1, np.uint64)
-    while i < len(b):
+def scan(b: np.ndarray, size: int, ids: np.ndarray, wants: np.ndarray, ends: np.ndarray,
+         tokens: np.ndarray, keep: np.uint64, block: int) -> int:
+    """Read every line of ``b[:size]`` (whole lines, each ending in a newline; ``PAD`` more
+    bytes readable) into the arrays; the number of requests, or -1 where a line is outside
+    the accepted shape or breaks the count rule. ``ids`` (and ``wants``) must hold ``size //
+    2`` ids (an id and its comma take 2 bytes or more)."""
+    if size == 0 or b[size - 1] != 10:
+        return -1 if size else 0
+    i, n, r = 0, 0, 0
+    while i < size:
         i = _ws(b, i)
-        if i >= len(b) or b[i] != 123 or r >= len(ends):
+        if b[i] != 123 or r >= len(ends):
             return -1
-        i, n, length = _object(b, i + 1, ids, n, tmp)
+        i, n, tok, count, last = _object(b, i + 1, ids, wants, n, keep, block)
         if i < 0:
             return -1
         i = _ws(b, i)
-        if i >= len(b) or b[i] != 10 or length > np.uint64(2**62):
+        t = np.int64(tok)
+        if b[i] != 10 or t < 1 or count != (t + block - 1) // block:
             return -1
-        ends[r], tokens[r] = n, np.int64(length)
+        if keep and last:  # the request's last block, kept: it holds what the others leave
+            wants[n - 1] = t - (count - 1) * block
+        ends[r], tokens[r] = n, t
         r, i = r + 1, i + 1
     return r
 
 
-def scan_chunk(chunk: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(ids, ends, tokens) of every line of ``chunk``, or ``None`` when it must be read by
-    msgspec (see the module docstring)."""
-    b = np.frombuffer(chunk, np.uint8)
-    lines = chunk.count(b"\n")
-    ids = np.empty(len(chunk) // 2 + 1, np.uint64)
-    ends, tokens = np.empty(lines, np.int64), np.empty(lines, np.int64)
-    n = scan(b, ids, ends, tokens)
-    if n != lines:
+class Scanned(NamedTuple):
+    """A chunk's requests (see ``traffic.mooncake.HashRuns``): ``wants`` when sampled."""
+
+    ids: np.ndarray  # uint64
+    ends: np.ndarray  # int64
+    tokens: np.ndarray  # int64
+    wants: np.ndarray | None
+
+
+def scan_chunk(buf: np.ndarray, size: int, block: int, keep: int = 0) -> Scanned | None:
+    """The requests of ``buf[:size]`` (whole lines; ``buf`` holds ``PAD`` bytes more), the ids
+    of sample ``keep`` only, or ``None`` when it must be read by msgspec (see the module
+    docstring)."""
+    if len(buf) < size + PAD:
+        raise ValueError("the buffer needs PAD bytes past the chunk")
+    ids = np.empty(size // 2 + 1, np.uint64)  # untouched pages cost nothing
+    wants = np.empty(len(ids) if keep else 0, np.int32)
+    ends, tokens = np.empty(size // 16 + 1, np.int64), np.empty(size // 16 + 1, np.int64)
+    r = scan(buf, size, ids, wants, ends, tokens, U(keep), block)
+    if r < 0:
         return None
-    return ids[: int(ends[-1]) if n else 0].copy(), ends, tokens
+    n = int(ends[r - 1]) if r else 0
+    return Scanned(ids[:n], ends[:r], tokens[:r], wants[:n] if keep else None)
+
+
+@_jit
+def _sample(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, keep: np.uint64, block: int,
+            out: np.ndarray, out_ends: np.ndarray, wants: np.ndarray) -> int:
+    start, n = 0, 0
+    for r in range(len(ends)):
+        end = ends[r]
+        for k in range(start, end):
+            if sampled(ids[k], keep):
+                out[n] = ids[k]
+                wants[n] = block if k < end - 1 else tokens[r] - (end - start - 1) * block
+                n += 1
+        out_ends[r] = n
+        start = end
+    return n
+
+
+def sample_runs(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, keep: int, block: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Requests read whole (and checked) reduced to sample ``keep``, as the scanner samples:
+    (ids, ends, wants)."""
+    out, wants = np.empty(len(ids), np.uint64), np.empty(len(ids), np.int32)
+    out_ends = np.empty(len(ends), np.int64)
+    n = _sample(ids, ends, tokens, U(keep), block, out, out_ends, wants)
+    return out[:n], out_ends, wants[:n]
+
+
+def scan_bytes(chunk: bytes, block: int, keep: int = 0) -> Scanned | None:
+    """``scan_chunk`` of a copy of ``chunk`` with its padding."""
+    buf = np.zeros(len(chunk) + PAD, np.uint8)
+    buf[: len(chunk)] = np.frombuffer(chunk, np.uint8)
+    return scan_chunk(buf, len(chunk), block, keep)

@@ -20,11 +20,12 @@ with a ``TraceError`` that names the file and line.
 from __future__ import annotations
 
 import enum
+import io
 import json
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, NamedTuple, assert_never
+from typing import TYPE_CHECKING, NamedTuple, assert_never
 
 import msgspec
 import numpy as np
@@ -87,7 +88,7 @@ class _Tokens(msgspec.Struct):
     output: list[int] = []
 
 
-def open_trace(path: Path) -> IO[bytes]:
+def open_trace(path: Path) -> io.BufferedReader:
     """``path`` opened for reading if it is a regular file of at most ``MAX_TRACE_BYTES``;
     ``TraceError`` otherwise (checked before opening: opening a FIFO with no writer blocks for
     ever, and a device such as /dev/zero never ends)."""
