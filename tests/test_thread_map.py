@@ -40,7 +40,7 @@ def test_every_started_thread_is_in_the_map_guarded_or_with_the_reason() -> None
                        "rc-embedded-feed", "rc-subscriber", "rc-replay", "rc-kv-fleet",
                        "kv-events", "rc-router-poll", "dataset-words", "rc-demo-mix",
                        "bench-source", "soak", "rc-supervisor", "rc-lossy-hop",
-                       "rc-demo-start"}
+                       "rc-demo-start", "busy-peer"}
     assert started <= set(rows)
     for name in started:
         said = rows[name]
