@@ -112,3 +112,22 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
         seed = terminalreporter.config.getoption("hypothesis_seed")
         terminalreporter.write_line(f"hypothesis seed of this run: {seed} "
                                     f"(HYPOTHESIS_SEED={seed} reruns the same cases)")
+
+
+def _cap_textual_idle_wait() -> None:
+    """Textual's Pilot waits, after every key, until the process's CPU time stops advancing,
+    for up to 1 s. A test app over a running engine never looks idle (its frame timer and the
+    engine loop run), so every key cost 2 s of waiting. Tests wait for what they assert with
+    ``wait_until``; the pilot still waits for every message queue to drain."""
+    import textual.app
+    import textual.pilot
+    from textual._wait import wait_for_idle
+
+    async def capped(min_sleep: float = 1 / 50, max_sleep: float = 1) -> None:
+        await wait_for_idle(min_sleep, min(max_sleep, 0.1))
+
+    textual.app.wait_for_idle = capped  # type: ignore[attr-defined]
+    textual.pilot.wait_for_idle = capped  # type: ignore[attr-defined]
+
+
+_cap_textual_idle_wait()
