@@ -22,7 +22,6 @@ from __future__ import annotations
 import enum
 import io
 import json
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, assert_never
@@ -31,6 +30,7 @@ import msgspec
 import numpy as np
 
 from radixcache.core import events as ev
+from radixcache.core.files import FileRefused, open_regular
 
 if TYPE_CHECKING:
     from radixcache.wire.mirror import Mirror, MirrorNode
@@ -90,18 +90,15 @@ class _Tokens(msgspec.Struct):
 
 def open_trace(path: Path) -> io.BufferedReader:
     """``path`` opened for reading if it is a regular file of at most ``MAX_TRACE_BYTES``;
-    ``TraceError`` otherwise (checked before opening: opening a FIFO with no writer blocks for
-    ever, and a device such as /dev/zero never ends)."""
+    ``TraceError`` otherwise (``core.files.open_regular``: a FIFO with no writer would block
+    for ever, and a device such as /dev/zero never ends)."""
     try:
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode):
-            raise TraceError(f"{path}: not a regular file")
-        if st.st_size > MAX_TRACE_BYTES:
-            raise TraceError(f"{path}: {st.st_size:,} bytes exceeds the "
-                             f"{MAX_TRACE_BYTES:,}-byte limit")
-        return path.open("rb")
+        fd, _ = open_regular(path, MAX_TRACE_BYTES)
+    except FileRefused as exc:
+        raise TraceError(str(exc)) from None
     except OSError as exc:
         raise TraceError(f"{path}: cannot open: {exc.strerror or exc}") from None
+    return open(fd, "rb")
 
 
 def lines(path: Path) -> Iterator[tuple[int, bytes]]:

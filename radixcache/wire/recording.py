@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import NamedTuple
 import msgspec
 
 from radixcache.core import events as ev
+from radixcache.core.files import FileRefused, open_regular
 from radixcache.wire.mirror import Mirror, MirrorError
 from radixcache.wire.recformat import (
     FORMAT_VERSION,
@@ -306,19 +306,13 @@ class RecordingReader:
 
 
 def _open_regular(path: Path, max_bytes: int) -> tuple[int, int]:
-    """An fd of a regular file of at most ``max_bytes``, and its size; ``RecordingError``
-    otherwise (checked before opening: opening a FIFO blocks until a writer comes)."""
+    """``core.files.open_regular`` with its refusals and errors as ``RecordingError``."""
     try:
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode):
-            raise RecordingError(f"{path}: not a regular file")
-        if st.st_size > max_bytes:
-            raise RecordingError(f"{path}: {st.st_size:,} bytes exceeds the "
-                                 f"{max_bytes:,}-byte limit")
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        return open_regular(path, max_bytes)
+    except FileRefused as exc:
+        raise RecordingError(str(exc)) from None
     except OSError as exc:
         raise RecordingError(f"{path}: {exc.strerror or exc}") from None
-    return fd, os.fstat(fd).st_size
 
 
 __all__ = [
