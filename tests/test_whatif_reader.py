@@ -25,7 +25,7 @@ from radixcache.traffic.mooncake import (
     read_mooncake,
     read_requests,
 )
-from radixcache.traffic.mooncake_scan import sample_keep, sample_runs
+from radixcache.traffic.mooncake_scan import sample_keep, sample_runs, scan_bytes
 from radixcache.traffic.traces import Access, TraceError
 
 HALF = sample_keep(0.5)
@@ -76,7 +76,8 @@ def test_the_scanner_reads_what_msgspec_reads(tmp_path_factory, lines, keep):
         tokens = 512 * (len(ids) - 1) + last
         vals = {"input_length": tokens, "hash_ids": ids, "timestamp": other, "note": other}
         sep = f",{ws}"
-        text.append("{" + ws + sep.join(f'"{k}":{ws}{json.dumps(vals[k])}' for k in keys)
+        text.append("{" + ws + sep.join(f'"{k}":{ws}{json.dumps(vals[k], separators=(sep, ":"))}'
+                                     for k in keys)
                     + ws + "}\n")
     path.write_text("".join(text))
 
@@ -94,6 +95,47 @@ def test_the_scanner_reads_what_msgspec_reads(tmp_path_factory, lines, keep):
         return flat([HashRuns(ids, ends, tokens, 1, None, wants)])
 
     assert outcome(scanned) == outcome(decoded)
+
+
+IDS_TEXTS = ["0", "7", "42", "1234567", "12345678", "99999999", "123456789",
+             "18446744073709551615", "18446744073709551616", "01", "00", "1e3", "1.0", "-1",
+             "1a", "", " 5", "5 ", "5\t"]
+
+
+@pytest.mark.parametrize("text", IDS_TEXTS)
+@pytest.mark.parametrize("keep", [0, HALF])
+def test_compact_ids_of_every_length_read_as_msgspec_reads_them(tmp_path, text, keep):
+    """Ids without spaces (``[12,345]``, the compact form the scanner reads a word at a
+    time): 1 to 8 digits, then a separator inside or just past the word, longer ids, leading
+    zeros and other numbers that are not ids: the same requests or the same error as the
+    line reader, in the middle of the list and last in it."""
+    for ids in (f"[{text},3]", f"[3,{text}]", f"[{text}]"):
+        path = tmp_path / "m.jsonl"
+        n = ids.count(",") + 1
+        path.write_text(f'{{"input_length":{512 * n},"hash_ids":{ids}}}\n')
+        assert outcome(lambda p=path: flat(list(read_hash_runs(p, keep=keep)))) == outcome(
+            lambda p=path, n=n: one_line_read(p, n, keep)), ids
+
+
+def one_line_read(path: Path, n: int, keep: int) -> object:
+    """The requests of a one-line file of ``n`` ids by the line reader (msgspec)."""
+    rec = next(read_requests(path))[1]
+    runs = HashRuns(np.asarray(rec.hash_ids, np.uint64), np.asarray([n]),
+                    np.asarray([512 * n]), 1)
+    if not keep:
+        return flat([runs])
+    ids, ends, wants = sample_runs(runs.ids, runs.ends, runs.tokens, keep, 512)
+    return flat([runs._replace(ids=ids, ends=ends, wants=wants)])
+
+
+@pytest.mark.parametrize("text", ["0", "7", "1234567", "12345678", "123456789",
+                                  "18446744073709551615"])
+def test_the_scanner_reads_compact_ids_itself(text):
+    """The valid ids above are the scanner's to read (no fallback to msgspec)."""
+    for ids in (f"[{text},5]", f"[5,{text}]"):
+        got = scan_bytes(f'{{"input_length":1024,"hash_ids":{ids}}}\n'.encode(), 512)
+        assert got is not None, ids
+        assert [int(x) for x in got.ids] == json.loads(ids)
 
 
 def test_chunks_of_any_size_read_the_same_requests(tmp_path):

@@ -80,6 +80,23 @@ def test_a_sample_estimates_the_curve_within_a_point_where_it_resolves():
         assert err < 0.01, (rate, err)
 
 
+def test_renumbering_a_samples_stamps_changes_no_distance():
+    """A sample stamps many more requests than it holds blocks, so its stamps are renumbered
+    as it goes (``hashstack._compact``): renumbered after every batch of 500 requests or
+    never, the histogram and the curve are the same."""
+    runs = list(generate_runs(20_000, 4, batch=500))
+    often, never = HashStack(512, 0.05), HashStack(512, 0.05)
+    often.compact_floor, never.compact_floor = 1, 2**40
+    for r in runs:
+        often.add(r.ids, r.ends, r.tokens)
+        never.add(r.ids, r.ends, r.tokens)
+    assert int(never.st[9]) > int(often.st[9])  # it did renumber
+    assert int(often.st[9]) <= 2 * often.distinct + 500
+    assert np.array_equal(often.hist, never.hist[: len(often.hist)])
+    assert not never.hist[len(often.hist):].any()
+    assert np.array_equal(often.curve().cum, never.curve().cum)
+
+
 def test_generated_traces_obey_aiperfs_rule(tmp_path):
     """Every hash id names one block of one length (aiperf refuses a trace that asks for an id
     at 512 tokens after making it at 338), has one parent, and a request has exactly

@@ -169,6 +169,39 @@ def _rehash(keys: np.ndarray, last: np.ndarray, length: np.ndarray, old_keys: np
             keys[s], last[s], length[s] = x, old_last[i], old_length[i]
 
 
+@_jit
+def _compact(last: np.ndarray, fen: np.ndarray, st: np.ndarray) -> int:
+    """Renumber the stamps still held by a block 1, 2, ... in order, and rebuild the Fenwick
+    tree over them (its sums, the blocks touched after a stamp, are kept): a sample's
+    requests stamp many more times than it holds blocks, and a tree over the live stamps
+    only stays in cache. The new last stamp."""
+    top = st[9]
+    count = np.zeros(top + 1, np.int32)
+    for s in range(len(last)):
+        if last[s] > 0:
+            count[last[s]] += 1
+    rank = np.zeros(top + 1, np.int32)
+    k = 0
+    for q in range(1, top + 1):
+        if count[q]:
+            k += 1
+            rank[q] = k
+    for s in range(len(last)):
+        if last[s] > 0:
+            last[s] = rank[last[s]]
+    fen[:] = 0
+    for q in range(1, top + 1):
+        if count[q]:
+            fen[rank[q]] = count[q]
+    n = len(fen)
+    for i in range(1, n):  # the Fenwick sums of the counts, in one pass
+        j = i + (i & -i)
+        if j < n:
+            fen[j] += fen[i]
+    st[9] = k
+    return k
+
+
 class HashStackError(ValueError):
     """A request that breaks ``radixcache.core.blockrule``: ``index`` is its place in the
     batch given to ``HashStack.add``."""
@@ -181,6 +214,8 @@ class HashStackError(ValueError):
 class HashStack:
     """Feed ``HashRuns`` in order with ``add``; ``curve()`` gives the hits at every capacity
     (exact at ``rate`` 1, else the SHARDS estimate at that sampling rate)."""
+
+    compact_floor = 1 << 16  # a sample's stamps are renumbered past this many (``_compact``)
 
     def __init__(self, block_tokens: int, rate: float = 1.0) -> None:
         self.block_tokens = block_tokens
@@ -227,6 +262,8 @@ class HashStack:
 
     def _room(self, ids: np.ndarray, n: int) -> None:
         """Grow the arrays so that ``n`` more requests of ``ids`` fit."""
+        if self.keep and self.st[9] > max(self.compact_floor, 2 * self.distinct):
+            _compact(self.last, self.fen, self.st)
         need = int(self.st[9]) + n + 1
         if need >= 2**31 - 1 or self.distinct + len(ids) >= 2**31 - 1:
             raise HashStackError(0, "over 2^31 requests or blocks: split the trace")

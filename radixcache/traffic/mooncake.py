@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from array import array
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 import numpy as np
@@ -31,6 +34,9 @@ from radixcache.traffic.traces import (
     lines,
     open_trace,
 )
+
+if TYPE_CHECKING:
+    from radixcache.traffic.mooncake_scan import Scanned
 
 CHUNK_BYTES = 8 << 20  # the array reader decodes this much of the file at once
 
@@ -132,14 +138,16 @@ def _last_newline(buf: np.ndarray, end: int) -> int:
     return 0
 
 
-def _chunks(path: Path, chunk_bytes: int) -> Iterator[tuple[np.ndarray, int]]:
-    """The file in chunks of whole lines, read into one reused buffer: ``(buf, size)``, the
-    chunk being ``buf[:size]`` with ``PAD`` more bytes readable (the scanner's 8-byte loads),
-    and gone at the next chunk. A byte order mark at byte 0 is dropped; a last line without
-    its newline gets one."""
+def _chunks(path: Path, chunk_bytes: int, ring: int = 1) -> Iterator[tuple[np.ndarray, int]]:
+    """The file in chunks of whole lines, read into ``ring`` buffers in turn: ``(buf, size)``,
+    the chunk being ``buf[:size]`` with ``PAD`` more bytes readable (the scanner's 8-byte
+    loads); a buffer is written again ``ring`` chunks later, so up to ``ring - 1`` earlier
+    chunks may still be read while the next one is. A byte order mark at byte 0 is dropped; a
+    last line without its newline gets one."""
     from radixcache.traffic.mooncake_scan import PAD
 
-    buf = np.zeros(chunk_bytes + PAD, np.uint8)
+    bufs = [np.zeros(chunk_bytes + PAD, np.uint8) for _ in range(max(ring, 1))]
+    turn, buf = 0, bufs[0]
     with open_trace(path) as f:
         start = f.read(len(BOM))
         held = 0 if start == BOM else len(start)  # a line begun in the read before
@@ -155,10 +163,25 @@ def _chunks(path: Path, chunk_bytes: int) -> Iterator[tuple[np.ndarray, int]]:
             cut = _last_newline(buf, end)
             if cut:
                 yield buf, cut
-                buf[: end - cut] = buf[cut:end]  # the line begun: to the front
+                turn = (turn + 1) % len(bufs)
+                nxt = bufs[turn]
+                if len(nxt) < end - cut + PAD:  # the ring's other buffers grow as needed
+                    nxt = bufs[turn] = np.zeros(len(buf), np.uint8)
+                nxt[: end - cut] = buf[cut:end]  # the line begun: to the front of the next
+                buf = nxt
             elif end + PAD == len(buf):  # one line longer than the buffer: a larger one
-                buf = np.concatenate((buf, np.zeros(len(buf), np.uint8)))
+                buf = bufs[turn] = np.concatenate((buf, np.zeros(len(buf), np.uint8)))
             held = end - cut
+
+
+def scan_workers() -> int:
+    """Threads that scan chunks while the caller analyses the ones before (the scanner holds
+    no GIL): the CPUs this process may use, at most 4."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(4, cpus))
 
 
 def _decoded(dec: msgspec.json.Decoder[MooncakeRequest], path: Path, first: int,
@@ -184,32 +207,57 @@ def _slow(dec: msgspec.json.Decoder[MooncakeRequest], path: Path, first: int, ch
 
 
 def read_hash_runs(path: Path, hash_block_size: int = MOONCAKE_BLOCK, keep: int = 0,
-                   chunk_bytes: int = CHUNK_BYTES) -> Iterator[HashRuns]:
-    """A Mooncake-format trace as ``HashRuns`` of about ``chunk_bytes`` of file each; with
-    ``keep`` (``mooncake_scan.sample_keep``) only the sampled ids, with their ``wants``. The
-    compiled scanner reads the common shape; a chunk it leaves is decoded by msgspec (all at
-    once, or line by line to name a bad line)."""
-    from radixcache.traffic.mooncake_scan import sample_runs, scan_chunk  # numba: when read
+                   chunk_bytes: int = CHUNK_BYTES, workers: int | None = None
+                   ) -> Iterator[HashRuns]:
+    """A Mooncake-format trace as ``HashRuns`` of about ``chunk_bytes`` of file each, in file
+    order; with ``keep`` (``mooncake_scan.sample_keep``) only the sampled ids, with their
+    ``wants``. The compiled scanner reads the common shape, in ``workers`` threads
+    (``scan_workers()`` by default) while the caller works on the chunks before; a chunk it
+    leaves is decoded by msgspec here (all at once, or line by line to name a bad line)."""
+    from radixcache.traffic.mooncake_scan import scan_chunk  # numba: when read
 
+    workers = scan_workers() if workers is None else max(1, workers)
+    ahead = workers + 1  # chunks scanned or queued while the caller works
     dec = msgspec.json.Decoder(MooncakeRequest)
     first = 1
-    for buf, size in _chunks(path, chunk_bytes):
-        scanned = scan_chunk(buf, size, hash_block_size, keep)
-        if scanned is not None:
-            runs = HashRuns(scanned.ids, scanned.ends, scanned.tokens, first, None,
-                            scanned.wants)
-            lines_read = len(scanned.ends)
-        else:
-            chunk = buf[:size].tobytes()
-            runs = _decoded(dec, path, first, chunk, hash_block_size)
-            lines_read = chunk.count(b"\n")
-            if keep:
-                ids, ends, wants = sample_runs(runs.ids, runs.ends, runs.tokens, keep,
-                                               hash_block_size)
-                runs = runs._replace(ids=ids, ends=ends, wants=wants)
-        first += lines_read
-        if len(runs.tokens):
-            yield runs
+    with ThreadPoolExecutor(workers, thread_name_prefix="trace-scan") as pool:
+        pending: deque[tuple[np.ndarray, int, Future[Scanned | None]]] = deque()
+        try:
+            for buf, size in _chunks(path, chunk_bytes, ahead + 1):
+                pending.append((buf, size, pool.submit(scan_chunk, buf, size,
+                                                       hash_block_size, keep)))
+                while len(pending) >= ahead:
+                    runs, first = _chunk_runs(dec, path, first, pending.popleft(),
+                                              hash_block_size, keep)
+                    if len(runs.tokens):
+                        yield runs
+            while pending:
+                runs, first = _chunk_runs(dec, path, first, pending.popleft(),
+                                          hash_block_size, keep)
+                if len(runs.tokens):
+                    yield runs
+        finally:  # stopped early (an error, a --limit): no scan left running
+            for _, _, fut in pending:
+                fut.cancel()
+
+
+def _chunk_runs(dec: msgspec.json.Decoder[MooncakeRequest], path: Path, first: int,
+                item: tuple[np.ndarray, int, Future[Scanned | None]], block: int, keep: int
+                ) -> tuple[HashRuns, int]:
+    """One chunk's requests (its scan's, else msgspec's) and the next chunk's first line."""
+    from radixcache.traffic.mooncake_scan import sample_runs
+
+    buf, size, fut = item
+    scanned = fut.result()
+    if scanned is not None:
+        runs = HashRuns(scanned.ids, scanned.ends, scanned.tokens, first, None, scanned.wants)
+        return runs, first + len(scanned.ends)
+    chunk = buf[:size].tobytes()
+    runs = _decoded(dec, path, first, chunk, block)
+    if keep:
+        ids, ends, wants = sample_runs(runs.ids, runs.ends, runs.tokens, keep, block)
+        runs = runs._replace(ids=ids, ends=ends, wants=wants)
+    return runs, first + chunk.count(b"\n")
 
 
 def head(runs: HashRuns, n: int) -> HashRuns:

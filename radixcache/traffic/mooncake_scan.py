@@ -125,6 +125,22 @@ def _fits(b: np.ndarray, start: int, end: int) -> bool:
 
 
 @_inline
+def _digit_count(x: np.uint64) -> int:
+    """The leading digits of a word xored with ``0x30..30`` (0-8)."""
+    m = (x | (x + U(0x0606060606060606))) & U(0xF0F0F0F0F0F0F0F0)
+    return int(_trailing_zeros(m) >> 3)  # 8 when all eight are digits (m == 0)
+
+
+@_inline
+def _eight(x: np.uint64, nd: int) -> np.uint64:
+    """The value of the first ``nd`` (1-8) digits of a word xored with ``0x30..30``."""
+    x <<= U(8 * (8 - nd))
+    x = ((x & U(0x0F0F0F0F0F0F0F0F)) * U(2561)) >> U(8)
+    x = ((x & U(0x00FF00FF00FF00FF)) * U(6553601)) >> U(16)
+    return ((x & U(0x0000FFFF0000FFFF)) * U(42949672960001)) >> U(32)
+
+
+@_inline
 def _digits(b: np.ndarray, i: int) -> tuple[int, np.uint64]:
     """The decimal digits at ``i``: (the index after them, their value mod 2^64). The first
     eight at once (SWAR, as simdjson and fast_float parse them), so no branch per digit::
@@ -135,14 +151,10 @@ def _digits(b: np.ndarray, i: int) -> tuple[int, np.uint64]:
                (47 = 4 * 10 + 7), quads, eights: 471
     """
     x = _load8(b, i) ^ U(0x3030303030303030)
-    m = (x | (x + U(0x0606060606060606))) & U(0xF0F0F0F0F0F0F0F0)
-    nd = _trailing_zeros(m) >> 3  # 8 when all eight are digits (m == 0)
+    nd = _digit_count(x)
     if nd == 0:
         return i, U(0)
-    x <<= U(8 * (8 - nd))
-    x = ((x & U(0x0F0F0F0F0F0F0F0F)) * U(2561)) >> U(8)
-    x = ((x & U(0x00FF00FF00FF00FF)) * U(6553601)) >> U(16)
-    v = ((x & U(0x0000FFFF0000FFFF)) * U(42949672960001)) >> U(32)
+    v = _eight(x, nd)
     i += nd
     d = U(b[i]) - U(48)  # a ninth digit or more (rare: no branch on nd == 8), one by one;
     while d <= U(9):  # a byte below '0' wraps around: one test
@@ -228,7 +240,25 @@ def _ids(b: np.ndarray, i: int, ids: np.ndarray, wants: np.ndarray, n: int, keep
     if b[i] == 93:
         return i + 1, n, 0, False
     while True:
-        i, v = _uint(b, _ws(b, i), 20)
+        # the compact form ("12,34]"): an id of 1-8 digits and its separator from one word
+        w = _load8(b, i)
+        x = w ^ U(0x3030303030303030)
+        nd = _digit_count(x)
+        sep = b[i + 8] if nd == 8 else np.uint8((w >> U(8 * nd)) & U(0xFF))
+        if nd > 0 and (sep == 44 or sep == 93) and (nd == 1 or w & U(0xFF) != U(48)):
+            v = _eight(x, nd)
+            kept = sampled(v, keep)
+            if kept:
+                ids[n] = v
+                if keep:
+                    wants[n] = block
+                n += 1
+            count += 1
+            i += nd + 1
+            if sep == 93:
+                return i, n, count, kept
+            continue
+        i, v = _uint(b, _ws(b, i), 20)  # any other: whitespace, 9 digits or more, not an id
         if i < 0:
             return -1, n, count, kept
         kept = sampled(v, keep)
