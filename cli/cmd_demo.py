@@ -32,7 +32,7 @@ from radixcache.tools.demo import (
 from radixcache.traffic.workloads import WorkloadError, build_workload
 
 console = Console(stderr=True)
-DEMO_SCHEDULE = Policy.LPM  # cache-aware: `bench engine --schedule` measured it (README)
+DEMO_SCHEDULE = Policy.DFS_WEIGHT  # `bench engine --schedule` measured it best (README)
 # q: the demo's engine holds nothing to save. It gets SIGTERM when the inspector starts to
 # close and SIGKILL 0.4 s later: its orderly exit (the step in flight, then the interpreter's
 # teardown of torch) took 0.9-1.4 s at load 5, which `q` within 1 s cannot wait for

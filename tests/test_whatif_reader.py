@@ -6,6 +6,7 @@ takes of whole requests; a bad line named by its number in a later chunk."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from array import array
 from collections.abc import Callable
@@ -140,16 +141,16 @@ def test_the_scanner_reads_compact_ids_itself(text):
 
 def test_chunks_of_any_size_read_the_same_requests(tmp_path):
     """Lines across chunk edges, lines longer than the buffer (1 and 7 bytes: it grows), a
-    byte order mark, a last line without its newline: the same requests as the line reader,
-    each with its own line number."""
+    byte order mark, a last line without its newline, scanned by one thread or three: the same
+    requests as the line reader, each with its own line number."""
     path = tmp_path / "m.jsonl"
     body = "".join(json.dumps(x) + "\n" for x in generate_mooncake(300, 4))
     path.write_bytes(b"\xef\xbb\xbf" + body.encode()[:-1])
     want = list(read_mooncake(path))
     assert len(want) == 300
-    for size in (1, 7, 100, 4096, 1 << 20):
-        runs = list(read_hash_runs(path, chunk_bytes=size))
-        assert accesses(runs) == want, size
+    for size, workers in itertools.product((1, 7, 100, 4096, 1 << 20), (1, 3)):
+        runs = list(read_hash_runs(path, chunk_bytes=size, workers=workers))
+        assert accesses(runs) == want, (size, workers)
         assert [line_of(r, i) for r in runs for i in range(len(r.tokens))] == list(
             range(1, 301))
 

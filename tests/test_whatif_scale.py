@@ -82,11 +82,11 @@ def test_a_sample_estimates_the_curve_within_a_point_where_it_resolves():
 
 def test_renumbering_a_samples_stamps_changes_no_distance():
     """A sample stamps many more requests than it holds blocks, so its stamps are renumbered
-    as it goes (``hashstack._compact``): renumbered after every batch of 500 requests or
+    as it goes (``hashstack.renumber_stamps``): renumbered after every batch of 500 requests or
     never, the histogram and the curve are the same."""
     runs = list(generate_runs(20_000, 4, batch=500))
     often, never = HashStack(512, 0.05), HashStack(512, 0.05)
-    often.compact_floor, never.compact_floor = 1, 2**40
+    often.renumber_floor, never.renumber_floor = 1, 2**40
     for r in runs:
         often.add(r.ids, r.ends, r.tokens)
         never.add(r.ids, r.ends, r.tokens)

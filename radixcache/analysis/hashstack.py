@@ -170,7 +170,7 @@ def _rehash(keys: np.ndarray, last: np.ndarray, length: np.ndarray, old_keys: np
 
 
 @_jit
-def _compact(last: np.ndarray, fen: np.ndarray, st: np.ndarray) -> int:
+def renumber_stamps(last: np.ndarray, fen: np.ndarray, st: np.ndarray) -> int:
     """Renumber the stamps still held by a block 1, 2, ... in order, and rebuild the Fenwick
     tree over them (its sums, the blocks touched after a stamp, are kept): a sample's
     requests stamp many more times than it holds blocks, and a tree over the live stamps
@@ -215,7 +215,7 @@ class HashStack:
     """Feed ``HashRuns`` in order with ``add``; ``curve()`` gives the hits at every capacity
     (exact at ``rate`` 1, else the SHARDS estimate at that sampling rate)."""
 
-    compact_floor = 1 << 16  # a sample's stamps are renumbered past this many (``_compact``)
+    renumber_floor = 1 << 16  # a sample renumbers its stamps past this many
 
     def __init__(self, block_tokens: int, rate: float = 1.0) -> None:
         self.block_tokens = block_tokens
@@ -262,8 +262,8 @@ class HashStack:
 
     def _room(self, ids: np.ndarray, n: int) -> None:
         """Grow the arrays so that ``n`` more requests of ``ids`` fit."""
-        if self.keep and self.st[9] > max(self.compact_floor, 2 * self.distinct):
-            _compact(self.last, self.fen, self.st)
+        if self.keep and self.st[9] > max(self.renumber_floor, 2 * self.distinct):
+            renumber_stamps(self.last, self.fen, self.st)
         need = int(self.st[9]) + n + 1
         if need >= 2**31 - 1 or self.distinct + len(ids) >= 2**31 - 1:
             raise HashStackError(0, "over 2^31 requests or blocks: split the trace")
@@ -275,7 +275,7 @@ class HashStack:
             grow = max(len(self.hist) // 2, self.distinct + len(ids) + 1 - len(self.hist))
             self.hist = np.concatenate((self.hist, np.zeros(grow, np.int64)))
         self.ids_seen += len(ids)
-        top = int(ids.max()) if len(ids) else 0
+        top = int(ids.max()) if len(ids) and self.dense else 0  # a table takes any id
         if self.dense and top >= max(1 << 22, 4 * self.ids_seen):
             self._table(max(1 << 16, 2 * self.distinct + len(ids)))  # sparse ids: a table
         if self.dense and top >= len(self.last):

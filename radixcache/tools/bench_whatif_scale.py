@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from radixcache.analysis.hashstack import HashStack
+from radixcache.analysis.hashstack import HashStack, renumber_stamps
 from radixcache.analysis.stackdist import Curve
 from radixcache.traffic.mooncake import generate_runs, write_mooncake
 from radixcache.traffic.mooncake_scan import sample_keep, scan_bytes
@@ -59,6 +59,7 @@ def warm_up() -> float:
     one = (np.asarray([1], np.uint64), np.asarray([1]), np.asarray([5]))
     HashStack(MOONCAKE_BLOCK).add(*one)
     HashStack(MOONCAKE_BLOCK, 0.5).add(*one)
+    renumber_stamps(np.zeros(1, np.int32), np.zeros(2, np.int32), np.zeros(10, np.int64))
     line = b'{"input_length": 5, "hash_ids": [1]}\n'
     scan_bytes(line, MOONCAKE_BLOCK)
     scan_bytes(line, MOONCAKE_BLOCK, sample_keep(0.5))
