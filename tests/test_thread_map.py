@@ -7,9 +7,11 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# a thread's name where it is started: Thread(..., name="x") or guard.start("x", ...)
+# a thread's name where it is started: Thread(..., name="x"), guard.start("x", ...) or a
+# pool's ThreadPoolExecutor(..., thread_name_prefix="x")
 STARTS = re.compile(r'Thread\([^)]*?name=f?"([\w-]+?)(?:-\{\w+\})?"'
-                    r'|guard\.start\(f?"([\w-]+?)(?:-\{\w+\})?"', re.DOTALL)
+                    r'|guard\.start\(f?"([\w-]+?)(?:-\{\w+\})?"'
+                    r'|thread_name_prefix="([\w-]+)"', re.DOTALL)
 
 
 def _started() -> set[str]:
@@ -17,7 +19,7 @@ def _started() -> set[str]:
     for package in ("radixcache", "inspector", "cli"):
         for path in (ROOT / package).rglob("*.py"):
             for m in STARTS.finditer(path.read_text()):
-                names.add(m.group(1) or m.group(2))
+                names.add(m.group(1) or m.group(2) or m.group(3))
     return names
 
 
@@ -40,7 +42,7 @@ def test_every_started_thread_is_in_the_map_guarded_or_with_the_reason() -> None
                        "rc-embedded-feed", "rc-subscriber", "rc-replay", "rc-kv-fleet",
                        "kv-events", "rc-router-poll", "dataset-words", "rc-demo-mix",
                        "bench-source", "soak", "rc-supervisor", "rc-lossy-hop",
-                       "rc-demo-start", "busy-peer"}
+                       "rc-demo-start", "busy-peer", "rc-http-encode", "rc-trace-scan"}
     assert started <= set(rows)
     for name in started:
         said = rows[name]

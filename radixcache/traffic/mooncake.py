@@ -220,7 +220,7 @@ def read_hash_runs(path: Path, hash_block_size: int = MOONCAKE_BLOCK, keep: int 
     ahead = workers + 1  # chunks scanned or queued while the caller works
     dec = msgspec.json.Decoder(MooncakeRequest)
     first = 1
-    with ThreadPoolExecutor(workers, thread_name_prefix="trace-scan") as pool:
+    with ThreadPoolExecutor(workers, thread_name_prefix="rc-trace-scan") as pool:
         pending: deque[tuple[np.ndarray, int, Future[Scanned | None]]] = deque()
         try:
             for buf, size in _chunks(path, chunk_bytes, ahead + 1):
