@@ -246,21 +246,13 @@ def _ids(b: np.ndarray, i: int, ids: np.ndarray, wants: np.ndarray, n: int, keep
         nd = _digit_count(x)
         sep = b[i + 8] if nd == 8 else np.uint8((w >> U(8 * nd)) & U(0xFF))
         if nd > 0 and (sep == 44 or sep == 93) and (nd == 1 or w & U(0xFF) != U(48)):
-            v = _eight(x, nd)
-            kept = sampled(v, keep)
-            if kept:
-                ids[n] = v
-                if keep:
-                    wants[n] = block
-                n += 1
-            count += 1
-            i += nd + 1
-            if sep == 93:
-                return i, n, count, kept
-            continue
-        i, v = _uint(b, _ws(b, i), 20)  # any other: whitespace, 9 digits or more, not an id
-        if i < 0:
-            return -1, n, count, kept
+            v, i = _eight(x, nd), i + nd
+        else:  # any other: whitespace, 9 digits or more, not an id
+            i, v = _uint(b, _ws(b, i), 20)
+            i = _ws(b, i) if i >= 0 else -1
+            sep = b[i] if i >= 0 else np.uint8(0)
+            if sep != 44 and sep != 93:
+                return -1, n, count, kept
         kept = sampled(v, keep)
         if kept:
             ids[n] = v
@@ -268,12 +260,9 @@ def _ids(b: np.ndarray, i: int, ids: np.ndarray, wants: np.ndarray, n: int, keep
                 wants[n] = block
             n += 1
         count += 1
-        i = _ws(b, i)
-        if b[i] == 93:
-            return i + 1, n, count, kept
-        if b[i] != 44:
-            return -1, n, count, kept
         i += 1
+        if sep == 93:
+            return i, n, count, kept
 
 
 @_inline
