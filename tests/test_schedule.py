@@ -83,13 +83,19 @@ def test_a_request_waits_for_the_insert_of_the_prefix_a_running_request_computes
     assert (figures["schedule"], figures["waiting_sharing"], figures["waiting_order"]) == (
         "lpm", 1, 0)
     engine.step()
-    engine.step()  # A's prefill ends: its prompt is inserted while it decodes
-    assert any(isinstance(e, ev.RequestCached) and e.req == 0 for e in engine.take_events())
-    engine.step()  # B reads the 200 tokens A computed
+    report = engine.step()  # A's prefill ends: its prompt is inserted while it decodes, and B,
+    events = engine.take_events()  # held for it, is admitted in the same step and prefills
+    cached = [i for i, e in enumerate(events) if isinstance(e, ev.RequestCached) and e.req == 0]
+    start = [i for i, e in enumerate(events) if isinstance(e, ev.RequestStart) and e.req == 1]
+    assert cached and start and cached[0] < start[0]
+    assert events[start[0]] == ev.RequestStart(1, 210, 200)  # B reads the 200 tokens A computed
+    assert [e for e in events if isinstance(e, ev.Queue)][-1] == ev.Queue("lpm", 4, 0, [])
+    # two forwards: A's last 18 prompt tokens, then B's own 10 (its first token in this step)
+    assert (report.admitted, report.forwards, report.prefill_tokens) == (1, 2, 28)
+    engine.check()
     while not (a.done() and b.done()):
         engine.step()
     assert (b.result().metrics.hit_tokens, b.result().metrics.queue_ms > 0) == (200, True)
-    assert _queue_events(engine)[-1] == ev.Queue("lpm", 5, 0, [])  # B admitted at step 5
     engine.tree.check()
 
 

@@ -15,7 +15,9 @@ positions and inserts exactly those tokens.
 
 A step (``step``) asks the ``Scheduler`` (``serving.scheduler``) to admit what fits, in its
 policy's order (``fcfs``, ``lpm``, ``dfs-weight``), then ``Running`` (``serving.running``)
-runs one batched forward of decodes and prefill chunks, then the finished requests are
+runs one batched forward of decodes and prefill chunks (under lpm and dfs-weight, right after
+the forward that ends a prefill, that prompt is inserted and the requests held for it are
+admitted and prefill in one more forward of the step), then the finished requests are
 inserted and unpinned. When the request next in order cannot get blocks (the pool full of
 pinned blocks) it unpins its match and retries next step; running requests finish and unpin
 meanwhile. With nothing running, it retries without its match, so every request that fits
@@ -190,7 +192,7 @@ class Engine(TreeService):
         t0 = time.perf_counter()
         self._drop_aborted()
         admitted = self._admit()
-        work = self.running.step()
+        work = self.running.step(self._release)
         for r in work.prefilled:
             self._cache_prompt(r)
         finished = self._finish(self.running.take_done())
@@ -198,8 +200,8 @@ class Engine(TreeService):
         self.totals.prefill_tokens += work.prefill_tokens
         if work.forwards:
             self.totals.busy_s += time.perf_counter() - t0
-        return StepReport(admitted, work.sequences, work.prefill_tokens, work.decode_tokens,
-                          work.forwards, finished)
+        return StepReport(admitted + len(work.released), work.sequences, work.prefill_tokens,
+                          work.decode_tokens, work.forwards, finished)
 
     # -- events --------------------------------------------------------------------------------
     def _emit(self, event: ev.AnyEvent) -> None:
@@ -310,13 +312,27 @@ class Engine(TreeService):
         return Submitted(n, self.paused)
 
     # -- admitting and finishing (the stepping thread) ----------------------------------------
-    def _admit(self) -> int:
-        done = self.scheduler.admit(self.running.requests, paused=self.paused)
+    def _admit(self, *, again: bool = False) -> int:
+        done = self.scheduler.admit(self.running.requests, paused=self.paused, again=again)
         self.running.requests.extend(done.admitted)
         for req, error in done.rejected:
             self._fail(req, error)
         self._emit_queue()
         return len(done.admitted)
+
+    def _release(self, prefilled: list[Request]) -> list[Request]:
+        """Mid-step, once ``prefilled`` ended their prefill (``Running.step``): cache their
+        prompts, then admit the waiting requests that were held for one of them, so that they
+        read the prompt and start their own prefill in this step. The requests admitted."""
+        for r in prefilled:
+            self._cache_prompt(r)
+        ids = {r.id for r in prefilled}
+        if self.paused or not any(w.reason is ev.WaitReason.SHARING and w.on_req in ids
+                                  for w in self.scheduler.entries()):
+            return []
+        before = len(self.running.requests)
+        self._admit(again=True)
+        return self.running.requests[before:]
 
     def _emit_queue(self) -> None:
         queue = self.scheduler.queue_event()

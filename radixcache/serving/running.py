@@ -4,13 +4,22 @@ Each step: decodes first, one token per running request that has output, then pr
 of the requests still prefilling, in admission order, up to ``max_step_tokens`` in all. All of
 them go through one model forward, unless the padded attention layout would waste more than
 half of its work (decodes padded to a long prefill chunk): then the step runs two forwards,
-decodes and prefills. ``Running`` knows the model and the pool's K/V, never the tree: the
+prefills and decodes. ``Running`` knows the model and the pool's K/V, never the tree: the
 engine settles what finished (insert, unpin) and counts it.
+
+A step given ``release`` calls it right after the forward that ended prefills, with those
+requests: the engine caches their prompts and admits the waiting requests that were held for
+them (``serving.scheduler``), and their prefill chunks run in one more forward of the same step
+(with what is left of ``max_step_tokens``), so a held request waits for its sharer's prefill
+forward, not for the rest of the step and the next one::
+
+    step:  prefills ──▶ release(prefilled): insert, admit held ──▶ decodes ──▶ their prefills
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -19,6 +28,7 @@ from radixcache.serving.model import SeqInput, TinyTransformer
 from radixcache.serving.requests import Request
 
 Planned = list[tuple[Request, SeqInput]]
+Release = Callable[[list[Request]], list[Request]]
 
 
 class Work(NamedTuple):
@@ -28,7 +38,8 @@ class Work(NamedTuple):
     prefill_tokens: int  # prompt tokens computed (the prefill chunks)
     decode_tokens: int
     forwards: int
-    prefilled: list[Request]  # their prefill ended: the first output token was chosen
+    prefilled: list[Request]  # their prefill ended after the release (if any): not cached yet
+    released: list[Request]  # admitted by the release, mid-step
 
 
 def _choose(r: Request, logits: torch.Tensor, greedy: int) -> int:
@@ -49,14 +60,32 @@ class Running:
     def __len__(self) -> int:
         return len(self.requests)
 
-    def step(self) -> Work:
+    def step(self, release: Release | None = None) -> Work:
         """Plan this step's decodes and prefill chunks, run the forward(s), append each
-        request's next token (a prefill's only once its last chunk ran)."""
+        request's next token (a prefill's only once its last chunk ran); see the module doc
+        for ``release``."""
         decodes, prefills = self._plan()
+        work = decodes + prefills
         prefilled: list[Request] = []
-        forwards = self._forward(decodes, prefills, prefilled)
-        return Work(len(decodes) + len(prefills), sum(len(s.tokens) for _, s in prefills),
-                    len(decodes), forwards, prefilled)
+        released: list[Request] = []
+        late: Planned = []
+        groups = [work] if work else []
+        if decodes and prefills and _padded(work):
+            groups = [prefills, decodes]  # padding decodes to a long chunk would dominate
+        forwards = 0
+        while groups:
+            self._forward(groups.pop(0), prefilled)
+            forwards += 1
+            if forwards == 1 and release is not None and prefilled:
+                released = release(prefilled)
+                prefilled = []
+                late = self._chunks(released, self.max_step_tokens - _tokens(work))
+                if late and groups and not _padded(groups[0] + late):
+                    groups[0] = groups[0] + late  # with the decodes: one forward, not two
+                elif late:
+                    groups.append(late)
+        return Work(len(work) + len(late), _tokens(prefills) + _tokens(late), len(decodes),
+                    forwards, prefilled, released)
 
     def take_done(self) -> list[Request]:
         """Remove and return the requests that produced all their tokens."""
@@ -79,9 +108,14 @@ class Running:
 
     def _plan(self) -> tuple[Planned, Planned]:
         decodes = [(r, r.next_input()) for r in self.requests if r.output]
-        budget = self.max_step_tokens - len(decodes)
+        return decodes, self._chunks(self.requests, self.max_step_tokens - len(decodes))
+
+    @staticmethod
+    def _chunks(requests: list[Request], budget: int) -> Planned:
+        """Prefill chunks of the ``requests`` still prefilling, in order, ``budget`` tokens in
+        all."""
         prefills: Planned = []
-        for r in self.requests:
+        for r in requests:
             if budget <= 0:
                 break
             if r.output:
@@ -91,22 +125,12 @@ class Running:
             chunk = r.prompt[r.computed : r.computed + n]
             prefills.append((r, SeqInput(chunk, r.computed, r.lease.table)))
             budget -= n
-        return decodes, prefills
+        return prefills
 
-    def _forward(self, decodes: Planned, prefills: Planned, prefilled: list[Request]) -> int:
-        """Run the model over the planned sequences; returns the number of forwards."""
-        work = decodes + prefills
-        if not work:
-            return 0
-        total = sum(len(s.tokens) for _, s in work)
-        longest = max(len(s.tokens) for _, s in work)
-        groups = [work]
-        if decodes and prefills and len(work) * longest > 2 * total:
-            groups = [decodes, prefills]  # padding decodes to a long chunk would dominate
-        for group in groups:
-            logits = self.model.forward([s for _, s in group], self.kv)
-            self._advance(group, logits, prefilled)
-        return len(groups)
+    def _forward(self, group: Planned, prefilled: list[Request]) -> None:
+        """Run the model over ``group`` and advance its requests."""
+        logits = self.model.forward([s for _, s in group], self.kv)
+        self._advance(group, logits, prefilled)
 
     @staticmethod
     def _advance(group: Planned, logits: torch.Tensor, prefilled: list[Request]) -> None:
@@ -128,3 +152,13 @@ class Running:
                 r.max_new = len(r.output)  # finishes this step, cached as if it had run out
             if r.keep_logits:
                 r.logits.append(logits[i].detach().to("cpu", copy=True))
+
+
+def _tokens(planned: Planned) -> int:
+    return sum(len(s.tokens) for _, s in planned)
+
+
+def _padded(planned: Planned) -> bool:
+    """Whether one forward over ``planned`` would be mostly padding (every sequence padded to
+    the longest: more than twice the tokens)."""
+    return len(planned) * max(len(s.tokens) for _, s in planned) > 2 * _tokens(planned)

@@ -13,7 +13,9 @@ of blocks) until one does not fit::
 In-batch prefix sharing (cache-aware policies): a request whose prompt continues, for at least
 ``share_min_tokens`` (32, SGLang's threshold) past its cached match, the prompt of a running
 request waits for that request's insert instead of computing the same tokens beside it: the
-first of 40 users of a new system prompt computes it, the other 39 read it.
+first of 40 users of a new system prompt computes it, the other 39 read it. The wait is one
+forward: the engine inserts the prompt right after the forward that ends its prefill and calls
+``admit(again=True)`` in the same step, and the released requests prefill in that step.
 
 Aging bounds every reordering: a request waiting ``max_wait_steps`` steps (64) goes before
 every policy choice, in arrival order, and is never held again. Holding or reordering a request
@@ -119,10 +121,13 @@ class Scheduler:
                          ev.Waiting(w.req, ev.WaitReason.PAUSED, w.queued) for w in self._entries]
 
     # -- one step --------------------------------------------------------------------------
-    def admit(self, running: Sequence[Request], *, paused: bool) -> Admission:
+    def admit(self, running: Sequence[Request], *, paused: bool,
+              again: bool = False) -> Admission:
         """Admit what fits now, in the policy's order (see the module doc); ``running`` are
-        the requests running now. Records why every other considered request waits."""
-        self.steps += 1
+        the requests running now. Records why every other considered request waits.
+        ``again``: a second admission in the same step (requests a prefill just released),
+        which does not count as a step."""
+        self.steps += 0 if again else 1
         with self._lock:
             window = list(islice(self._waiting.values(), WINDOW))
         if paused:
