@@ -15,13 +15,12 @@ positions and inserts exactly those tokens.
 
 A step (``step``) asks the ``Scheduler`` (``serving.scheduler``) to admit what fits, in its
 policy's order (``fcfs``, ``lpm``, ``dfs-weight``), then ``Running`` (``serving.running``)
-runs one batched forward of decodes and prefill chunks (under lpm and dfs-weight, right after
-the forward that ends a prefill, that prompt is inserted and the requests held for it are
-admitted and prefill in one more forward of the step), then the finished requests are
-inserted and unpinned. When the request next in order cannot get blocks (the pool full of
-pinned blocks) it unpins its match and retries next step; running requests finish and unpin
-meanwhile. With nothing running, it retries without its match, so every request that fits
-the pool is admitted eventually (no deadlock).
+runs one batched forward of decodes and prefill chunks (a prompt whose prefill ends is
+inserted at once and the requests held for it admitted: ``_release``), then the finished
+requests are inserted and unpinned. When the request next in order cannot get blocks (the
+pool full of pinned blocks) it unpins its match and retries next step; running requests
+finish and unpin meanwhile. With nothing running, it retries without its match, so every
+request that fits the pool is admitted eventually (no deadlock).
 
 Threads: ``submit`` may be called from any thread (the HTTP front's, a workload's
 follow-up from the stepping thread): it takes ``_queue``, the engine's own lock, which guards
@@ -78,12 +77,8 @@ class Engine(TreeService):
     ``RadixTree`` (``engine.tree``). ``start()`` runs the scheduler thread; ``step()`` runs
     one scheduling step synchronously (tests). ``close()`` when done."""
 
-    def __init__(
-        self,
-        config: EngineConfig | None = None,
-        *,
-        memory: MemorySource | None = None,
-    ) -> None:
+    def __init__(self, config: EngineConfig | None = None, *,
+                 memory: MemorySource | None = None) -> None:
         self.config = cfg = config or EngineConfig()
         self.model = TinyTransformer(cfg.model, cfg.device)
         self.pool = KVPool(cfg.num_blocks, cfg.block_size, cfg.model.kv_shape(), self.model.device)
@@ -321,18 +316,14 @@ class Engine(TreeService):
         return len(done.admitted)
 
     def _release(self, prefilled: list[Request]) -> list[Request]:
-        """Mid-step, once ``prefilled`` ended their prefill (``Running.step``): cache their
-        prompts, then admit the waiting requests that were held for one of them, so that they
-        read the prompt and start their own prefill in this step. The requests admitted."""
+        """Mid-step (``Running.step``): cache the prompts of ``prefilled``, then admit the
+        requests held for one of them, which prefill in this step; returns those admitted."""
         for r in prefilled:
             self._cache_prompt(r)
-        ids = {r.id for r in prefilled}
-        if self.paused or not any(w.reason is ev.WaitReason.SHARING and w.on_req in ids
-                                  for w in self.scheduler.entries()):
+        if self.paused or not self.scheduler.held_for({r.id for r in prefilled}):
             return []
         before = len(self.running.requests)
-        self._admit(again=True)
-        return self.running.requests[before:]
+        return self.running.requests[before:] if self._admit(again=True) else []
 
     def _emit_queue(self) -> None:
         queue = self.scheduler.queue_event()

@@ -115,6 +115,10 @@ class Scheduler:
         return ev.Queue(self.policy.value, self.steps, len(self._waiting),
                         self._entries[:SHOWN])
 
+    def held_for(self, ids: set[int]) -> bool:
+        """Whether a request waits, after the last step, for the insert of one of ``ids``."""
+        return any(w.reason is ev.WaitReason.SHARING and w.on_req in ids for w in self._entries)
+
     def note_paused(self) -> None:
         """Every considered request now waits ``PAUSED`` (until the next step)."""
         self._entries = [w if w.reason is ev.WaitReason.PAUSED else
