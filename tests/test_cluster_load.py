@@ -14,7 +14,7 @@ from radixcache.traffic.workloads import build_workload
 from radixcache.wire.fleet import merge
 from radixcache.wire.mirror import Mirror
 from tests.conftest import toks
-from tests.test_http import http_engine
+from tests.helpers.http import http_engine
 
 
 def test_next_turns_hit_everything_the_previous_turn_cached() -> None:

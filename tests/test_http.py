@@ -9,41 +9,24 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from radixcache.serving.engine import Engine, EngineConfig
 from radixcache.serving.http import EngineBackend, HttpFront
-from radixcache.serving.http_run import Limits
 from radixcache.serving.loop import BatchSink, ServiceLoop
 from radixcache.serving.model import ModelConfig, tiny_model
-from radixcache.traffic.tokenizer import BOS, EOT, HDR, HDR_END, shipped
+from radixcache.traffic.tokenizer import BOS, EOT, HDR, HDR_END
+from tests.helpers.http import MODEL, TOK, greedy, http_engine, scrape
 
-MODEL = "radixcache-tiny"
 PROMPT = "the cache keeps every prefix it has seen"
-TOK = shipped()
 ROOT = Path(__file__).resolve().parents[1]
 
 # one client with a generous timeout: a loaded 2-core machine answers slowly
 _http = httpx.Client(timeout=60)
-
-
-@contextmanager
-def http_engine(blocks: int, limits: Limits | None = None) -> Iterator[HttpFront]:
-    """An engine stepped by a ``ServiceLoop`` (its batches dropped) behind an HTTP front."""
-    engine = Engine(EngineConfig(num_blocks=blocks, model=tiny_model()))
-    loop = ServiceLoop(engine, BatchSink(lambda _batch: None)).start()
-    f = HttpFront(EngineBackend(engine, loop), limits=limits).start()
-    try:
-        yield f
-    finally:
-        f.close()
-        loop.close()
 
 
 @pytest.fixture(scope="module")
@@ -55,18 +38,6 @@ def front() -> Iterator[HttpFront]:
 @pytest.fixture(scope="module")
 def client(front: HttpFront) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{front.url}/v1", api_key="unused", max_retries=0)
-
-
-def greedy(front: HttpFront, ids: list[int], n: int) -> list[int]:
-    """What the engine answers to ``ids`` greedily (deterministic): the logits of a
-    teacher-forced run, arg-maxed over the model's vocabulary, which is the tokenizer's."""
-    engine = front.backend.engine  # type: ignore[attr-defined]
-    out: list[int] = []
-    for _ in range(n):
-        r = engine.submit([*ids, *out], 1, keep_logits=True).result(30)
-        assert r.logits.shape == (1, TOK.vocab_size)
-        out.append(int(r.logits[0].argmax()))
-    return out
 
 
 def test_completion_text_round_trips_through_the_tokenizer(front: HttpFront,
@@ -196,13 +167,6 @@ def test_info_routes(front: HttpFront) -> None:
     assert info["vocab_size"] == models["data"][0]["vocab_size"] == TOK.vocab_size == 4096
     info = _http.get(f"{front.url}/server_info").json()
     assert info["num_blocks"] == 64
-
-
-def scrape(front: HttpFront) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """/metrics parsed by prometheus_client: (sample name, sorted labels) -> value."""
-    text = _http.get(f"{front.url}/metrics").text
-    return {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
-            for fam in text_string_to_metric_families(text) for smp in fam.samples}
 
 
 def test_metrics_are_the_engines_counters() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from radixcache.serving.http import HttpFront
 from radixcache.traffic.tokenizer import shipped
-from tests.test_http import MODEL, greedy, http_engine
+from tests.helpers.http import MODEL, greedy, http_engine
 
 TOK = shipped()
 PROMPT = "I love C#"

@@ -15,7 +15,7 @@ import pytest
 
 from radixcache.serving.http import HttpFront
 from radixcache.serving.http_run import Limits
-from tests.test_http import MODEL, http_engine, scrape
+from tests.helpers.http import MODEL, http_engine, scrape
 
 LONG = {"model": MODEL, "prompt": "a story that never ends", "max_tokens": 900}
 

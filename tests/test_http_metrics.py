@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixcache.serving.http import HttpFront
-from tests.test_http import MODEL, http_engine
+from tests.helpers.http import MODEL, http_engine
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana-radixcache.json"
 # what vLLM's (examples/observability) and SGLang's stock dashboards query

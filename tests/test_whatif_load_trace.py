@@ -13,7 +13,7 @@ from cli.main import main
 from radixcache.traffic.load import LoadConfig, load
 from radixcache.traffic.trace_load import trace_workload
 from radixcache.traffic.traces import TraceError
-from tests.test_http import http_engine
+from tests.helpers.http import http_engine
 
 MOONCAKE = [  # blocks of 8 tokens: block 3 is partial (4 tokens), so is block 4 (4)
     {"timestamp": 1000, "input_length": 16, "output_length": 3, "hash_ids": [1, 2]},
