@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 from array import array
 from collections.abc import Callable
 from pathlib import Path
@@ -203,3 +204,18 @@ def test_an_empty_file_and_a_lone_mark_hold_no_requests(tmp_path):
         path = tmp_path / "m.jsonl"
         path.write_bytes(body)
         assert list(read_hash_runs(Path(path))) == []
+
+
+def test_a_reader_stopped_early_leaves_no_thread(tmp_path):
+    """A caller that stops after the first chunk (``--limit``) or meets an error: the read
+    and scan threads end with the generator, and an unreadable path is the caller's error."""
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in generate_mooncake(3000, 7)))
+    runs = read_hash_runs(path, chunk_bytes=4096, workers=2)
+    assert len(next(runs).tokens) > 0
+    runs.close()
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("rc-trace-")]
+    assert alive == []
+    with pytest.raises(TraceError):
+        list(read_hash_runs(tmp_path))  # a folder, not a trace
+    assert [t.name for t in threading.enumerate() if t.name.startswith("rc-trace-")] == []

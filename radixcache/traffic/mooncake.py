@@ -14,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import queue
+import threading
 from array import array
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -138,7 +139,8 @@ def _last_newline(buf: np.ndarray, end: int) -> int:
     return 0
 
 
-def _chunks(path: Path, chunk_bytes: int, ring: int = 1) -> Iterator[tuple[np.ndarray, int]]:
+def _chunks(path: Path, chunk_bytes: int, ring: int = 1
+            ) -> Generator[tuple[np.ndarray, int], None, None]:
     """The file in chunks of whole lines, read into ``ring`` buffers in turn: ``(buf, size)``,
     the chunk being ``buf[:size]`` with ``PAD`` more bytes readable (the scanner's 8-byte
     loads); a buffer is written again ``ring`` chunks later, so up to ``ring - 1`` earlier
@@ -211,38 +213,83 @@ def read_hash_runs(path: Path, hash_block_size: int = MOONCAKE_BLOCK, keep: int 
                    ) -> Iterator[HashRuns]:
     """A Mooncake-format trace as ``HashRuns`` of about ``chunk_bytes`` of file each, in file
     order; with ``keep`` (``mooncake_scan.sample_keep``) only the sampled ids, with their
-    ``wants``. The compiled scanner reads the common shape, in ``workers`` threads
-    (``scan_workers()`` by default) while the caller works on the chunks before; a chunk it
-    leaves is decoded by msgspec here (all at once, or line by line to name a bad line)."""
+    ``wants``. A thread reads the file and the compiled scanner reads the common shape, in
+    ``workers`` threads (``scan_workers()`` by default), while the caller works on the chunks
+    before; a chunk it leaves is decoded by msgspec here (all at once, or line by line to name
+    a bad line)."""
     from radixcache.traffic.mooncake_scan import scan_chunk  # numba: when read
 
     workers = scan_workers() if workers is None else max(1, workers)
-    ahead = workers + 1  # chunks scanned or queued while the caller works
     dec = msgspec.json.Decoder(MooncakeRequest)
     first = 1
     with ThreadPoolExecutor(workers, thread_name_prefix="rc-trace-scan") as pool:
-        pending: deque[tuple[np.ndarray, int, Future[Scanned | None]]] = deque()
+        reader = _Reader(path, chunk_bytes, workers + 1, lambda buf, size: pool.submit(
+            scan_chunk, buf, size, hash_block_size, keep))
         try:
-            for buf, size in _chunks(path, chunk_bytes, ahead + 1):
-                pending.append((buf, size, pool.submit(scan_chunk, buf, size,
-                                                       hash_block_size, keep)))
-                while len(pending) >= ahead:
-                    runs, first = _chunk_runs(dec, path, first, pending.popleft(),
-                                              hash_block_size, keep)
-                    if len(runs.tokens):
-                        yield runs
-            while pending:
-                runs, first = _chunk_runs(dec, path, first, pending.popleft(),
-                                          hash_block_size, keep)
+            for item in reader:
+                runs, first = _chunk_runs(dec, path, first, item, hash_block_size, keep)
+                reader.done()  # its buffer may be read into again
                 if len(runs.tokens):
                     yield runs
-        finally:  # stopped early (an error, a --limit): no scan left running
-            for _, _, fut in pending:
-                fut.cancel()
+        finally:  # stopped early (an error, a --limit): no read or scan left running
+            reader.close()
+
+
+Chunk = tuple[np.ndarray, int, "Future[Scanned | None]"]  # a chunk's buffer, size and scan
+Scan = Callable[[np.ndarray, int], "Future[Scanned | None]"]
+
+
+class _Reader:
+    """Reads a file's chunks (``_chunks``) in a thread of its own, ``rc-trace-read``, and hands
+    each to ``scan`` as soon as it is read, at most ``ahead`` chunks ahead of the caller, who
+    iterates over them in file order and calls ``done()`` once it is through with one (its
+    buffer is then read into again). An error of the read is raised to the caller."""
+
+    def __init__(self, path: Path, chunk_bytes: int, ahead: int, scan: Scan) -> None:
+        self._slots = threading.Semaphore(ahead)  # chunks read and not done, or being read
+        self._out: queue.SimpleQueue[Chunk | Exception | None] = queue.SimpleQueue()
+        self._stop = False
+        self._thread = threading.Thread(name="rc-trace-read", target=self._run, daemon=True,
+                                        args=(path, chunk_bytes, ahead, scan))
+        self._thread.start()
+
+    def _run(self, path: Path, chunk_bytes: int, ahead: int, scan: Scan) -> None:
+        chunks = _chunks(path, chunk_bytes, ahead + 1)  # the ring: one more than in use
+        try:
+            while self._slots.acquire() and not self._stop:
+                item = next(chunks, None)
+                self._out.put(None if item is None else (*item, scan(*item)))
+                if item is None:
+                    return
+        except Exception as exc:  # raised where the caller reads
+            self._out.put(exc)
+        finally:
+            chunks.close()
+
+    def __iter__(self) -> Iterator[Chunk]:
+        while (item := self._out.get()) is not None:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    def done(self) -> None:
+        self._slots.release()
+
+    def close(self) -> None:
+        """Stop reading, and cancel the scans of chunks not handled."""
+        self._stop = True
+        while self._thread.is_alive():
+            self._slots.release()
+            self._thread.join(0.01)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                item = self._out.get_nowait()
+                if isinstance(item, tuple):
+                    item[2].cancel()
 
 
 def _chunk_runs(dec: msgspec.json.Decoder[MooncakeRequest], path: Path, first: int,
-                item: tuple[np.ndarray, int, Future[Scanned | None]], block: int, keep: int
+                item: Chunk, block: int, keep: int
                 ) -> tuple[HashRuns, int]:
     """One chunk's requests (its scan's, else msgspec's) and the next chunk's first line."""
     from radixcache.traffic.mooncake_scan import sample_runs
