@@ -219,3 +219,31 @@ def test_a_reader_stopped_early_leaves_no_thread(tmp_path):
     with pytest.raises(TraceError):
         list(read_hash_runs(tmp_path))  # a folder, not a trace
     assert [t.name for t in threading.enumerate() if t.name.startswith("rc-trace-")] == []
+
+
+def test_a_chunk_holding_more_sampled_ids_than_its_share_is_read_whole(tmp_path):
+    """A sample's arrays are sized for four times its share of a chunk's ids: a chunk whose
+    ids are all in the sample (6,000 of them, at a 0.1% rate) is scanned again with room for
+    every id, and reads as msgspec reads it."""
+    keep = sample_keep(0.001)
+    every = np.arange(8_000_000, dtype=np.uint64)
+    kept = sample_runs(every, np.asarray([len(every)]), np.asarray([512 * len(every)]), keep, 512)
+    ids = [int(x) for x in kept[0][:6000]]
+    assert len(ids) == 6000
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"input_length": 512 * 100, "hash_ids": ids[i:i + 100]},
+                                       separators=(",", ":")) + "\n"
+                            for i in range(0, 6000, 100)))
+    got = flat(list(read_hash_runs(path, keep=keep)))
+    assert got[0] == ids and got == one_file_read(path, keep)
+    assert scan_bytes(path.read_bytes(), 512, keep) is not None  # the scanner's, not msgspec's
+
+
+def one_file_read(path: Path, keep: int) -> object:
+    """The sampled requests of a file by the line reader (msgspec) and ``sample_runs``."""
+    recs = [r for _, r in read_requests(path)]
+    runs = HashRuns(np.asarray([x for r in recs for x in r.hash_ids], np.uint64),
+                    np.cumsum([len(r.hash_ids) for r in recs]),
+                    np.asarray([r.input_length for r in recs], np.int64), 1)
+    ids, ends, wants = sample_runs(runs.ids, runs.ends, runs.tokens, keep, 512)
+    return flat([runs._replace(ids=ids, ends=ends, wants=wants)])

@@ -255,6 +255,8 @@ def _ids(b: np.ndarray, i: int, ids: np.ndarray, wants: np.ndarray, n: int, keep
                 return -1, n, count, kept
         kept = sampled(v, keep)
         if kept:
+            if n == len(ids):  # a sample's arrays are sized for its share: a larger one
+                return -1, n, count, kept
             ids[n] = v
             if keep:
                 wants[n] = block
@@ -313,8 +315,9 @@ def scan(b: np.ndarray, size: int, ids: np.ndarray, wants: np.ndarray, ends: np.
          tokens: np.ndarray, keep: np.uint64, block: int) -> int:
     """Read every line of ``b[:size]`` (whole lines, each ending in a newline; ``PAD`` more
     bytes readable) into the arrays; the number of requests, or -1 where a line is outside
-    the accepted shape or breaks the count rule. ``ids`` (and ``wants``) must hold ``size //
-    2`` ids (an id and its comma take 2 bytes or more)."""
+    the accepted shape, breaks the count rule or has more ids to keep than ``ids`` (and
+    ``wants``) hold (``size // 2`` always do: an id and its comma take 2 bytes or more).
+    ``ends`` must hold ``size // 32`` lines (one takes 33 bytes or more)."""
     if size == 0 or b[size - 1] != 10:
         return -1 if size else 0
     i, n, r = 0, 0, 0
@@ -351,10 +354,13 @@ def scan_chunk(buf: np.ndarray, size: int, block: int, keep: int = 0) -> Scanned
     docstring)."""
     if len(buf) < size + PAD:
         raise ValueError("the buffer needs PAD bytes past the chunk")
-    ids = np.empty(size // 2 + 1, np.uint64)  # untouched pages cost nothing
-    wants = np.empty(len(ids) if keep else 0, np.int32)
-    ends, tokens = np.empty(size // 16 + 1, np.int64), np.empty(size // 16 + 1, np.int64)
-    r = scan(buf, size, ids, wants, ends, tokens, U(keep), block)
+    most = size // 2 + 1  # a sample: room for 4x its share first (numpy backs large arrays
+    # with 2 MB pages, resident once touched), then for every id if more are kept
+    ends, tokens = np.empty(size // 32 + 1, np.int64), np.empty(size // 32 + 1, np.int64)
+    for room in sorted({most, min(most, 4096 + most * keep * 4 // 2**SAMPLE_BITS)}):
+        ids, wants = np.empty(room, np.uint64), np.empty(room if keep else 0, np.int32)
+        if (r := scan(buf, size, ids, wants, ends, tokens, U(keep), block)) >= 0:
+            break
     if r < 0:
         return None
     n = int(ends[r - 1]) if r else 0
