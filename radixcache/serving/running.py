@@ -9,11 +9,12 @@ engine settles what finished (insert, unpin) and counts it.
 
 A step given ``release`` calls it right after the forward that ended prefills, with those
 requests: the engine caches their prompts and admits the waiting requests that were held for
-them (``serving.scheduler``), and their prefill chunks run in one more forward of the same step
-(with what is left of ``max_step_tokens``), so a held request waits for its sharer's prefill
-forward, not for the rest of the step and the next one::
+them (``serving.scheduler``), and their prefill chunks run in the same step, with what is left
+of ``max_step_tokens`` (in the decodes' forward when that adds no padding, else in one more),
+so a held request waits for its sharer's prefill forward, not for the rest of the step and the
+next one::
 
-    step:  prefills ──▶ release(prefilled): insert, admit held ──▶ decodes ──▶ their prefills
+    step:  prefills ──▶ release(prefilled): insert, admit held ──▶ decodes + their prefills
 """
 
 from __future__ import annotations
