@@ -41,6 +41,16 @@ def answers(fig: WhatIfFigures) -> list[str]:
             f"{pct(pool.of_max)} of the maximum; 2x reaches {pct(pool.of_max_2x)}")
     if fig.sample_rate is not None:
         lines.append(f"estimated from a {pct(fig.sample_rate)} sample of the blocks (SHARDS)")
+        low = fig.sample_resolves_from_tokens or 0
+        rough = [f"{int(100 * float(f))}%" for f in ("0.5", "0.9", "0.99") if cf[f] < low]
+        parts = [f"its capacit{'ies' if len(rough) > 1 else 'y'} for {' / '.join(rough)}"]
+        parts = (parts if rough else []) + ["its knee"] * (fig.knee_tokens < low)
+        many = len(rough) > 1 or len(parts) > 1
+        if parts:
+            lines.append(f"the sample resolves the curve only from {low:,} tokens up, so "
+                         f"{' and '.join(parts)} " + ("lie below that and are rough: run "
+                         "without --sample for them" if many else "lies below that and is "
+                         "rough: run without --sample for it"))
     return lines
 
 

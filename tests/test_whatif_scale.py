@@ -154,9 +154,21 @@ def test_whatif_sample_on_the_command_line(tmp_path, capsys):
     assert exc.value.code == 0
     fig = json.loads(capsys.readouterr().out)
     assert fig["sample_rate"] == pytest.approx(0.5) and fig["requests"] == 3000
+    assert fig["sample_resolves_from_tokens"] == 200 * 512  # about 100 sampled blocks
+    # the headline says which answers lie below what the sample resolves
+    with pytest.raises(SystemExit) as exc:
+        main(["whatif", str(path), "--sample", "0.5"])
+    said = " ".join(capsys.readouterr().out.split())
+    low = [f for f in ("0.5", "0.9", "0.99") if fig["capacity_for"][f] < 102_400]
+    assert low == ["0.5"] and fig["knee_tokens"] > 102_400  # this small trace: 50% only
+    assert ("the sample resolves the curve only from 102,400 tokens up, so its capacity for "
+            "50% lies below that and is rough: run without --sample for it") in said
     with pytest.raises(SystemExit) as exc:
         main(["whatif", str(path), "--limit", "10", "--json"])
     assert json.loads(capsys.readouterr().out)["requests"] == 10
+    with pytest.raises(SystemExit) as exc:
+        main(["whatif", str(path), "--json"])
+    assert "sample_resolves_from_tokens" not in json.loads(capsys.readouterr().out)
 
 
 def test_the_scale_section_has_its_keys():

@@ -126,8 +126,9 @@ def summary(
         fig.pool = pool_statement(c, pool_blocks, "option")
     elif w.pool_tokens is not None:
         fig.pool = pool_statement(c, w.pool_tokens // c.block_tokens, "recording")
-    if c.unit_step != 1.0:
+    if c.unit_step != 1.0:  # below about 100 sampled blocks a sample cannot resolve the curve
         fig.sample_rate = 1 / c.unit_step
+        fig.sample_resolves_from_tokens = round(100 * c.unit_step) * c.block_tokens
     return fig
 
 

@@ -89,6 +89,7 @@ class WhatIfFigures(msgspec.Struct, omit_defaults=True):
     capacities_gib: list[float] | None = None
     pool: PoolFigures | None = None
     sample_rate: float | None = None
+    sample_resolves_from_tokens: int | None = None  # a sample's curve holds from here up
     routing: RoutingFigures | None = None
 
 
