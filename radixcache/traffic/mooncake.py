@@ -139,7 +139,7 @@ def _last_newline(buf: np.ndarray, end: int) -> int:
     return 0
 
 
-def _chunks(path: Path, chunk_bytes: int, ring: int = 1
+def _chunks(path: Path, chunk_bytes: int, ring: int
             ) -> Generator[tuple[np.ndarray, int], None, None]:
     """The file in chunks of whole lines, read into ``ring`` buffers in turn: ``(buf, size)``,
     the chunk being ``buf[:size]`` with ``PAD`` more bytes readable (the scanner's 8-byte
@@ -148,7 +148,7 @@ def _chunks(path: Path, chunk_bytes: int, ring: int = 1
     last line without its newline gets one."""
     from radixcache.traffic.mooncake_scan import PAD
 
-    bufs = [np.zeros(chunk_bytes + PAD, np.uint8) for _ in range(max(ring, 1))]
+    bufs = [np.zeros(chunk_bytes + PAD, np.uint8) for _ in range(ring)]
     turn, buf = 0, bufs[0]
     with open_trace(path) as f:
         start = f.read(len(BOM))

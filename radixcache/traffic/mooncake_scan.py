@@ -56,9 +56,8 @@ def _jit(f: F) -> F:
 
 
 def _inline(f: F) -> F:
-    """Compiled into each caller: a call passes each array as a struct of seven words on the
-    stack, which cost the per-id helpers a third of the scanner's instructions (cachegrind:
-    2,310 a line called, 1,620 inlined)."""
+    """Compiled into each caller: a call passes each array as seven words on the stack, a third
+    of the per-id helpers' instructions (cachegrind: 2,310 a line called, 1,620 inlined)."""
     return cast(F, numba.njit(**JIT_OPTIONS, inline="always")(f))
 
 
@@ -354,17 +353,17 @@ def scan_chunk(buf: np.ndarray, size: int, block: int, keep: int = 0) -> Scanned
     docstring)."""
     if len(buf) < size + PAD:
         raise ValueError("the buffer needs PAD bytes past the chunk")
-    most = size // 2 + 1  # a sample: room for 4x its share first (numpy backs large arrays
-    # with 2 MB pages, resident once touched), then for every id if more are kept
+    # a sample: room for 4x its share first (numpy backs large arrays with 2 MB pages,
+    # resident once touched), then for every id if more are kept
+    most = size // 2 + 1
+    share = 4096 + most * keep * 4 // 2**SAMPLE_BITS if keep else most
     ends, tokens = np.empty(size // 32 + 1, np.int64), np.empty(size // 32 + 1, np.int64)
-    for room in sorted({most, min(most, 4096 + most * keep * 4 // 2**SAMPLE_BITS)}):
+    for room in sorted({min(most, share), most}):
         ids, wants = np.empty(room, np.uint64), np.empty(room if keep else 0, np.int32)
         if (r := scan(buf, size, ids, wants, ends, tokens, U(keep), block)) >= 0:
-            break
-    if r < 0:
-        return None
-    n = int(ends[r - 1]) if r else 0
-    return Scanned(ids[:n], ends[:r], tokens[:r], wants[:n] if keep else None)
+            n = int(ends[r - 1]) if r else 0
+            return Scanned(ids[:n], ends[:r], tokens[:r], wants[:n] if keep else None)
+    return None
 
 
 @_jit
