@@ -119,7 +119,8 @@ class Why:
 
 
 class MissHistory:
-    """Follows a mirror's events (``observe`` after each is applied) and explains each
+    """Follows a mirror's events (its ``handlers()``, called after each is applied; the
+    caller then sets ``last_seq``, as ``analysis.follow.Follower`` does) and explains each
     finished request's misses (``why``)."""
 
     def __init__(self, mirror: Mirror, *, max_tokens: int = MAX_TOKENS) -> None:
@@ -155,20 +156,11 @@ class MissHistory:
                 out[span.cause.value] += span.end - span.start
         return out
 
-    def observe(self, e: ev.AnyEvent, prompt: bytes | None = None) -> None:
-        """Account ``e``, already applied to the mirror; ``prompt`` is the finished
-        request's prompt (little-endian uint32 ids) when ``e`` finished one."""
-        handler = _HANDLERS.get(type(e))
-        if handler is not None:
-            handler(self, e)
-        self.last_seq = self.mirror.seq  # (a snapshot's handler compares it before this line)
-        if prompt is not None and isinstance(e, ev.RequestFinish):
-            self.keep_prompt(e.req, prompt)
-
     def handlers(self) -> dict[type[ev.Event], Callable[[Any], None]]:
-        """What ``observe`` calls per kind, bound to this history (kinds it ignores are
-        absent): for a caller that dispatches once for several followers (``Follower``),
-        then sets ``last_seq`` and hands a finished request's prompt to ``keep_prompt``."""
+        """What each kind of event means to the history, bound to it (kinds it ignores are
+        absent). The caller dispatches once for several followers (``Follower``), then sets
+        ``last_seq`` (a snapshot's handler compares it first) and hands a finished request's
+        prompt (little-endian uint32 ids) to ``keep_prompt``."""
         return {kind: MethodType(f, self) for kind, f in _HANDLERS.items()}
 
     def keep_prompt(self, req: int, prompt: bytes) -> None:
