@@ -32,9 +32,7 @@ class Outcome(NamedTuple):
 
 def usage(o: Outcome) -> JsonObject:
     """OpenAI's usage block (``prompt_tokens_details.cached_tokens``: the prefix-cache hit)."""
-    n = len(o.output)
-    return {"prompt_tokens": o.prompt_tokens, "completion_tokens": n,
-            "total_tokens": o.prompt_tokens + n,
+    return {**usage_so_far(o.prompt_tokens, len(o.output)),
             "prompt_tokens_details": {"cached_tokens": o.cached_tokens}}
 
 
