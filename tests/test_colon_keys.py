@@ -5,7 +5,9 @@ once, not on a later turn of the app's queue, which the following keys used to b
 from __future__ import annotations
 
 from textual import events
+from textual.app import App
 from textual.keys import _character_to_key
+from textual.pilot import Pilot
 
 from inspector.widgets.command_line import CommandLine
 from radixcache.wire import commands as cmd
@@ -23,16 +25,21 @@ def _burst(app: object, text: str) -> None:
             post(events.Key(_character_to_key(char), char))
 
 
+async def _typed(app: App[None], pilot: Pilot[None], keys: str, value: str) -> None:
+    """``keys`` posted in one burst: the command line, focused, comes to hold ``value``."""
+    _burst(app, keys)
+    command = app.query_one("#command", CommandLine)
+    await wait_until(pilot, lambda: command.value == value, timeout=5)
+    assert app.focused is command
+
+
 @sync
 async def test_keys_right_after_colon_reach_the_command_line() -> None:
     source = ManualSource()
     app = app_for(source)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        _burst(app, ":stats")
-        command = app.query_one("#command", CommandLine)
-        await wait_until(pilot, lambda: command.value == "stats", timeout=5)
-        assert app.focused is command
+        await _typed(app, pilot, ":stats", "stats")
         _burst(app, "\r")
         await wait_until(pilot, lambda: len(source.sent) == 1, timeout=5)
         assert source.sent == [cmd.Stats()]
@@ -43,10 +50,7 @@ async def test_colon_and_slash_inside_the_command_line_are_text() -> None:
     app = app_for(ManualSource())
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        _burst(app, "/why 3:4/5")
-        command = app.query_one("#command", CommandLine)
-        await wait_until(pilot, lambda: command.value == "why 3:4/5", timeout=5)
-        assert app.focused is command
+        await _typed(app, pilot, "/why 3:4/5", "why 3:4/5")
 
 
 def test_the_cluster_screen_takes_keys_right_after_colon_too() -> None:
