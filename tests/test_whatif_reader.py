@@ -86,17 +86,20 @@ def test_the_scanner_reads_what_msgspec_reads(tmp_path_factory, lines, keep):
     def scanned() -> object:
         return flat(list(read_hash_runs(path, keep=keep)))
 
-    def decoded() -> object:
-        recs = [r for _, r in read_requests(path)]
-        ids = np.asarray([x for r in recs for x in r.hash_ids], np.uint64)
-        ends = np.cumsum([len(r.hash_ids) for r in recs])
-        tokens = np.asarray([r.input_length for r in recs], np.int64)
-        if not keep:
-            return flat([HashRuns(ids, ends, tokens, 1)])
-        ids, ends, wants = sample_runs(ids, ends, tokens, keep, 512)
-        return flat([HashRuns(ids, ends, tokens, 1, None, wants)])
+    assert outcome(scanned) == outcome(lambda: line_reader(path, keep))
 
-    assert outcome(scanned) == outcome(decoded)
+
+def line_reader(path: Path, keep: int) -> Flat:
+    """The requests of ``path`` by the line reader (msgspec alone), sampled by
+    ``sample_runs`` when ``keep`` is given."""
+    recs = [r for _, r in read_requests(path)]
+    ids = np.asarray([x for r in recs for x in r.hash_ids], np.uint64)
+    ends = np.cumsum([len(r.hash_ids) for r in recs])
+    tokens = np.asarray([r.input_length for r in recs], np.int64)
+    if not keep:
+        return flat([HashRuns(ids, ends, tokens, 1)])
+    ids, ends, wants = sample_runs(ids, ends, tokens, keep, 512)
+    return flat([HashRuns(ids, ends, tokens, 1, None, wants)])
 
 
 IDS_TEXTS = ["0", "7", "42", "1234567", "12345678", "99999999", "123456789",
@@ -116,18 +119,7 @@ def test_compact_ids_of_every_length_read_as_msgspec_reads_them(tmp_path, text, 
         n = ids.count(",") + 1
         path.write_text(f'{{"input_length":{512 * n},"hash_ids":{ids}}}\n')
         assert outcome(lambda p=path: flat(list(read_hash_runs(p, keep=keep)))) == outcome(
-            lambda p=path, n=n: one_line_read(p, n, keep)), ids
-
-
-def one_line_read(path: Path, n: int, keep: int) -> object:
-    """The requests of a one-line file of ``n`` ids by the line reader (msgspec)."""
-    rec = next(read_requests(path))[1]
-    runs = HashRuns(np.asarray(rec.hash_ids, np.uint64), np.asarray([n]),
-                    np.asarray([512 * n]), 1)
-    if not keep:
-        return flat([runs])
-    ids, ends, wants = sample_runs(runs.ids, runs.ends, runs.tokens, keep, 512)
-    return flat([runs._replace(ids=ids, ends=ends, wants=wants)])
+            lambda p=path: line_reader(p, keep)), ids
 
 
 @pytest.mark.parametrize("text", ["0", "7", "1234567", "12345678", "123456789",
@@ -235,15 +227,5 @@ def test_a_chunk_holding_more_sampled_ids_than_its_share_is_read_whole(tmp_path)
                                        separators=(",", ":")) + "\n"
                             for i in range(0, 6000, 100)))
     got = flat(list(read_hash_runs(path, keep=keep)))
-    assert got[0] == ids and got == one_file_read(path, keep)
+    assert got[0] == ids and got == line_reader(path, keep)
     assert scan_bytes(path.read_bytes(), 512, keep) is not None  # the scanner's, not msgspec's
-
-
-def one_file_read(path: Path, keep: int) -> object:
-    """The sampled requests of a file by the line reader (msgspec) and ``sample_runs``."""
-    recs = [r for _, r in read_requests(path)]
-    runs = HashRuns(np.asarray([x for r in recs for x in r.hash_ids], np.uint64),
-                    np.cumsum([len(r.hash_ids) for r in recs]),
-                    np.asarray([r.input_length for r in recs], np.int64), 1)
-    ids, ends, wants = sample_runs(runs.ids, runs.ends, runs.tokens, keep, 512)
-    return flat([runs._replace(ids=ids, ends=ends, wants=wants)])
