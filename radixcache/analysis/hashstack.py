@@ -30,7 +30,13 @@ import numpy as np
 
 from radixcache.analysis.stackdist import Curve
 from radixcache.core.blockrule import check_length
-from radixcache.traffic.mooncake_scan import SAMPLE_BITS, mix, sample_keep, sampled
+from radixcache.traffic.mooncake_scan import (
+    SAMPLE_BITS,
+    block_tokens,
+    mix,
+    sample_keep,
+    sampled,
+)
 
 F = TypeVar("F", bound=Callable[..., object])
 NO_WANTS = np.zeros(0, np.int32)  # ``_run``'s ``wants`` for ids read whole
@@ -42,7 +48,14 @@ def _jit(f: F) -> F:
     return cast(F, numba.njit(cache=True, nogil=True)(f))
 
 
-@_jit
+def _inline(f: F) -> F:
+    """Compiled into each caller (numba's IR inlining): the per-block helpers of ``_run``,
+    whose calls passed each array as seven words (the exact pass: 4.2-5.1 s -> 3.4-3.8 s
+    on 10M requests)."""
+    return cast(F, numba.njit(cache=True, nogil=True, inline="always")(f))
+
+
+@_inline
 def _slot(keys: np.ndarray, last: np.ndarray, x: np.uint64, dense: int) -> int:
     """The slot of id ``x``: >= 0 when present, ``-1 - slot`` of its empty slot when not."""
     if dense:
@@ -57,7 +70,7 @@ def _slot(keys: np.ndarray, last: np.ndarray, x: np.uint64, dense: int) -> int:
     return int(-1 - h)
 
 
-@_jit
+@_inline
 def _fen_after(tree: np.ndarray, total: int, i: int) -> int:
     s = 0
     while i > 0:
@@ -66,7 +79,7 @@ def _fen_after(tree: np.ndarray, total: int, i: int) -> int:
     return total - s
 
 
-@_jit
+@_inline
 def _fen_add(tree: np.ndarray, i: int, delta: int) -> None:
     n = len(tree)
     while i < n:
@@ -74,7 +87,7 @@ def _fen_add(tree: np.ndarray, i: int, delta: int) -> None:
         i += i & -i
 
 
-@_jit
+@_inline
 def _want(x: np.uint64, k: int, start: int, end: int, tok: int, wants: np.ndarray, block: int,
           keep: np.uint64) -> int:
     """The tokens of block ``x`` (``ids[k]`` of a request ``ids[start:end]`` of ``tok``
@@ -83,7 +96,7 @@ def _want(x: np.uint64, k: int, start: int, end: int, tok: int, wants: np.ndarra
         return int(wants[k])
     if not sampled(x, keep):
         return -1
-    return block if k < end - 1 else tok - (end - start - 1) * block
+    return block_tokens(k - start, end - start, tok, block)
 
 
 @_jit
@@ -137,7 +150,7 @@ def _run(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, wants: np.ndarra
         st[9] = r
 
 
-@_jit
+@_inline
 def _account(path: np.ndarray, was: np.ndarray, m: int, length: np.ndarray, fen: np.ndarray,
              hist: np.ndarray, st: np.ndarray) -> None:
     """Histogram the ``m`` matched blocks' tokens by stack distance, then move their groups

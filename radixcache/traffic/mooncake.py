@@ -146,7 +146,7 @@ def _chunks(path: Path, chunk_bytes: int, ring: int
     loads); a buffer is written again ``ring`` chunks later, so up to ``ring - 1`` earlier
     chunks may still be read while the next one is. A byte order mark at byte 0 is dropped; a
     last line without its newline gets one."""
-    from radixcache.traffic.mooncake_scan import PAD
+    from radixcache.traffic.swar import PAD
 
     bufs = [np.zeros(chunk_bytes + PAD, np.uint8) for _ in range(ring)]
     turn, buf = 0, bufs[0]

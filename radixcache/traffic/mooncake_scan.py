@@ -17,26 +17,30 @@ kept block holds (``wants``: a block's, or the partial last block's), so a 1% sa
 arrays of 1% of the ids and its pass does little more than read the file.
 
 Speed: every loop stops at the chunk's last newline (the scanner checks it is there), so none
-tests the chunk's end; numbers and keys are read eight bytes at a time (unaligned loads: the
-buffer holds ``PAD`` bytes past the chunk).
+tests the chunk's end; numbers and keys are read eight bytes at a time (``radixcache.traffic.swar``:
+unaligned loads, the buffer holding ``PAD`` bytes past the chunk).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import NamedTuple
 
-import numba
-import numba.extending
 import numpy as np
-from llvmlite import ir
-from numba import types
 
-F = TypeVar("F", bound=Callable[..., object])
-U = np.uint64
-PAD = 16  # bytes readable past a chunk's end (the 8-byte loads)
+from radixcache.traffic.swar import (
+    PAD,
+    U,
+    digit_count,
+    digits,
+    eight,
+    inline,
+    jit,
+    load8,
+    skip_ws,
+    uint,
+)
+
 SAMPLE_BITS = 24  # a block is sampled when the top SAMPLE_BITS bits of its mixed id < keep
-U64_DIGITS = np.frombuffer(b"18446744073709551615", np.uint8)
 # the known keys: their first 8 bytes, then the rest with the closing quote (little-endian)
 _KEYS = (b"input_length", b"hash_ids", b"timestamp", b"output_length")
 KEY_WORDS = np.asarray([int.from_bytes(k[:8], "little") for k in _KEYS], np.uint64)
@@ -44,29 +48,12 @@ KEY_TAILS = np.asarray([int.from_bytes(k[8:] + b'"', "little") for k in _KEYS], 
 FAIL = (-1, 0, U(0), 0, False)  # ``_object``'s answer for a line it does not accept
 
 
-# No reference counting (numba's ``_nrt`` off): these functions allocate nothing, and counting
-# the arrays passed to each helper cost two atomic operations a call (4-8x slower); no
-# exception checks (``error_model``): nothing here divides by a value that may be 0.
-JIT_OPTIONS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy",
-                               "_nrt": False}
-
-
-def _jit(f: F) -> F:
-    return cast(F, numba.njit(**JIT_OPTIONS)(f))
-
-
-def _inline(f: F) -> F:
-    """Compiled into each caller: a call passes each array as seven words on the stack, a third
-    of the per-id helpers' instructions (cachegrind: 2,310 a line called, 1,620 inlined)."""
-    return cast(F, numba.njit(**JIT_OPTIONS, inline="always")(f))
-
-
 def sample_keep(rate: float) -> int:
     """The sampling threshold of rate ``rate`` (0: keep every block)."""
     return 0 if rate >= 1 else max(1, round(rate * 2**SAMPLE_BITS))
 
 
-@_inline
+@inline
 def mix(x: np.uint64) -> np.uint64:
     """splitmix64's finaliser: spreads dense ids over a hash table and the sampling range."""
     x = (x ^ (x >> U(30))) * U(0xBF58476D1CE4E5B9)
@@ -74,125 +61,38 @@ def mix(x: np.uint64) -> np.uint64:
     return x ^ (x >> U(31))
 
 
-@_inline
+@inline
 def sampled(x: np.uint64, keep: np.uint64) -> bool:
     """Whether block ``x`` is in the sample of threshold ``keep`` (0: every block is)."""
     return bool(keep == U(0) or (mix(x) >> U(64 - SAMPLE_BITS)) < keep)
 
 
-def _load8_codegen(typingctx: object, arr: Any, i: Any) -> tuple[object, object]:
-    def codegen(context: Any, builder: Any, sig: object, args: Any) -> object:
-        data = context.make_array(arr)(context, builder, args[0]).data
-        word = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(64).as_pointer())
-        return builder.load(word, align=1)
-
-    return types.uint64(arr, i), codegen
+@inline
+def block_tokens(k: int, count: int, tokens: int, block: int) -> int:
+    """The tokens the ``k``-th of a request's ``count`` blocks holds (``blockrule``): a
+    block's, but the last, which holds what the others leave of its ``tokens``."""
+    return block if k < count - 1 else tokens - (count - 1) * block
 
 
-def _trailing_zeros_codegen(typingctx: object, x: Any) -> tuple[object, object]:
-    def codegen(context: Any, builder: Any, sig: object, args: Any) -> object:
-        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 0))
-
-    return types.int64(x), codegen
-
-
-# compiled-only helpers (llvmlite): an unaligned 8-byte load, as a little-endian uint64 (the
-# buffer must hold 8 bytes past any index asked for: ``PAD``), and the trailing zero bits of
-# a uint64, 64 for 0 (one instruction, no branch)
-_load8 = cast(Callable[[np.ndarray, int], np.uint64],
-              numba.extending.intrinsic(_load8_codegen))
-_trailing_zeros = cast(Callable[[np.uint64], int],
-                       numba.extending.intrinsic(_trailing_zeros_codegen))
-
-
-@_inline
-def _ws(b: np.ndarray, i: int) -> int:
-    while b[i] == 32 or b[i] == 9 or b[i] == 13:
-        i += 1
-    return i
-
-
-@_jit
-def _fits(b: np.ndarray, start: int, end: int) -> bool:
-    """Whether the digits ``b[start:end]`` (no leading zero) are at most 2^64 - 1."""
-    if end - start != 20:
-        return end - start < 20
-    for t in range(20):
-        if b[start + t] != U64_DIGITS[t]:
-            return bool(b[start + t] < U64_DIGITS[t])
-    return True
-
-
-@_inline
-def _digit_count(x: np.uint64) -> int:
-    """The leading digits of a word xored with ``0x30..30`` (0-8)."""
-    m = (x | (x + U(0x0606060606060606))) & U(0xF0F0F0F0F0F0F0F0)
-    return int(_trailing_zeros(m) >> 3)  # 8 when all eight are digits (m == 0)
-
-
-@_inline
-def _eight(x: np.uint64, nd: int) -> np.uint64:
-    """The value of the first ``nd`` (1-8) digits of a word xored with ``0x30..30``."""
-    x <<= U(8 * (8 - nd))
-    x = ((x & U(0x0F0F0F0F0F0F0F0F)) * U(2561)) >> U(8)
-    x = ((x & U(0x00FF00FF00FF00FF)) * U(6553601)) >> U(16)
-    return ((x & U(0x0000FFFF0000FFFF)) * U(42949672960001)) >> U(32)
-
-
-@_inline
-def _digits(b: np.ndarray, i: int) -> tuple[int, np.uint64]:
-    """The decimal digits at ``i``: (the index after them, their value mod 2^64). The first
-    eight at once (SWAR, as simdjson and fast_float parse them), so no branch per digit::
-
-        bytes  '4' '7' '1' ',' ...   x = word ^ 0x30..30: digits become 0-9, others not
-        count  the first byte of x or x + 6 with a high nibble: 3
-        value  x << 8 * (8 - 3) = 0 0 0 0 0 4 7 1 (bytes, first digit first), then pairs
-               (47 = 4 * 10 + 7), quads, eights: 471
-    """
-    x = _load8(b, i) ^ U(0x3030303030303030)
-    nd = _digit_count(x)
-    if nd == 0:
-        return i, U(0)
-    v = _eight(x, nd)
-    i += nd
-    d = U(b[i]) - U(48)  # a ninth digit or more (rare: no branch on nd == 8), one by one;
-    while d <= U(9):  # a byte below '0' wraps around: one test
-        v = v * U(10) + d
-        i += 1
-        d = U(b[i]) - U(48)
-    return i, v
-
-
-@_inline
-def _uint(b: np.ndarray, i: int, most: int) -> tuple[int, np.uint64]:
-    """An unsigned integer of at most ``most`` digits at ``i``: (the index after it, its
-    value); index -1 when there is none, it has a leading zero, or it is too long (20
-    digits: over 2^64 - 1)."""
-    end, v = _digits(b, i)
-    if end == i or end - i > most or (b[i] == 48 and end > i + 1):
-        return -1, v
-    return (end, v) if end - i < 20 or _fits(b, i, end) else (-1, v)
-
-
-@_jit
+@inline
 def _number(b: np.ndarray, i: int) -> int:
     """Past a JSON number without exponent (``-``? int (``.`` digits)?); -1 if none."""
     if b[i] == 45:
         i += 1
-    i, _ = _uint(b, i, 18)
+    i, _ = uint(b, i, 18)
     if i > 0 and b[i] == 46:  # a fraction: at least one digit
-        j, _ = _digits(b, i + 1)
+        j, _ = digits(b, i + 1)
         i = j if j > i + 1 else -1
     return -1 if i > 0 and (b[i] == 101 or b[i] == 69) else i
 
 
-@_jit
+@inline
 def _scalar(b: np.ndarray, i: int, which: int) -> int:
     """Past the value of key ``which`` (``_key``), not the ids; -1 if it is not of the
     accepted shape (timestamp: a number; output_length: an integer; another: a number or a
     string without escapes)."""
     if which == 8:
-        i, _ = _uint(b, i + 1 if b[i] == 45 else i, 18)
+        i, _ = uint(b, i + 1 if b[i] == 45 else i, 18)
         return i
     if b[i] != 34:
         return _number(b, i)
@@ -206,12 +106,12 @@ def _scalar(b: np.ndarray, i: int, which: int) -> int:
     return i + 1
 
 
-@_inline
+@inline
 def _key(b: np.ndarray, i: int) -> tuple[int, int]:
     """A key at ``i`` (at its quote): (the index after it, 1 for input_length, 2 for hash_ids,
     4 for timestamp, 8 for output_length, 0 for another); index -1 on an escape. A known key
     is told by its first 8 bytes and its rest with the closing quote, read as words."""
-    w, tail = _load8(b, i + 1), _load8(b, i + 9)
+    w, tail = load8(b, i + 1), load8(b, i + 9)
     if w == KEY_WORDS[0] and tail & U(0xFFFFFFFFFF) == KEY_TAILS[0]:
         return i + 14, 1
     if w == KEY_WORDS[1] and tail & U(0xFF) == KEY_TAILS[1]:
@@ -228,27 +128,28 @@ def _key(b: np.ndarray, i: int) -> tuple[int, int]:
     return j + 1, 0
 
 
-@_jit
+@inline
 def _ids(b: np.ndarray, i: int, ids: np.ndarray, wants: np.ndarray, n: int, keep: np.uint64,
          block: int) -> tuple[int, int, int, bool]:
     """The ids after ``[`` at ``i``, the sampled ones appended to ``ids`` from ``n`` (with a
     block's tokens in ``wants`` when sampling): (the index after ``]``, the new ``n``, the ids
     read, whether the last one was kept); index -1 if they are not of the accepted shape."""
     count, kept = 0, False
-    i = _ws(b, i)
+    i = skip_ws(b, i)
     if b[i] == 93:
         return i + 1, n, 0, False
     while True:
         # the compact form ("12,34]"): an id of 1-8 digits and its separator from one word
-        w = _load8(b, i)
+        w = load8(b, i)
         x = w ^ U(0x3030303030303030)
-        nd = _digit_count(x)
+        nd = digit_count(x)
         sep = b[i + 8] if nd == 8 else np.uint8((w >> U(8 * nd)) & U(0xFF))
-        if nd > 0 and (sep == 44 or sep == 93) and (nd == 1 or w & U(0xFF) != U(48)):
-            v, i = _eight(x, nd), i + nd
+        lead = nd == 1 or w & U(0xFF) != U(48)
+        if nd > 0 and (sep == 44 or sep == 93) and lead:
+            v, i = eight(x, nd), i + nd
         else:  # any other: whitespace, 9 digits or more, not an id
-            i, v = _uint(b, _ws(b, i), 20)
-            i = _ws(b, i) if i >= 0 else -1
+            i, v = uint(b, skip_ws(b, i), 20)
+            i = skip_ws(b, i) if i >= 0 else -1
             sep = b[i] if i >= 0 else np.uint8(0)
             if sep != 44 and sep != 93:
                 return -1, n, count, kept
@@ -266,24 +167,24 @@ def _ids(b: np.ndarray, i: int, ids: np.ndarray, wants: np.ndarray, n: int, keep
             return i, n, count, kept
 
 
-@_inline
+@inline
 def _next(b: np.ndarray, i: int) -> int:
     """After a value: the index of the next key's quote or of ``}``; -1 if neither follows."""
-    i = _ws(b, i)
+    i = skip_ws(b, i)
     if b[i] == 44:
-        i = _ws(b, i + 1)
+        i = skip_ws(b, i + 1)
         return i if b[i] == 34 else -1
     return i if b[i] == 125 else -1
 
 
-@_jit
+@inline
 def _object(b: np.ndarray, i: int, ids: np.ndarray, wants: np.ndarray, n: int,
             keep: np.uint64, block: int) -> tuple[int, int, np.uint64, int, bool]:
     """One object after its ``{``: (the index after its ``}``, the ids written so far, its
     input_length, its ids' count, whether its last id was kept); index -1 (``FAIL``) if it is
     not of the accepted shape."""
     seen, tokens, count, last = 0, U(0), 0, False
-    i = _ws(b, i)
+    i = skip_ws(b, i)
     while b[i] != 125:
         if b[i] != 34:
             return FAIL
@@ -291,16 +192,16 @@ def _object(b: np.ndarray, i: int, ids: np.ndarray, wants: np.ndarray, n: int,
         if i < 0 or which & seen:
             return FAIL
         seen |= which
-        i = _ws(b, i)
+        i = skip_ws(b, i)
         if b[i] != 58:
             return FAIL
-        i = _ws(b, i + 1)
+        i = skip_ws(b, i + 1)
         if which == 2 and b[i] == 91:
             i, n, count, last = _ids(b, i + 1, ids, wants, n, keep, block)
         elif which == 2:
             return FAIL
         elif which == 1:
-            i, tokens = _uint(b, i, 18)
+            i, tokens = uint(b, i, 18)
         else:
             i = _scalar(b, i, which)
         i = _next(b, i) if i >= 0 else -1
@@ -309,7 +210,7 @@ def _object(b: np.ndarray, i: int, ids: np.ndarray, wants: np.ndarray, n: int,
     return (i + 1, n, tokens, count, last) if seen & 3 == 3 else FAIL
 
 
-@_jit
+@jit
 def scan(b: np.ndarray, size: int, ids: np.ndarray, wants: np.ndarray, ends: np.ndarray,
          tokens: np.ndarray, keep: np.uint64, block: int) -> int:
     """Read every line of ``b[:size]`` (whole lines, each ending in a newline; ``PAD`` more
@@ -321,18 +222,18 @@ def scan(b: np.ndarray, size: int, ids: np.ndarray, wants: np.ndarray, ends: np.
         return -1 if size else 0
     i, n, r = 0, 0, 0
     while i < size:
-        i = _ws(b, i)
+        i = skip_ws(b, i)
         if b[i] != 123 or r >= len(ends):
             return -1
         i, n, tok, count, last = _object(b, i + 1, ids, wants, n, keep, block)
         if i < 0:
             return -1
-        i = _ws(b, i)
+        i = skip_ws(b, i)
         t = np.int64(tok)
         if b[i] != 10 or t < 1 or count != (t + block - 1) // block:
             return -1
         if keep and last:  # the request's last block, kept: it holds what the others leave
-            wants[n - 1] = t - (count - 1) * block
+            wants[n - 1] = block_tokens(count - 1, count, int(t), block)
         ends[r], tokens[r] = n, t
         r, i = r + 1, i + 1
     return r
@@ -366,7 +267,7 @@ def scan_chunk(buf: np.ndarray, size: int, block: int, keep: int = 0) -> Scanned
     return None
 
 
-@_jit
+@jit
 def _sample(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, keep: np.uint64, block: int,
             out: np.ndarray, out_ends: np.ndarray, wants: np.ndarray) -> int:
     start, n = 0, 0
@@ -375,7 +276,7 @@ def _sample(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, keep: np.uint
         for k in range(start, end):
             if sampled(ids[k], keep):
                 out[n] = ids[k]
-                wants[n] = block if k < end - 1 else tokens[r] - (end - start - 1) * block
+                wants[n] = block_tokens(k - start, end - start, tokens[r], block)
                 n += 1
         out_ends[r] = n
         start = end
