@@ -211,7 +211,7 @@ class Structure:
         self.stats.evicted_tokens += tokens
         if self.log.on:
             self.log.emit(ev.Evict(leaf.id, tokens, freed))
-        return Cut(len(freed), tokens, None)
+        return len(freed), tokens, None
 
     def _shares_first(self, node: RadixNode) -> bool:
         """``node``'s first block is its parent's last (it continues in that block)."""
@@ -238,7 +238,7 @@ class Structure:
             self.log.emit(ev.Evict(leaf.id, tokens, freed))
         leaf.tokens, leaf.blocks = b"", array("i")  # stale heap entries may still point here
         if parent is self.root:
-            return Cut(len(freed), tokens, None)
+            return len(freed), tokens, None
         if parent.children:  # a joined child keeps its LRU entry: its deepest time is unchanged
-            return Cut(len(freed) + self.merge(parent), tokens, None)
-        return Cut(len(freed), tokens, parent)
+            return len(freed) + self.merge(parent), tokens, None
+        return len(freed), tokens, parent
