@@ -129,3 +129,27 @@ def test_concurrent_batch_with_chunked_prefill_matches_reference() -> None:
     for r_on, r_off, prompt in zip(*outs, prompts, strict=True):
         assert r_on.metrics.hit_tokens == 45  # the whole shared prefix
         _assert_same(r_on, r_off, on, prompt)
+
+
+def test_decodes_split_by_context_match_reference() -> None:
+    """One 1,000-token request decoding beside six short ones: padding the six to its context
+    would waste more than the step computes, so their decodes run in a forward of their own,
+    and every token and logit still matches the cache-off engine and the reference."""
+    on = _engine(cache=True, num_blocks=128)
+    off = _engine(cache=False, num_blocks=128)
+    prompts = [_words(40, 1000)] + [_words(41 + i, 8 + i) for i in range(6)]
+    outs, forwards = [], []
+    for engine in (on, off):
+        handles = [engine.submit(p, 5, keep_logits=True) for p in prompts]
+        while not all(h.done() for h in handles):
+            report = engine.step()
+            if report.prefill_tokens == 0:
+                forwards.append(report.forwards)
+            engine.tree.check()
+        outs.append([h.result(0) for h in handles])
+    # per engine, four decode-only steps: seven decodes in two forwards three times, then the
+    # long one and the three shorts left, whose waste (4 x 1,005 pairs for ~1,050) is not
+    # worth a forward
+    assert forwards == [2, 2, 2, 1] * 2
+    for r_on, r_off, prompt in zip(*outs, prompts, strict=True):
+        _assert_same(r_on, r_off, on, prompt)
