@@ -48,14 +48,7 @@ def _jit(f: F) -> F:
     return cast(F, numba.njit(cache=True, nogil=True)(f))
 
 
-def _inline(f: F) -> F:
-    """Compiled into each caller (numba's IR inlining): the per-block helpers of ``_run``,
-    whose calls passed each array as seven words (the exact pass: 4.2-5.1 s -> 3.4-3.8 s
-    on 10M requests)."""
-    return cast(F, numba.njit(cache=True, nogil=True, inline="always")(f))
-
-
-@_inline
+@_jit
 def _slot(keys: np.ndarray, last: np.ndarray, x: np.uint64, dense: int) -> int:
     """The slot of id ``x``: >= 0 when present, ``-1 - slot`` of its empty slot when not."""
     if dense:
@@ -70,7 +63,7 @@ def _slot(keys: np.ndarray, last: np.ndarray, x: np.uint64, dense: int) -> int:
     return int(-1 - h)
 
 
-@_inline
+@_jit
 def _fen_after(tree: np.ndarray, total: int, i: int) -> int:
     s = 0
     while i > 0:
@@ -79,7 +72,7 @@ def _fen_after(tree: np.ndarray, total: int, i: int) -> int:
     return total - s
 
 
-@_inline
+@_jit
 def _fen_add(tree: np.ndarray, i: int, delta: int) -> None:
     n = len(tree)
     while i < n:
@@ -87,7 +80,7 @@ def _fen_add(tree: np.ndarray, i: int, delta: int) -> None:
         i += i & -i
 
 
-@_inline
+@_jit
 def _want(x: np.uint64, k: int, start: int, end: int, tok: int, wants: np.ndarray, block: int,
           keep: np.uint64) -> int:
     """The tokens of block ``x`` (``ids[k]`` of a request ``ids[start:end]`` of ``tok``
@@ -150,7 +143,7 @@ def _run(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, wants: np.ndarra
         st[9] = r
 
 
-@_inline
+@_jit
 def _account(path: np.ndarray, was: np.ndarray, m: int, length: np.ndarray, fen: np.ndarray,
              hist: np.ndarray, st: np.ndarray) -> None:
     """Histogram the ``m`` matched blocks' tokens by stack distance, then move their groups
