@@ -36,7 +36,7 @@ def test_similar_contexts_stay_in_one_forward() -> None:
 def test_a_small_waste_is_not_worth_another_forward() -> None:
     # 9 x 400 = 3,600 pairs padded for 400 + 8 x 10 = 480 needed: 3,120 < SPLIT_PAIRS
     work = _decodes(*([10] * 8), 400)
-    assert 9 * 400 - 480 < SPLIT_PAIRS and not _wasteful(work)
+    assert SPLIT_PAIRS > 9 * 400 - 480 and not _wasteful(work)
     assert _contexts(_by_context(work)) == [[10] * 8 + [400]]
 
 
