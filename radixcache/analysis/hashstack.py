@@ -222,6 +222,11 @@ class HashStack:
     (exact at ``rate`` 1, else the SHARDS estimate at that sampling rate)."""
 
     renumber_floor = 1 << 16  # a sample renumbers its stamps past this many
+    # ... and past this many a block it follows: less often costs a larger Fenwick tree, more
+    # often a pass over all stamps each time; 8 against 2 took the 1% sample's pass over the
+    # 10M-request file from 0.61 to 0.49 s (medians of 4, alternated; 5M generated in process:
+    # 0.41 to 0.38 s), its tree at most 8 MB
+    renumber_ratio = 8
 
     def __init__(self, block_tokens: int, rate: float = 1.0) -> None:
         self.block_tokens = block_tokens
@@ -268,7 +273,7 @@ class HashStack:
 
     def _room(self, ids: np.ndarray, n: int) -> None:
         """Grow the arrays so that ``n`` more requests of ``ids`` fit."""
-        if self.keep and self.st[9] > max(self.renumber_floor, 2 * self.distinct):
+        if self.keep and self.st[9] > max(self.renumber_floor, self.renumber_ratio * self.distinct):
             renumber_stamps(self.last, self.fen, self.st)
         need = int(self.st[9]) + n + 1
         if need >= 2**31 - 1 or self.distinct + len(ids) >= 2**31 - 1:
