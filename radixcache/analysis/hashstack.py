@@ -223,9 +223,10 @@ class HashStack:
 
     renumber_floor = 1 << 16  # a sample renumbers its stamps past this many
     # ... and past this many a block it follows: less often costs a larger Fenwick tree, more
-    # often a pass over all stamps each time; 8 against 2 took the 1% sample's pass over the
-    # 10M-request file from 0.61 to 0.49 s (medians of 4, alternated; 5M generated in process:
-    # 0.41 to 0.38 s), its tree at most 8 MB
+    # often a pass over all stamps each time. 8 against 2, alternated: the 1% sample's pass
+    # over 5M requests generated in process 0.38 against 0.41 s, over the 10M-request file's
+    # chunks alone 0.49 against 0.61 s, the whole `whatif FILE --sample` the same (its scan
+    # bounds it); its tree at most 8 MB
     renumber_ratio = 8
 
     def __init__(self, block_tokens: int, rate: float = 1.0) -> None:
