@@ -4,9 +4,18 @@ than it computes; then prefills apart and decodes grouped by context."""
 
 from __future__ import annotations
 
+import torch
+
 from radixcache.serving.batch import SeqInput
 from radixcache.serving.requests import Request
-from radixcache.serving.running import SPLIT_PAIRS, Planned, _by_context, _wasteful
+from radixcache.serving.running import (
+    GPU_SPLIT_PAIRS,
+    SPLIT_PAIRS,
+    Planned,
+    _by_context,
+    _wasteful,
+    split_pairs,
+)
 
 
 def _decodes(*contexts: int) -> Planned:
@@ -47,3 +56,13 @@ def test_groups_are_greedy_by_context() -> None:
     groups = _by_context(work)
     assert _contexts(groups) == [[10] * 6, [990, 1000, 2990, 3000]]
     assert not any(_wasteful(g) for g in groups)
+
+
+def test_a_gpu_splits_only_a_much_larger_waste() -> None:
+    """On a GPU a padded pair costs far less against a forward's launches: 29 short decodes
+    beside a 2,000-token one stay in one forward there (55,100 pairs of waste)."""
+    assert split_pairs(torch.device("cpu")) == SPLIT_PAIRS
+    assert split_pairs(torch.device("cuda")) == GPU_SPLIT_PAIRS
+    work = _decodes(*([100] * 29), 2000)
+    assert not _wasteful(work, GPU_SPLIT_PAIRS)
+    assert _contexts(_by_context(work, GPU_SPLIT_PAIRS)) == [[100] * 29 + [2000]]

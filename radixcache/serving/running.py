@@ -60,6 +60,7 @@ class Running:
 
     def __init__(self, model: TinyTransformer, kv: torch.Tensor, max_step_tokens: int) -> None:
         self.model, self.kv, self.max_step_tokens = model, kv, max_step_tokens
+        self.split = split_pairs(kv.device)
         self.requests: list[Request] = []
 
     def __len__(self) -> int:
@@ -75,8 +76,8 @@ class Running:
         released: list[Request] = []
         late: Planned = []
         groups = [work] if work else []
-        if _wasteful(work):
-            groups = ([prefills] if prefills else []) + _by_context(decodes)
+        if _wasteful(work, self.split):
+            groups = ([prefills] if prefills else []) + _by_context(decodes, self.split)
         forwards = 0
         while groups:
             self._forward(groups.pop(0), prefilled)
@@ -85,7 +86,7 @@ class Running:
                 released = release(prefilled)
                 prefilled = []
                 late = self._chunks(released, self.max_step_tokens - _tokens(work))
-                if late and groups and not _wasteful(groups[0] + late):
+                if late and groups and not _wasteful(groups[0] + late, self.split):
                     groups[0] = groups[0] + late  # with the decodes: one forward, not two
                 elif late:
                     groups.append(late)
@@ -164,9 +165,17 @@ def _tokens(planned: Planned) -> int:
 
 
 # The waste one forward may carry before another forward is cheaper: query-key pairs of
-# padding, beyond as many as it computes. A forward's fixed cost is about that of 4,000 pairs
-# (0.8 ms against 0.19 us a pair, tiny model, one CPU thread).
+# padding, beyond as many as it computes. On a CPU a forward's fixed cost is about that of
+# 4,000 pairs (0.8 ms against 0.19 us a pair, tiny model, one thread). On a GPU a padded pair
+# costs about a thousandth of that and a forward's launches about as much: an estimate, not
+# yet measured there (no GPU was at hand), so that it does not split where it should not.
 SPLIT_PAIRS = 4096
+GPU_SPLIT_PAIRS = 4096 * 1024
+
+
+def split_pairs(device: torch.device) -> int:
+    """The padding one forward may waste on ``device`` (see ``SPLIT_PAIRS``)."""
+    return SPLIT_PAIRS if device.type == "cpu" else GPU_SPLIT_PAIRS
 
 
 def _pairs(planned: Planned) -> tuple[int, int]:
@@ -180,16 +189,16 @@ def _pairs(planned: Planned) -> tuple[int, int]:
     return len(planned) * most_new * most_ctx, need
 
 
-def _wasteful(planned: Planned) -> bool:
+def _wasteful(planned: Planned, split: int = SPLIT_PAIRS) -> bool:
     """Whether one forward over ``planned`` would waste more on padding than it computes
-    (and more than ``SPLIT_PAIRS``)."""
+    (and more than ``split`` pairs)."""
     if len(planned) < 2:
         return False
     padded, need = _pairs(planned)
-    return padded - need > max(need, SPLIT_PAIRS)
+    return padded - need > max(need, split)
 
 
-def _by_context(planned: Planned) -> list[Planned]:
+def _by_context(planned: Planned, split: int = SPLIT_PAIRS) -> list[Planned]:
     """``planned`` in forwards of similar contexts, shortest first, each one not
     ``_wasteful`` (greedy, in one pass: sorted by context, the longest is the last added)."""
     groups: list[Planned] = []
@@ -199,7 +208,7 @@ def _by_context(planned: Planned) -> list[Planned]:
         n = len(item[1].tokens)
         ctx = item[1].start + n
         new, more = max(most_new, n), need + n * ctx
-        if group and (len(group) + 1) * new * ctx - more > max(more, SPLIT_PAIRS):
+        if group and (len(group) + 1) * new * ctx - more > max(more, split):
             groups.append(group)
             group, new, more = [], n, n * ctx
         group.append(item)
