@@ -189,13 +189,15 @@ def _pairs(planned: Planned) -> tuple[int, int]:
     return len(planned) * most_new * most_ctx, need
 
 
+def _over(padded: int, need: int, split: int) -> bool:
+    """The rule: padding wastes more than the forward computes, and more than ``split``."""
+    return padded - need > max(need, split)
+
+
 def _wasteful(planned: Planned, split: int = SPLIT_PAIRS) -> bool:
     """Whether one forward over ``planned`` would waste more on padding than it computes
     (and more than ``split`` pairs)."""
-    if len(planned) < 2:
-        return False
-    padded, need = _pairs(planned)
-    return padded - need > max(need, split)
+    return len(planned) > 1 and _over(*_pairs(planned), split)
 
 
 def _by_context(planned: Planned, split: int = SPLIT_PAIRS) -> list[Planned]:
@@ -208,7 +210,7 @@ def _by_context(planned: Planned, split: int = SPLIT_PAIRS) -> list[Planned]:
         n = len(item[1].tokens)
         ctx = item[1].start + n
         new, more = max(most_new, n), need + n * ctx
-        if group and (len(group) + 1) * new * ctx - more > max(more, split):
+        if group and _over((len(group) + 1) * new * ctx, more, split):
             groups.append(group)
             group, new, more = [], n, n * ctx
         group.append(item)
