@@ -16,6 +16,8 @@ from radixcache.serving.engine import Engine, EngineConfig, RequestHandle, Reque
 from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
 from radixcache.serving.model import ModelConfig
 from radixcache.serving.policy import Candidate, Policy, ordered
+from radixcache.serving.requests import Request
+from radixcache.serving.running import Planned
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire import commands as cmd
 from radixcache.wire.mirror import Mirror
@@ -97,6 +99,44 @@ def test_a_request_waits_for_the_insert_of_the_prefix_a_running_request_computes
         engine.step()
     assert (b.result().metrics.hit_tokens, b.result().metrics.queue_ms > 0) == (200, True)
     engine.tree.check()
+
+
+def _three(policy: Policy) -> tuple[list[list[int]], list[list[list[tuple[int, int]]]]]:
+    """C (id 0) decoding, then A (1: 200 shared + 10 own tokens) prefilling 64 tokens a step
+    and B (2: the same 200 + 10 others) arriving: the three outputs, and every later step's
+    forwards as (request, tokens) pairs (a spy around the real forwards)."""
+    engine = _engine(policy)
+    c = engine.submit(_words(9, 20), 16)
+    engine.step()
+    a, b = _sharing_pair(engine)
+    seen: list[list[tuple[int, int]]] = []
+    forward = engine.running._forward
+
+    def spy(group: Planned, prefilled: list[Request]) -> None:
+        seen.append([(r.id, len(s.tokens)) for r, s in group])
+        forward(group, prefilled)
+
+    engine.running._forward = spy  # type: ignore[method-assign]
+    steps = []
+    while not all(h.done() for h in (a, b, c)):
+        seen.clear()
+        engine.step()
+        steps.append(list(seen))
+    engine.tree.check()
+    return [h.result().tokens for h in (a, b, c)], steps
+
+
+def test_a_held_request_waits_for_its_sharers_prefill_forward_only() -> None:
+    """The step that ends A's prefill runs it alone first; B, admitted once A's prompt is
+    inserted, prefills in the forward of C's decode: two forwards, as many as without the
+    hold, and B waits for A's last chunk only, not for a forward with every decode in it."""
+    outputs, steps = _three(Policy.LPM)
+    assert steps[:4] == [[[(0, 1), (1, 63)]], [[(0, 1), (1, 63)]],
+                         [[(1, 21)], [(0, 1), (2, 10)]],  # B reads the 200 tokens A computed
+                         [[(0, 1), (1, 1), (2, 1)]]]
+    fcfs_outputs, fcfs_steps = _three(Policy.FCFS)
+    assert fcfs_steps[2] == [[(1, 21), (2, 42)], [(0, 1)]]  # fcfs: B computes them again
+    assert outputs == fcfs_outputs
 
 
 def test_fcfs_computes_the_shared_prefix_twice() -> None:

@@ -187,7 +187,7 @@ class Engine(TreeService):
         t0 = time.perf_counter()
         self._drop_aborted()
         admitted = self._admit()
-        work = self.running.step(self._release)
+        work = self.running.step(self._release, self.scheduler.held_for)
         for r in work.prefilled:
             self._cache_prompt(r)
         finished = self._finish(self.running.take_done())

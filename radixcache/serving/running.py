@@ -19,6 +19,12 @@ so a held request waits for its sharer's prefill forward, not for the rest of th
 next one::
 
     step:  prefills ──▶ release(prefilled): insert, admit held ──▶ decodes + their prefills
+
+A step given ``awaited`` asks it, before any forward, whether a waiting request is held for a
+prefill that ends in this step; then that first forward runs the prefills alone, and the
+decodes go with the released requests' prefills: as many forwards as before (the released
+chunks needed one of their own), and the held requests wait for a prefill forward, not for one
+with every running request's decode in it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from radixcache.serving.requests import Request
 
 Planned = list[tuple[Request, SeqInput]]
 Release = Callable[[list[Request]], list[Request]]
+Awaited = Callable[[set[int]], bool]  # whether a waiting request is held for one of these
 
 
 class Work(NamedTuple):
@@ -66,18 +73,21 @@ class Running:
     def __len__(self) -> int:
         return len(self.requests)
 
-    def step(self, release: Release | None = None) -> Work:
+    def step(self, release: Release | None = None, awaited: Awaited | None = None) -> Work:
         """Plan this step's decodes and prefill chunks, run the forward(s), append each
         request's next token (a prefill's only once its last chunk ran); see the module doc
-        for ``release``."""
+        for ``release`` and ``awaited``."""
         decodes, prefills = self._plan()
         work = decodes + prefills
         prefilled: list[Request] = []
         released: list[Request] = []
         late: Planned = []
         groups = [work] if work else []
+        ending = {r.id for r, s in prefills if s.start + len(s.tokens) == len(r.prompt)}
         if _wasteful(work, self.split):
             groups = ([prefills] if prefills else []) + _by_context(decodes, self.split)
+        elif decodes and ending and release and awaited and awaited(ending):
+            groups = [prefills, decodes]  # the held requests' prefills join the decodes
         forwards = 0
         while groups:
             self._forward(groups.pop(0), prefilled)
