@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from functools import partial
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -19,6 +20,9 @@ from rich.progress import (
 from rich.table import Table
 
 from radixcache.serving.policy import Policy
+
+if TYPE_CHECKING:
+    from radixcache.tools.bench_schedule import PolicyFigures
 
 console = Console(stderr=True)
 
@@ -48,8 +52,9 @@ def _policies(words: str) -> list[Policy]:
 
 
 def bench_schedule(schedule: str, mix: str, rounds: int, interval: float, blocks: int,
-                   as_json: bool) -> None:
-    """Run the mix under each policy of ``schedule`` and print the table or the JSON."""
+                   as_json: bool, repeat: int = 1) -> None:
+    """Run the mix under each policy of ``schedule`` (``repeat`` passes each, alternated) and
+    print the table or the JSON."""
     policies = _policies(schedule)
     lines = [part.strip() for part in mix.split(",") if part.strip()]
     import torch
@@ -57,9 +62,10 @@ def bench_schedule(schedule: str, mix: str, rounds: int, interval: float, blocks
     from radixcache.serving.engine import EngineConfig
     from radixcache.serving.model import tiny_model
     from radixcache.tools.bench_schedule import (
+        combined,
         mix_workloads,
+        pass_order,
         policy_pass,
-        policy_report,
         report,
     )
     from radixcache.traffic.workloads import WorkloadError
@@ -70,21 +76,23 @@ def bench_schedule(schedule: str, mix: str, rounds: int, interval: float, blocks
     except WorkloadError as err:
         raise typer.BadParameter(str(err), param_hint="--mix") from None
     total = sum(len(w.requests) for w in workloads)
-    figures = []
-    for p in policies:
+    figures: dict[Policy, list[PolicyFigures]] = {p: [] for p in policies}
+    for k, p in enumerate(pass_order(policies, repeat)):
         cfg = EngineConfig(num_blocks=blocks, model=tiny_model(), schedule=p)
-        columns = (TextColumn(f"{p.value:<10}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn())
+        label = f"{p.value:<10}" + (f" {k // len(policies) + 1}/{repeat}" if repeat > 1 else "")
+        columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task("requests", total=total)
-            figures.append(policy_pass(workloads, interval, cfg, partial(_completed, bar, task)))
+            figures[p].append(policy_pass(workloads, interval, cfg, partial(_completed, bar, task)))
     if as_json:
         typer.echo(json.dumps(report(figures, lines, rounds, blocks)))
         return
+    first = figures[policies[0]][0]
     t = Table(title=f"bench engine --schedule: {rounds} rounds of {', '.join(lines)} "
-                    f"({figures[0].requests} requests, {blocks} blocks)")
+                    f"({first.requests} requests, {blocks} blocks)"
+                    + (f", the median of {repeat} passes each" if repeat > 1 else ""))
     t.add_column("")
-    cols = [policy_report(f, figures[0]) for f in figures]
+    cols = [combined(figures[p], first) for p in policies]
     for p in policies:
         t.add_column(p.value, justify="right")
     for label, key, fmt in ROWS:

@@ -64,6 +64,8 @@ def bench_engine(
     rounds: int = typer.Option(4, min=1, help="With --schedule: rounds of the mix."),
     interval: float = typer.Option(0.7, min=0.0, help="With --schedule: seconds between two "
                                    "workloads (the demo's pace)."),
+    repeat: int = typer.Option(1, min=1, max=100, help="With --schedule: passes of each "
+                               "policy, alternated; each figure is their median."),
 ) -> None:
     """Serve one workload with the cache on, then off; compare prefill work, TTFT, decode rate.
     With --schedule: the demo's mix under each scheduling policy (hit rate against the
@@ -72,7 +74,7 @@ def bench_engine(
         from cli.bench_schedule import bench_schedule
 
         bench_schedule(schedule, mix, rounds, interval,
-                       blocks if _given("--blocks") else 2048, as_json)
+                       blocks if _given("--blocks") else 2048, as_json, repeat)
     else:
         _cache_on_off(workload, requests, blocks, step_tokens, as_json)
 

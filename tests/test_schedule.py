@@ -4,12 +4,15 @@ answer."""
 
 from __future__ import annotations
 
+import json
 from array import array
 
 import msgspec
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from cli.app import app
 from radixcache.core import events as ev
 from radixcache.core.nodes import NodeId, RadixNode
 from radixcache.serving.engine import Engine, EngineConfig, RequestHandle, RequestResult
@@ -18,6 +21,7 @@ from radixcache.serving.model import ModelConfig
 from radixcache.serving.policy import Candidate, Policy, ordered
 from radixcache.serving.requests import Request
 from radixcache.serving.running import Planned
+from radixcache.tools.bench_schedule import PolicyFigures, combined, pass_order
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire import commands as cmd
 from radixcache.wire.mirror import Mirror
@@ -284,3 +288,42 @@ def test_an_early_insert_of_a_prompt_already_cached_copies_its_boundary_block() 
     (fa, fb, fcows), (la, lb, lcows) = outputs
     assert (la, lb) == (fa, fb) and fa == fb
     assert (fcows, lcows) == (0, 1)
+
+
+def _figures(policy: Policy, p99: float, rps: float, aged: int, equal: bool) -> PolicyFigures:
+    outputs: list[list[int] | None] = [[1, 2]] if equal else [[1, 3]]
+    return PolicyFigures(policy, 10, 0, 0.5, 0.6, 7, (1.0, p99), (2.0, 9.0), rps, 1.0, 1.0, 0,
+                         aged, outputs)
+
+
+def test_repeated_passes_report_medians_and_every_pass() -> None:
+    first = _figures(Policy.FCFS, 4.0, 30.0, 0, True)
+    passes = [_figures(Policy.LPM, 9.0, 31.0, 3, True), _figures(Policy.LPM, 5.0, 29.0, 1, True),
+              _figures(Policy.LPM, 6.0, 40.0, 2, False)]
+    out = combined(passes, first)
+    assert (out["queue_wait_ms_p99"], out["requests_per_s"], out["aged"]) == (6.0, 31.0, 2)
+    assert out["queue_wait_ms_p99_each"] == [9.0, 5.0, 6.0]
+    assert out["requests_per_s_each"] == [31.0, 29.0, 40.0]
+    assert (out["passes"], out["outputs_equal"]) == (3, False)  # one pass answered otherwise
+    assert combined(passes[:2], first)["aged"] == 1  # two passes: the lower median, a pass's
+    assert pass_order([Policy.FCFS, Policy.DFS_WEIGHT], 3) == [
+        Policy.FCFS, Policy.DFS_WEIGHT, Policy.DFS_WEIGHT, Policy.FCFS, Policy.FCFS,
+        Policy.DFS_WEIGHT]
+
+
+def test_bench_engine_schedule_json_with_repeated_passes() -> None:
+    result = CliRunner().invoke(app, ["bench", "engine", "--schedule", "fcfs,dfs-weight",
+                                      "--mix", "system 6 64", "--rounds", "1", "--interval",
+                                      "0", "--repeat", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert (out["mix"], out["requests"], out["repeat"]) == (["system 6 64"], 6, 2)
+    fcfs, dfs = out["fcfs"], out["dfs-weight"]
+    for f in (fcfs, dfs):
+        assert (f["passes"], len(f["queue_wait_ms_p99_each"]), len(f["requests_per_s_each"]),
+                f["outputs_equal"], f["failed"]) == (2, 2, 2, True, 0)
+    # six users of one new 64-token system prompt arriving together: fcfs computes it six
+    # times; dfs-weight once, the five others held for it, then reading it (the curve's rate)
+    assert (fcfs["hit_rate"], fcfs["held_for_sharing"], dfs["held_for_sharing"]) == (0.0, 0, 5)
+    assert dfs["hit_rate"] == dfs["curve_hit_rate"] == fcfs["curve_hit_rate"] > 0.6
+    assert (dfs["in_flight_tokens"], fcfs["in_flight_tokens"] > 300) == (0, True)
