@@ -83,10 +83,9 @@ class Running:
         released: list[Request] = []
         late: Planned = []
         groups = [work] if work else []
-        ending = {r.id for r, s in prefills if s.start + len(s.tokens) == len(r.prompt)}
         if _wasteful(work, self.split):
             groups = ([prefills] if prefills else []) + _by_context(decodes, self.split)
-        elif decodes and ending and release and awaited and awaited(ending):
+        elif decodes and prefills and release and awaited and awaited(_ending(prefills)):
             groups = [prefills, decodes]  # the held requests' prefills join the decodes
         forwards = 0
         while groups:
@@ -172,6 +171,11 @@ class Running:
 
 def _tokens(planned: Planned) -> int:
     return sum(len(s.tokens) for _, s in planned)
+
+
+def _ending(prefills: Planned) -> set[int]:
+    """The requests whose last prefill chunk is in ``prefills``."""
+    return {r.id for r, s in prefills if s.start + len(s.tokens) == len(r.prompt)}
 
 
 # The waste one forward may carry before another forward is cheaper: query-key pairs of
