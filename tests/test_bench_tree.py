@@ -75,6 +75,11 @@ def test_json_keys_and_figures_equal_a_direct_replay(
         direct.evicted_tokens, direct.events]
     assert direct.extends > 0  # follow-up turns grew their conversation's leaf
     assert direct.evicted_tokens > 0 and direct.cow_copies > 0  # the pool is small: it evicts
+    # eviction passes are timed in a replay of their own, not in the runs whose time counts
+    timed = replay_tree(reqs, TreeBenchConfig(capacity=CAP, clock_evictions=True))
+    assert direct.times.evict == [] and min(timed.times.evict) > 0
+    assert timed.evicted_tokens == direct.evicted_tokens
+    assert isinstance(fig["evict_us_mean"], float) and fig["evict_us_mean"] > 0
     runs = fig["tree_op_seconds_runs"]
     assert isinstance(runs, list) and len(runs) == 2 and fig["tree_op_seconds"] == min(runs)
     off = fig["tree_op_seconds_events_off_runs"]

@@ -36,6 +36,7 @@ from __future__ import annotations
 import threading
 from array import array
 from collections.abc import Iterable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from radixcache.core import events as ev
@@ -66,6 +67,10 @@ from radixcache.core.tokens import unpack_token as _first
 
 if TYPE_CHECKING:
     from radixcache.core.pool import KVPool
+
+# results built by tuple.__new__ itself (a NamedTuple's __new__ is a Python frame, twice a request)
+_match_result = partial(tuple.__new__, MatchResult)
+_insert_result = partial(tuple.__new__, InsertResult)
 
 
 class RadixTree:
@@ -191,7 +196,7 @@ class RadixTree:
         seq = tk.validated(tokens, self.vocab_limit)
         with self.lock_:
             node, length, table = self._walk(seq)
-            return MatchResult(length, node, table)
+            return _match_result((length, node, table))
 
     def peek(self, tokens: TokenSeq) -> tuple[RadixNode, int]:
         """The deepest node ``tokens`` reach (the match may end inside it) and the matched
@@ -209,15 +214,12 @@ class RadixTree:
             node, length, table = self._walk(seq)
             if node.start < length < node.end:
                 node = self.structure.split(node, length - node.start)
-            self._pin(node)
-            return MatchResult(length, node, table)
+            node.pins += 1
+            if self.log.on:
+                self.log.emit(ev.Pin(node.id, 1))
+            return _match_result((length, node, table))
 
     # -- pin -------------------------------------------------------------------------------
-    def _pin(self, node: RadixNode) -> None:
-        node.pins += 1
-        if self.log.on:
-            self.log.emit(ev.Pin(node.id, 1))
-
     def pin(self, node: RadixNode) -> None:
         """Hold every node of ``node``'s path: none is evicted until ``unpin``.
 
@@ -225,19 +227,25 @@ class RadixTree:
         a path is safe while its deepest node is pinned; ``RadixNode.path_pins`` (and the
         digest, snapshots and events) give the per-node path count."""
         with self.lock_:
-            self._pin(self.structure.alive(node))
+            if self.structure.nodes.get(node.id) is not node:  # ``Structure.alive`` inline
+                self.structure.alive(node)  # raises
+            node.pins += 1
+            if self.log.on:
+                self.log.emit(ev.Pin(node.id, 1))
 
     def unpin(self, node: RadixNode) -> None:
         """Drop a pin ``pin`` took on this node. ``NotPinned``/``UnknownNode``: tree
         unchanged."""
         with self.lock_:
-            self.structure.alive(node)
+            if self.structure.nodes.get(node.id) is not node:
+                self.structure.alive(node)  # raises
             if node.pins <= 0:
                 raise NotPinned(f"node {node.id} is not pinned")
             node.pins -= 1
             if self.log.on:
                 self.log.emit(ev.Pin(node.id, -1))
-            self.evictor.offer(node)
+            if not node.queued:  # most leaves that lose a pin are queued already
+                self.evictor.offer(node)
             if len(node.children) == 1:  # what ``merge`` needs first: skip its call if not
                 self.structure.merge(node)
 
@@ -253,7 +261,9 @@ class RadixTree:
         evicted on the way -- they were the next victims, and the retry needs their room.
         """
         with self.lock_:
-            self.structure.alive(match.node)
+            node = match.node
+            if self.structure.nodes.get(node.id) is not node:
+                self.structure.alive(node)  # raises
             return self.leases.allocate(match, total)
 
     def release(self, lease: Lease) -> None:
@@ -294,7 +304,7 @@ class RadixTree:
             if self.log.on:
                 self.log.emit(ev.Access(last.id, c, n if n < last.end else None))
             self.stats.inserted_tokens += n - pos if leaf else 0
-            return InsertResult(leaf, n - pos if leaf else 0, freed)
+            return _insert_result((leaf, n - pos if leaf else 0, freed))
 
     def _extendable(self, node: RadixNode, pos: int, lease: Lease) -> bool:
         """True when the request continues, at the end of its match, the leaf it alone has
