@@ -61,34 +61,35 @@ class Leases:
     # -- allocate --------------------------------------------------------------------------
     def allocate(self, match: MatchResult, total: int) -> Lease:
         """See ``RadixTree.allocate`` (the caller checked that ``match.node`` is alive)."""
-        B, m = self.B, match.length
+        B = self.B
+        m, node, matched_table = match  # one unpack, not three field reads
         if total <= 0 or total < m:
             raise InvalidTokens(f"total {total} must be positive and >= matched {m}")
-        if (total + B - 1) // B > self.alloc.num_blocks:
+        blocks_total = (total + B - 1) // B
+        if blocks_total > self.alloc.num_blocks:
             raise PromptTooLarge(
-                f"{total} tokens need {(total + B - 1) // B} blocks;"
-                f" the pool has {self.alloc.num_blocks}"
+                f"{total} tokens need {blocks_total} blocks; the pool has {self.alloc.num_blocks}"
             )
-        if match.node.pins <= 0:
-            raise NotPinned(f"allocate needs a pin on node {match.node.id} (match_and_pin)")
-        table = array("i", match.block_table)
+        if node.pins <= 0:
+            raise NotPinned(f"allocate needs a pin on node {node.id} (match_and_pin)")
+        table = array("i", matched_table)
         if total == m:  # nothing to write: the lease holds no block of its own
-            lease = Lease(match.node, m, total, table, len(table))
+            lease = Lease(node, m, total, table, len(table))
             self._open.add(lease)
             return lease
-        j0, partial = divmod(m, B)
-        new = (total + B - 1) // B - len(table)
+        j0, partial = m // B, m % B
+        new = blocks_total - len(table)
         if partial and self.alloc.claim(table[j0]) != partial:
             new += 1
         self.evictor.make_room(new)
         if partial and self.alloc.claim(table[j0]) == partial:
             x = table[j0]
-            lease = Lease(match.node, m, total, table, j0 + 1, x, partial)
+            lease = Lease(node, m, total, table, j0 + 1, x, partial)
             self.alloc.set_claim(x, min(B, total - j0 * B))
             self._inplace.add(x)
-            new = (total + B - 1) // B - len(table)
+            new = blocks_total - len(table)
         else:
-            lease = Lease(match.node, m, total, table, j0)
+            lease = Lease(node, m, total, table, j0)
         blocks = self.alloc.alloc(new)
         if partial and lease.inplace is None:
             src = table[j0]

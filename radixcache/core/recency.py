@@ -43,11 +43,15 @@ def stamp(clock: int, older: Steps, end: int, upto: int, now: int, block: int) -
     upto = -(-upto // block) * block
     if upto >= end:
         return ()
+    if not older:  # the common case, without the generator
+        return ((upto, clock),)
     return ((upto, clock_at(clock, older, upto)), *((p, c) for p, c in older if p > upto))
 
 
 def split(clock: int, older: Steps, pos: int) -> tuple[Steps, int, Steps]:
     """Cut at ``pos``: the prefix's steps, the suffix's clock and the suffix's steps."""
+    if not older:
+        return (), clock, ()
     return (tuple((p, c) for p, c in older if p < pos), clock_at(clock, older, pos),
             tuple((p, c) for p, c in older if p > pos))
 
@@ -58,6 +62,8 @@ def join(parent_clock: int, older: Steps, child_start: int, child_clock: int,
     starts at ``child_start`` and ends at ``end``. The block the two share (when the child
     starts inside one) is as recent as the parent's part of it."""
     at = -(-child_start // block) * block
+    if not older and not child_older:  # the common case: one step at most
+        return ((at, child_clock),) if at < end and child_clock < parent_clock else ()
     steps = list(older)
     for p, c in ((at, clock_at(child_clock, child_older, at)),
                  *((p, c) for p, c in child_older if p > at)):

@@ -62,7 +62,7 @@ class Structure:
     def descend(self, seq: bytes, node: RadixNode, pos: int) -> tuple[RadixNode, int]:
         """Follow ``seq`` down from ``node`` (whose path covers ``seq[:pos]``): the deepest node
         touched (the match may end inside it) and the matched length. No state change."""
-        n = tk.count(seq)
+        n = len(seq) // TOKEN_BYTES  # tk.count, without a call (every request, twice)
         while pos < n:
             child = node.children.get(_first(seq, pos * TOKEN_BYTES)[0])
             if child is None:
@@ -81,8 +81,8 @@ class Structure:
     ) -> RadixNode:
         """A new leaf ``seq[pos:]`` under ``parent`` (which ends at ``pos``) holding ``blocks``;
         ``shared``: its first block is ``parent``'s last (its refcount goes up)."""
-        B, n = self.B, tk.count(seq)
-        leaf = RadixNode(NodeId(self.next_id), parent, pos, n, tk.span(seq, pos, n), blocks)
+        B, n = self.B, len(seq) // TOKEN_BYTES
+        leaf = RadixNode(NodeId(self.next_id), parent, pos, n, seq[pos * TOKEN_BYTES :], blocks)
         self.next_id += 1
         self.nodes[leaf.id] = leaf
         parent.children[_first(seq, pos * TOKEN_BYTES)[0]] = leaf
@@ -97,10 +97,10 @@ class Structure:
         """Append ``seq[pos:]`` to ``leaf`` (which ends at ``pos``) with the blocks of the
         request's ``table`` that cover it: a request that alone pins the leaf continued it
         (its last block, continued in place, is already the leaf's)."""
-        B, n = self.B, tk.count(seq)
+        B, n = self.B, len(seq) // TOKEN_BYTES
         j_last = (n - 1) // B
         new = table[(pos + B - 1) // B : j_last + 1]
-        tokens = tk.span(seq, pos, n)
+        tokens = seq[pos * TOKEN_BYTES :]  # to its end: tk.span without a call
         leaf.tokens += tokens
         leaf.end = n
         leaf.blocks = leaf.blocks + new  # a new array: events may hold the old one
@@ -224,14 +224,16 @@ class Structure:
         """Remove ``leaf`` whole (see ``cut``)."""
         parent = leaf.parent
         assert parent is not None
-        shared = self._shares_first(leaf)
+        B, start = self.B, leaf.start
+        shared = (start % B != 0 and parent is not self.root  # ``_shares_first`` inline
+                  and leaf.blocks[0] == parent.blocks[-1])
         freed = self.alloc.release_run(leaf.blocks)
         if shared:
-            self.alloc.set_claim(leaf.blocks[0], leaf.start % self.B)
+            self.alloc.set_claim(leaf.blocks[0], start % B)
         del parent.children[_first(leaf.tokens, 0)[0]]
         del self.nodes[leaf.id]
         leaf.alive = False
-        tokens = leaf.num_tokens
+        tokens = leaf.end - start
         self.stats.evicted_nodes += 1
         self.stats.evicted_tokens += tokens
         if self.log.on:
@@ -240,5 +242,6 @@ class Structure:
         if parent is self.root:
             return len(freed), tokens, None
         if parent.children:  # a joined child keeps its LRU entry: its deepest time is unchanged
-            return len(freed) + self.merge(parent), tokens, None
+            merged = self.merge(parent) if len(parent.children) == 1 else 0
+            return len(freed) + merged, tokens, None
         return len(freed), tokens, parent

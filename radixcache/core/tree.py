@@ -76,19 +76,13 @@ _insert_result = partial(tuple.__new__, InsertResult)
 class RadixTree:
     """The radix tree over a ``KVPool``. All public methods are thread-safe (one lock)."""
 
-    def __init__(
-        self,
-        pool: KVPool,
-        *,
-        high: float = 0.92,
-        low: float = 0.85,
-        vocab_limit: int = U32,
-        record_events: bool = True,
-    ) -> None:
+    def __init__(self, pool: KVPool, *, high: float = 0.92, low: float = 0.85,
+                 vocab_limit: int = U32, record_events: bool = True) -> None:
         self.pool = pool
         self.alloc = pool.allocator
         self.B = pool.block_size
         self.vocab_limit = vocab_limit
+        self._any_id = vocab_limit >= U32  # uint32 bytes need no range scan (match, insert)
         self.lock_ = threading.Lock()
         self.stats = TreeStats()
         self.log = EventLog(on=record_events)
@@ -159,9 +153,9 @@ class RadixTree:
         """Deepest match of ``seq`` from the root: (node, matched length, block table), the
         path stamped with a new access clock on the way down (what ``Evictor.touch`` does
         after an insert), and its ``Access`` event."""
-        self.evictor.clock += 1
-        c = self.evictor.clock
-        node, pos, n, B = self.structure.root, 0, tk.count(seq), self.B
+        evictor = self.evictor
+        c = evictor.clock = evictor.clock + 1
+        node, pos, n, B = self.structure.root, 0, len(seq) // TOKEN_BYTES, self.B
         node.clock = c
         table = array("i")  # from the root, the deepest node covering a logical block wins
         while pos < n:
@@ -193,7 +187,8 @@ class RadixTree:
 
         The result's node is not pinned: use ``match_and_pin`` when the blocks will be used.
         """
-        seq = tk.validated(tokens, self.vocab_limit)
+        seq = (tokens if type(tokens) is bytes and self._any_id and not len(tokens) % 4 and tokens
+               else tk.validated(tokens, self.vocab_limit))  # tk.validated's bytes case inline
         with self.lock_:
             node, length, table = self._walk(seq)
             return _match_result((length, node, table))
@@ -209,7 +204,8 @@ class RadixTree:
         """``match`` and ``pin``, atomically. A match that ends inside a node splits it there
         first (as SGLang's match does), so the pin holds exactly the matched tokens: the
         node's unmatched rest stays evictable with its older access time."""
-        seq = tk.validated(tokens, self.vocab_limit)
+        seq = (tokens if type(tokens) is bytes and self._any_id and not len(tokens) % 4 and tokens
+               else tk.validated(tokens, self.vocab_limit))  # tk.validated's bytes case inline
         with self.lock_:
             node, length, table = self._walk(seq)
             if node.start < length < node.end:
@@ -277,11 +273,12 @@ class RadixTree:
         """Cache ``tokens`` (the request's whole sequence, at most ``lease.total``) using the
         lease's blocks, splitting an edge where it diverges. Consumes the lease: blocks that
         duplicate what is already cached go back to the free list. Does not unpin."""
-        seq = tk.validated(tokens, self.vocab_limit)
+        seq = (tokens if type(tokens) is bytes and self._any_id and not len(tokens) % 4 and tokens
+               else tk.validated(tokens, self.vocab_limit))  # tk.validated's bytes case inline
         with self.lock_:
             if lease.done:
                 raise TreeError("lease already consumed")
-            n = tk.count(seq)
+            n = len(seq) // TOKEN_BYTES
             if n > lease.total:
                 raise InvalidTokens(f"{n} tokens exceed the lease's {lease.total}")
             node, pos = self._descend_from_lease(seq, lease)
@@ -298,7 +295,9 @@ class RadixTree:
                 if leaf is not None:
                     self.evictor.offer(leaf)
                     # attached under a node the request did not pin (cached meanwhile): compress
-                    self.structure.merge(node if leaf.parent is None else leaf.parent)
+                    up = node if leaf.parent is None else leaf.parent
+                    if len(up.children) == 1:  # what ``merge`` needs first: skip its call if not
+                        self.structure.merge(up)
             last = leaf or node
             c = self.evictor.touch(last, n)
             if self.log.on:
@@ -328,7 +327,7 @@ class RadixTree:
         while top.start > lease.matched and top.parent is not None:
             top = top.parent  # split after the match: the old id now names a later suffix
         k = lease.matched - top.start
-        if k > 0 and not seq.startswith(tk.span(top.tokens, 0, k), top.start * TOKEN_BYTES):
+        if k > 0 and not seq.startswith(top.tokens[: k * TOKEN_BYTES], top.start * TOKEN_BYTES):
             raise InvalidTokens("insert tokens do not start with the prefix the lease matched")
         if top.parent is None:
             return self.structure.descend(seq, top, 0)
@@ -336,7 +335,7 @@ class RadixTree:
 
     def _attach(self, seq: bytes, node: RadixNode, pos: int, lease: Lease) -> RadixNode | None:
         """Create the leaf ``[pos, n)``; returns None when its boundary block cannot be had."""
-        B, n = self.B, tk.count(seq)
+        B, n = self.B, len(seq) // TOKEN_BYTES
         j_first, j_last = pos // B, (n - 1) // B
         blocks = lease.table[j_first : j_last + 1]
         shared = False
