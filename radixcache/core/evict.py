@@ -170,12 +170,10 @@ class Evictor:
         a = self.alloc
         free = a.free_count
         if free < need + self._reserve and a.num_blocks - free + need > self._high_blocks:
-            if self.clocked:
-                t0 = time.perf_counter_ns()
-                free += self._evict(need + self._reserve - free)[2]
+            t0 = time.perf_counter_ns() if self.clocked else 0
+            free += self._evict(need + self._reserve - free)[2]
+            if t0:
                 self.stats.last_evict_ns = time.perf_counter_ns() - t0
-            else:
-                free += self._evict(need + self._reserve - free)[2]
             self.stats.evict_calls += 1
         if free < need:
             raise PoolExhausted(f"need {need} blocks, {free} free and nothing more evictable")

@@ -224,12 +224,11 @@ class Structure:
         """Remove ``leaf`` whole (see ``cut``)."""
         parent = leaf.parent
         assert parent is not None
-        B, start = self.B, leaf.start
-        shared = (start % B != 0 and parent is not self.root  # ``_shares_first`` inline
-                  and leaf.blocks[0] == parent.blocks[-1])
+        start = leaf.start
+        shared = self._shares_first(leaf)
         freed = self.alloc.release_run(leaf.blocks)
         if shared:
-            self.alloc.set_claim(leaf.blocks[0], start % B)
+            self.alloc.set_claim(leaf.blocks[0], start % self.B)
         del parent.children[_first(leaf.tokens, 0)[0]]
         del self.nodes[leaf.id]
         leaf.alive = False
