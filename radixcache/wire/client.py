@@ -25,8 +25,9 @@ def send_command(
         if keys is not None:
             keys.apply(sock)
         connect(sock, endpoint)
-        try:
-            sock.send(cmd.encode_command(command), zmq.NOBLOCK)  # a fresh connect has its pipe
+        sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))  # a fresh connect has its pipe
+        try:  # (almost always at once; the limit only guards a pipe not attached yet)
+            sock.send(cmd.encode_command(command))
         except zmq.Again:
             return cmd.Error(f"cannot send to {endpoint}: no connection")
         if not sock.poll(int(timeout_s * 1000)):
