@@ -34,7 +34,8 @@ ROWS = (("hit rate", "hit_rate", "{:.2%}"), ("curve at the pool", "curve_hit_rat
         ("requests/s", "requests_per_s", "{:.2f}"),
         ("requests/CPU s", "requests_per_cpu_s", "{:.2f}"),
         ("outputs equal", "outputs_equal", "{}"),
-        ("held for sharing", "held_for_sharing", "{:,}"), ("aged", "aged", "{:,}"))
+        ("held for sharing", "held_for_sharing", "{:,}"),
+        ("shared in forward", "shared_in_forward", "{:,}"), ("aged", "aged", "{:,}"))
 
 
 def _completed(bar: Progress, task: TaskID, done: int, _total: int) -> None:

@@ -146,7 +146,7 @@ def test_the_feed_and_the_log_take_every_kind() -> None:
         "cow": "0→3 (2 slots)", "free": "1 blocks", "evict": "n1 8 tok, 2 blocks freed",
         "merge": "n2+n3", "wm": "2/8 blocks", "counters": "", "reset": "", "digest": "",
         "fault": "thread rc-service-loop died: RuntimeError: boom",
-        "rcached": "req 1: its prompt of 11 tok is cached, it decodes",
+        "rcached": "req 1: 11 tok of its prompt cached, readable now",
         "queue": "lpm: 1 waiting (the stats pane says why)"}
 
 

@@ -10,6 +10,7 @@ from array import array
 import msgspec
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from cli.app import app
@@ -17,7 +18,7 @@ from radixcache.core import events as ev
 from radixcache.core.nodes import NodeId, RadixNode
 from radixcache.serving.engine import Engine, EngineConfig, RequestHandle, RequestResult
 from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
-from radixcache.serving.model import ModelConfig
+from radixcache.serving.model import ModelConfig, SlotCopy
 from radixcache.serving.policy import Candidate, Policy, ordered
 from radixcache.serving.requests import Request
 from radixcache.serving.running import Planned
@@ -31,10 +32,10 @@ SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16
 
 
 def _engine(policy: Policy, *, blocks: int = 64, step_tokens: int = 64, running: int = 64,
-            max_wait: int = 64) -> Engine:
+            max_wait: int = 64, beside: bool = True) -> Engine:
     return Engine(EngineConfig(num_blocks=blocks, model=SMALL, schedule=policy,
                                max_step_tokens=step_tokens, max_running=running,
-                               max_wait_steps=max_wait))
+                               max_wait_steps=max_wait, share_in_forward=beside))
 
 
 def _words(seed: int, n: int) -> list[int]:
@@ -77,7 +78,7 @@ def _sharing_pair(engine: Engine) -> tuple[RequestHandle, RequestHandle]:
 
 
 def test_a_request_waits_for_the_insert_of_the_prefix_a_running_request_computes() -> None:
-    engine = _engine(Policy.LPM)
+    engine = _engine(Policy.LPM, beside=False)
     a, b = _sharing_pair(engine)
     engine.take_events()
     engine.step()  # A has computed 128 of 210: B is held, and says why
@@ -105,20 +106,21 @@ def test_a_request_waits_for_the_insert_of_the_prefix_a_running_request_computes
     engine.tree.check()
 
 
-def _three(policy: Policy) -> tuple[list[list[int]], list[list[list[tuple[int, int]]]]]:
+def _three(policy: Policy, *, beside: bool = False
+           ) -> tuple[list[list[int]], list[list[list[tuple[int, int]]]]]:
     """C (id 0) decoding, then A (1: 200 shared + 10 own tokens) prefilling 64 tokens a step
     and B (2: the same 200 + 10 others) arriving: the three outputs, and every later step's
     forwards as (request, tokens) pairs (a spy around the real forwards)."""
-    engine = _engine(policy)
+    engine = _engine(policy, beside=beside)
     c = engine.submit(_words(9, 20), 16)
     engine.step()
     a, b = _sharing_pair(engine)
     seen: list[list[tuple[int, int]]] = []
     forward = engine.running._forward
 
-    def spy(group: Planned, prefilled: list[Request]) -> None:
+    def spy(group: Planned, prefilled: list[Request], copy: SlotCopy | None = None) -> None:
         seen.append([(r.id, len(s.tokens)) for r, s in group])
-        forward(group, prefilled)
+        forward(group, prefilled, copy)
 
     engine.running._forward = spy  # type: ignore[method-assign]
     steps = []
@@ -143,6 +145,73 @@ def test_a_held_request_waits_for_its_sharers_prefill_forward_only() -> None:
     assert outputs == fcfs_outputs
 
 
+def test_a_request_reads_its_sharers_blocks_in_the_forward_that_writes_them() -> None:
+    """In the same forward: once A's prefill ends in the step's forward, A's prompt goes in the
+    tree before it is computed and B is admitted beside it, prefilling in A's forward (C's
+    decode in one of its own, as under fcfs).
+    B's match ends 8 tokens into a block A writes in that forward (B shares 200 tokens): B's
+    copy of those 8 slots, made at its admission when they are not written yet, is made
+    again by that forward after each layer's writes. The answers are fcfs's, token for
+    token."""
+    outputs, steps = _three(Policy.LPM, beside=True)
+    assert steps[:3] == [[[(0, 1), (1, 63)]], [[(0, 1), (1, 63)]],
+                         [[(1, 21), (2, 10)], [(0, 1)]]]  # B computes its own 10 only
+    assert outputs == _three(Policy.FCFS)[0]
+
+
+def test_sharing_in_the_forward_publishes_the_prompt_before_it_is_computed() -> None:
+    engine = _engine(Policy.LPM)
+    a, b = _sharing_pair(engine)
+    engine.step()
+    engine.step()  # A has computed 128 of 210: 82 left, more than a step's 64: B waits
+    assert [w.reason for w in engine.scheduler.entries()] == [ev.WaitReason.SHARING]
+    engine.take_events()
+    report = engine.step()  # A's last 18 tokens: its prompt's 13 whole blocks are published
+    events = engine.take_events()
+    kinds = [e for e in events if isinstance(e, ev.RequestCached | ev.RequestStart)]
+    assert kinds == [ev.RequestCached(0, 208), ev.RequestStart(1, 210, 200),  # after the
+                     ev.RequestCached(0, 210), ev.RequestCached(1, 210)]  # forward: the rest
+    assert (report.admitted, report.forwards, report.prefill_tokens) == (1, 1, 28)
+    assert [e for e in events if isinstance(e, ev.Cow)] == [ev.Cow(12, 15, 8)]
+    kv = engine.pool.kv  # B's copy holds what A wrote in that forward, made again after it
+    assert torch.equal(kv[:, :, 15, :8], kv[:, :, 12, :8])
+    stats = engine.stats()
+    assert (stats.held_for_sharing, stats.shared_in_forward, stats.waiting) == (1, 1, 0)
+    engine.check()
+    while not (a.done() and b.done()):
+        engine.step()
+        engine.check()
+    reference = _engine(Policy.FCFS)
+    ra, rb = _sharing_pair(reference)
+    while not (ra.done() and rb.done()):
+        reference.step()
+    assert (a.result().tokens, b.result().tokens) == (ra.result().tokens, rb.result().tokens)
+    assert b.result().metrics.hit_tokens == 200
+
+
+def test_a_burst_behind_a_new_system_prompt_is_admitted_in_one_step() -> None:
+    """Six users of a new 64-token system prompt arriving together: the first computes it and
+    the five others are admitted in the same step, reading it in the same forward; nobody
+    waits a step for it. Their answers are fcfs's."""
+    outputs = []
+    for policy in (Policy.FCFS, Policy.DFS_WEIGHT):
+        engine = _engine(policy, blocks=128, step_tokens=512)
+        handles = engine.run_workload(build_workload("system", ["6", "64"])).handles
+        report = engine.step()
+        engine.check()
+        started = [e for e in engine.take_events() if isinstance(e, ev.RequestStart)]
+        assert (report.admitted, len(engine.scheduler), report.forwards) == (6, 0, 1)
+        while not all(h.done() for h in handles):
+            engine.step()
+        engine.tree.check()
+        outputs.append([h.result().tokens for h in handles])
+        if policy is Policy.DFS_WEIGHT:
+            # the system prompt and the 3 tokens that open a user's turn, 3 into a block
+            assert [e.hit_tokens for e in started] == [0, 67, 67, 67, 67, 67]
+            assert (engine.scheduler.held, engine.scheduler.shared) == (0, 5)
+    assert outputs[0] == outputs[1]
+
+
 def test_fcfs_computes_the_shared_prefix_twice() -> None:
     engine = _engine(Policy.FCFS)
     a, b = _sharing_pair(engine)
@@ -155,7 +224,7 @@ def test_fcfs_computes_the_shared_prefix_twice() -> None:
 def test_a_hold_ends_at_the_aging_bound() -> None:
     """A held request is admitted once it waited ``max_wait_steps`` steps, even though the
     prefix it waits for is still being computed (then it computes it itself)."""
-    engine = _engine(Policy.LPM, max_wait=2)
+    engine = _engine(Policy.LPM, max_wait=2, beside=False)
     a, b = _sharing_pair(engine)
     engine.step()
     assert engine.scheduler.entries()[0].reason is ev.WaitReason.SHARING
@@ -191,10 +260,10 @@ def test_nothing_starves_under_a_flood() -> None:
     assert _flood(max_wait=10_000, steps=30)[0] is None  # without aging it would starve
 
 
-def _serve_mix(policy: Policy) -> tuple[list[list[int]], int, int]:
+def _serve_mix(policy: Policy, beside: bool = True) -> tuple[list[list[int]], int, int]:
     """A mixed workload under ``policy``: every request's output tokens, the hit tokens and
-    how many requests were held for sharing."""
-    engine = _engine(policy, blocks=512, step_tokens=96)
+    how many requests were held for sharing or admitted beside their sharer."""
+    engine = _engine(policy, blocks=512, step_tokens=96, beside=beside)
     runs = [engine.run_workload(build_workload(name, args)) for name, args in (
         ("system", ["8", "64"]), ("fork", ["4"]), ("tot", ["2", "2"]), ("flood", ["6"]),
         ("system", ["6", "48", "--seed", "1"]))]
@@ -205,15 +274,16 @@ def _serve_mix(policy: Policy) -> tuple[list[list[int]], int, int]:
     assert all(isinstance(r, RequestResult) for r in results)
     engine.tree.check()
     return ([r.tokens for r in results], sum(r.metrics.hit_tokens for r in results),
-            engine.scheduler.held)
+            engine.scheduler.held + engine.scheduler.shared)
 
 
 def test_every_policy_gives_every_request_the_same_answer() -> None:
     fcfs, fcfs_hits, _ = _serve_mix(Policy.FCFS)
     for policy in (Policy.LPM, Policy.DFS_WEIGHT):
-        tokens, hits, held = _serve_mix(policy)
-        assert tokens == fcfs  # every request, token for token (greedy decoding)
-        assert held > 0 and hits > fcfs_hits  # the orders did differ, and reused more
+        for beside in (True, False):
+            tokens, hits, shared = _serve_mix(policy, beside)
+            assert tokens == fcfs  # every request, token for token (greedy decoding)
+            assert shared > 0 and hits > fcfs_hits  # the orders did differ, and reused more
 
 
 def test_the_schedule_command_and_the_heartbeat() -> None:
@@ -293,7 +363,7 @@ def test_an_early_insert_of_a_prompt_already_cached_copies_its_boundary_block() 
 def _figures(policy: Policy, p99: float, rps: float, aged: int, equal: bool) -> PolicyFigures:
     outputs: list[list[int] | None] = [[1, 2]] if equal else [[1, 3]]
     return PolicyFigures(policy, 10, 0, 0.5, 0.6, 7, (1.0, p99), (2.0, 9.0), rps, 1.0, 1.0, 0,
-                         aged, outputs)
+                         0, aged, outputs)
 
 
 def test_repeated_passes_report_medians_and_every_pass() -> None:
@@ -323,7 +393,9 @@ def test_bench_engine_schedule_json_with_repeated_passes() -> None:
         assert (f["passes"], len(f["queue_wait_ms_p99_each"]), len(f["requests_per_s_each"]),
                 f["outputs_equal"], f["failed"]) == (2, 2, 2, True, 0)
     # six users of one new 64-token system prompt arriving together: fcfs computes it six
-    # times; dfs-weight once, the five others held for it, then reading it (the curve's rate)
-    assert (fcfs["hit_rate"], fcfs["held_for_sharing"], dfs["held_for_sharing"]) == (0.0, 0, 5)
+    # times; dfs-weight once, the five others admitted beside the first, reading it in the
+    # same forward (the curve's rate)
+    assert (fcfs["hit_rate"], fcfs["held_for_sharing"], fcfs["shared_in_forward"]) == (0.0, 0, 0)
+    assert (dfs["held_for_sharing"], dfs["shared_in_forward"]) == (0, 5)
     assert dfs["hit_rate"] == dfs["curve_hit_rate"] == fcfs["curve_hit_rate"] > 0.6
     assert (dfs["in_flight_tokens"], fcfs["in_flight_tokens"] > 300) == (0, True)

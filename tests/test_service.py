@@ -209,6 +209,7 @@ def test_the_engine_and_the_driver_serve_one_workload_through_the_same_loop() ->
                 "output_tokens", "busy_s", "hit_rate", "decode_tokens_per_s", "nodes",
                 "used_blocks", "num_blocks", "splits", "merges", "cow_copies", "evicted_nodes",
                 "evicted_tokens", "cache", "model", "device", "schedule", "held_for_sharing",
+                "shared_in_forward",
                 "aged", "waiting_order", "waiting_sharing", "waiting_pool", "waiting_batch",
                 "waiting_paused"}
         assert set(driver.stats().figures()) == set(engine.stats().figures()) == keys

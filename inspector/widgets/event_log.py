@@ -44,7 +44,7 @@ _LINES: Mapping[type[ev.Event], str] = exhaustive("inspector.event_log", {
     ev.Watermark: "{used_blocks}/{total_blocks} blocks",
     ev.RequestStart: "req {req} {prompt_tokens} tok, {hit_tokens} hit",
     ev.RequestFinish: "req {req} +{output_tokens} tok",
-    ev.RequestCached: "req {req}: its prompt of {prompt_tokens} tok is cached, it decodes",
+    ev.RequestCached: "req {req}: {prompt_tokens} tok of its prompt cached, readable now",
     ev.Queue: "{policy}: {waiting} waiting (the stats pane says why)",
     ev.Snapshot: "{nodes} nodes",
     ev.Fault: "thread {thread} died: {error}",

@@ -196,8 +196,9 @@ class MissHistory:
 
     def _cached(self, e: ev.RequestCached) -> None:
         why = self.whys.get(e.req)
-        if why is not None:  # its prompt's insert: every event since the last edge
-            why.cached, why.insert_from = True, self._edge
+        if why is not None and not why.cached:  # its prompt's insert: every event since the
+            why.cached, why.insert_from = True, self._edge  # last edge (the first, when its
+            # prompt went in before its prefill and the rest after: ``serving.scheduler``)
         self._edge = self.mirror.version
         self._match, self._dropped = None, b""  # its re-pin after the insert is no match
 

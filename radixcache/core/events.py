@@ -167,10 +167,12 @@ class RequestFinish(Event, tag="rfinish", frozen=True):
 
 
 class RequestCached(Event, tag="rcached", frozen=True):
-    """Request ``req``'s prompt of ``prompt_tokens`` tokens is in the tree (schema 5): its
-    prefill ended and it goes on decoding, so waiting requests can read its prompt now. The
-    tree events right before it are that insert; the rest of its sequence is inserted at its
-    ``RequestFinish``."""
+    """The first ``prompt_tokens`` tokens of request ``req``'s prompt are in the tree (schema
+    5), so waiting requests can read them now: its whole prompt once its prefill ended (it
+    goes on decoding), or, when requests sharing it are admitted beside it, the prompt's whole
+    blocks before the forward that ends its prefill writes them (the batch is published after
+    that forward; its whole prompt follows in the same batch). The tree events right before it
+    are that insert; the rest of its sequence is inserted at its ``RequestFinish``."""
 
     req: int
     prompt_tokens: int

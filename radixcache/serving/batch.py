@@ -57,6 +57,10 @@ class ForwardBatch:
     ctx_slots: torch.Tensor  # (S * C,) flat pool slot of every context position
     last_index: torch.Tensor  # (S,) index in the packed tokens of each sequence's last one
     new_counts: tuple[int, ...]  # new tokens per sequence
+    # slots each layer copies after its writes, before its reads: a request's boundary block
+    # copied from a block this very forward writes (``serving.scheduler``); None: no copy
+    copy_from: torch.Tensor | None = None
+    copy_to: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

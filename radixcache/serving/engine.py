@@ -6,6 +6,7 @@ Life of one request (``requests.Request``)::
                 │                 match_and_pin(prompt[:-1])    │     insert(prompt + out[:-1])
                 │                 allocate(m, len(prompt) + max_new - 1)         unpin(m.node)
                 │                       lpm/dfs-weight: insert(prompt) at the prefill's end
+                │                       (its whole blocks before it, when sharers come beside)
                 └── PromptTooLarge: failed at once (RequestRejected on its handle)
 
 The match is capped at ``len(prompt) - 1`` (the model needs at least one new token to produce
@@ -65,7 +66,7 @@ from radixcache.serving.requests import WorkloadRun as WorkloadRun
 from radixcache.serving.requests import fold_answers as fold_answers
 from radixcache.serving.requests import percentiles as percentiles
 from radixcache.serving.running import Running
-from radixcache.serving.scheduler import Scheduler
+from radixcache.serving.scheduler import Scheduler, publish
 from radixcache.serving.service import Submitted, check_room
 from radixcache.serving.stats import Stats as Stats
 from radixcache.serving.tree_service import TreeService
@@ -88,7 +89,7 @@ class Engine(TreeService):
             model=f"tiny transformer (layers={cfg.model.n_layers})",
             device=str(self.model.device), cache=cfg.cache)
         self._queue = threading.Lock()  # request ids and totals, against submitting threads
-        self.scheduler = Scheduler(tree, cfg, self._started)
+        self.scheduler = Scheduler(tree, cfg, self._started, self._emit)
         self.running = Running(self.model, self.pool.kv, cfg.max_step_tokens)
         self._events: list[ev.AnyEvent] = []
         self._next_id = 0
@@ -187,7 +188,8 @@ class Engine(TreeService):
         t0 = time.perf_counter()
         self._drop_aborted()
         admitted = self._admit()
-        work = self.running.step(self._release, self.scheduler.held_for)
+        work = self.running.step(self._release, self.scheduler.held_for,
+                                 self.scheduler.take_copy())
         for r in work.prefilled:
             self._cache_prompt(r)
         finished = self._finish(self.running.take_done())
@@ -241,7 +243,8 @@ class Engine(TreeService):
         q = self.scheduler.queue().counts()
         return msgspec.structs.replace(
             super().stats(), schedule=self.scheduler.policy.value,
-            held_for_sharing=self.scheduler.held, aged=self.scheduler.aged,
+            held_for_sharing=self.scheduler.held, shared_in_forward=self.scheduler.shared,
+            aged=self.scheduler.aged,
             waiting_order=q[ev.WaitReason.ORDER], waiting_sharing=q[ev.WaitReason.SHARING],
             waiting_pool=q[ev.WaitReason.POOL], waiting_batch=q[ev.WaitReason.BATCH],
             waiting_paused=q[ev.WaitReason.PAUSED])
@@ -349,14 +352,10 @@ class Engine(TreeService):
         engine, the baseline), with none spare, with the cache off or nothing left to decode,
         the prompt is inserted with the answer at the finish."""
         if not (self.config.cache and self.scheduler.policy.cache_aware) \
-                or len(r.output) >= r.max_new or self.pool.allocator.free_count < 1:
-            return
-        assert r.lease is not None and r.match is not None
-        self.tree.insert(r.prompt, r.lease)
-        m = self.tree.match_and_pin(r.prompt)
-        self.tree.unpin(r.match.node)
-        r.match = r.match._replace(node=m.node)  # the hit stays the admission's
-        r.lease = self.tree.allocate(m, r.total)
+                or len(r.output) >= r.max_new or self.pool.allocator.free_count < 1 \
+                or (r.published and not len(r.prompt) % self.config.block_size):
+            return  # (published whole before its prefill: ``serving.scheduler``)
+        publish(self.tree, r, len(r.prompt))
         self._emit(ev.RequestCached(r.id, len(r.prompt)))
 
     def _finish(self, done: list[Request]) -> int:

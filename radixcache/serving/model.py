@@ -9,8 +9,10 @@ One forward serves a continuous batch: prefill chunks and one-token decodes mixe
 out as ``serving.batch`` draws it (new tokens packed, attention padded).
 
 Per layer: q, k, v of the packed tokens; k, v are *scattered* into the pool at their slots
-(``kv[layer]`` viewed as ``(2, num_blocks * B, H, D)``); then K/V of every context position
-are *gathered* back through the block table, so attention only ever reads the pool.
+(``kv[layer]`` viewed as ``(2, num_blocks * B, H, D)``); then the batch's slot copies, if
+any, run (a boundary block copied from a block this forward writes); then K/V of every
+context position are *gathered* back through the block table, so attention only ever reads
+the pool.
 All index tensors of a batch travel to the device in one transfer (``ForwardBatch``).
 """
 
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from radixcache.core.pool import KVShape
@@ -70,6 +73,22 @@ class ModelConfig:
     def kv_shape(self) -> KVShape:
         """The per-token K/V shape a ``KVPool`` must have to serve this model."""
         return KVShape(self.n_layers, self.n_kv_heads, self.head_dim, self.dtype)
+
+
+SlotCopy = tuple[Sequence[int], Sequence[int]]  # (from slots, to slots), flat pool slots
+
+
+def _copy_slots(copy: SlotCopy, slots: int) -> list[npt.NDArray[np.int64]]:
+    """``copy``'s slot arrays, checked: equal lengths, inside the pool, no slot written twice
+    and none both read and written."""
+    src, dst = (np.asarray(c, dtype=np.int64) for c in copy)
+    if src.shape != dst.shape or src.ndim != 1 or not src.size:
+        raise ValueError(f"slot copy of {src.shape} from and {dst.shape} to slots")
+    if min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= slots:
+        raise ValueError(f"slot copy outside the pool's {slots} slots")
+    if np.unique(dst).size != dst.size or np.intersect1d(src, dst).size:
+        raise ValueError("slot copy writes a slot twice or reads a slot it writes")
+    return [src, dst]
 
 
 class Generated(NamedTuple):
@@ -193,8 +212,12 @@ class TinyTransformer:
             raise ValueError("kv must be contiguous (writes go through a flat view)")
 
     # -- public --------------------------------------------------------------------------------
-    def prepare(self, batch: Sequence[SeqInput], kv: torch.Tensor) -> ForwardBatch:
+    def prepare(self, batch: Sequence[SeqInput], kv: torch.Tensor,
+                copy: SlotCopy | None = None) -> ForwardBatch:
         """Validate a batch against the pool tensor and move its indices to the device at once.
+
+        ``copy = (from_slots, to_slots)``: flat pool slots every layer copies right after its
+        writes, before any read (so a copy may read what the batch writes).
 
         Raises ``ValueError`` for an empty batch, a sequence without new tokens, a token id
         outside ``[0, id_space)``, a block table too short for its context or naming a block
@@ -204,11 +227,14 @@ class TinyTransformer:
         self._check_kv(kv)
         arrays, counts = host_indices(batch, kv.shape[3], kv.shape[2], self.config.id_space)
         arrays[0] = arrays[0] % self.config.vocab_size  # trace ids fold into the vocabulary
+        if copy is not None:
+            arrays += _copy_slots(copy, kv.shape[2] * kv.shape[3])
         flat = torch.from_numpy(np.concatenate([a.reshape(-1) for a in arrays]))
         if self.device.type == "cuda":
             flat = flat.pin_memory()
         flat = flat.to(self.device, non_blocking=True)
-        tok, pos, write, pad, qpos, ctx, last = torch.split(flat, [a.size for a in arrays])
+        tok, pos, write, pad, qpos, ctx, last, *copied = torch.split(flat,
+                                                                     [a.size for a in arrays])
         return ForwardBatch(
             tokens=tok,
             positions=pos,
@@ -218,13 +244,16 @@ class TinyTransformer:
             ctx_slots=ctx,
             last_index=last,
             new_counts=counts,
+            copy_from=copied[0] if copied else None,
+            copy_to=copied[1] if copied else None,
         )
 
-    def _batch(self, batch: Sequence[SeqInput] | ForwardBatch, kv: torch.Tensor) -> ForwardBatch:
+    def _batch(self, batch: Sequence[SeqInput] | ForwardBatch, kv: torch.Tensor,
+               copy: SlotCopy | None = None) -> ForwardBatch:
         if isinstance(batch, ForwardBatch):
             self._check_kv(kv)
             return batch
-        return self.prepare(batch, kv)
+        return self.prepare(batch, kv, copy)
 
     def _hidden(self, fb: ForwardBatch, kv: torch.Tensor) -> torch.Tensor:
         """Run every layer over the packed new tokens, writing their K/V into ``kv``."""
@@ -240,6 +269,8 @@ class TinyTransformer:
             q, k, v = self._qkv(layer, x, rope)
             flat[li, 0].index_copy_(0, fb.write_slots, k)
             flat[li, 1].index_copy_(0, fb.write_slots, v)
+            if fb.copy_to is not None:
+                flat[li][:, fb.copy_to] = flat[li][:, fb.copy_from]
             ctx = flat[li][:, fb.ctx_slots].view(2, s_n, c_max, cfg.n_kv_heads, cfg.head_dim)
             q_pad.index_copy_(0, fb.pad_index, q)
             o = _attend(q_pad.view(s_n, n_max, cfg.n_heads, cfg.head_dim), ctx[0], ctx[1], mask)
@@ -248,16 +279,17 @@ class TinyTransformer:
         return x
 
     @torch.inference_mode()
-    def forward(self, batch: Sequence[SeqInput] | ForwardBatch, kv: torch.Tensor) -> torch.Tensor:
+    def forward(self, batch: Sequence[SeqInput] | ForwardBatch, kv: torch.Tensor,
+                copy: SlotCopy | None = None) -> torch.Tensor:
         """Compute the new tokens of every sequence; return the last new token's logits.
 
         Writes K/V of all new tokens into ``kv`` (the pool tensor, ``(L, 2, NB, B, H, D)``) at
         ``block_table[p // B]`` slot ``p % B``; reads every earlier position of a sequence only
         from ``kv`` through its block table. All writes of a layer happen before its reads, so
-        a sequence may read blocks another sequence of the same batch writes. Returns
-        ``(len(batch), vocab)`` logits in batch order.
+        a sequence may read blocks another sequence of the same batch writes, and ``copy``
+        (see ``prepare``) may copy them. Returns ``(len(batch), vocab)`` logits in batch order.
         """
-        fb = self._batch(batch, kv)
+        fb = self._batch(batch, kv, copy)
         return self._logits(self._hidden(fb, kv)[fb.last_index])
 
     @torch.inference_mode()

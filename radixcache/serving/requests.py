@@ -82,7 +82,9 @@ class EngineConfig:
     waiting queue (``serving.policy``); a request waits at most ``max_wait_steps`` scheduling
     steps before it goes ahead of every policy choice, and is held for a running request's
     insert only when they share at least ``share_min_tokens`` uncached tokens
-    (``serving.scheduler``)."""
+    (``serving.scheduler``); ``share_in_forward``: instead of waiting, such a request is
+    admitted at once and reads the shared blocks in the forward that writes them, when that
+    forward ends the sharer's prefill (False: it always waits for the insert)."""
 
     num_blocks: int = 4096
     block_size: int = 16
@@ -98,6 +100,7 @@ class EngineConfig:
     schedule: Policy = Policy.FCFS
     max_wait_steps: int = 64
     share_min_tokens: int = 32
+    share_in_forward: bool = True
 
 
 class RequestMetrics(NamedTuple):
@@ -178,6 +181,7 @@ class Request:
     queued: int = 0  # the scheduler's step count when it was queued
     aged_at: int | None = None  # the step it reached ``max_wait_steps`` waiting, if it did
     held: bool = False  # was held for a running request's insert at least once
+    published: bool = False  # its prompt's blocks went in the tree before its prefill ran
 
     def __post_init__(self) -> None:
         self.key = self.prompt[:-1].astype("<u4").tobytes()

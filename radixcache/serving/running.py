@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from radixcache.serving.model import SeqInput, TinyTransformer
+from radixcache.serving.model import SeqInput, SlotCopy, TinyTransformer
 from radixcache.serving.requests import Request
 
 Planned = list[tuple[Request, SeqInput]]
@@ -73,10 +73,12 @@ class Running:
     def __len__(self) -> int:
         return len(self.requests)
 
-    def step(self, release: Release | None = None, awaited: Awaited | None = None) -> Work:
+    def step(self, release: Release | None = None, awaited: Awaited | None = None,
+             copy: SlotCopy | None = None) -> Work:
         """Plan this step's decodes and prefill chunks, run the forward(s), append each
         request's next token (a prefill's only once its last chunk ran); see the module doc
-        for ``release`` and ``awaited``."""
+        for ``release`` and ``awaited``. ``copy``: slot copies the first forward (the one with
+        every prefill chunk) runs after each layer's writes (``TinyTransformer.forward``)."""
         decodes, prefills = self._plan()
         work = decodes + prefills
         prefilled: list[Request] = []
@@ -89,7 +91,7 @@ class Running:
             groups = [prefills, decodes]  # the held requests' prefills join the decodes
         forwards = 0
         while groups:
-            self._forward(groups.pop(0), prefilled)
+            self._forward(groups.pop(0), prefilled, copy if not forwards else None)
             forwards += 1
             if forwards == 1 and release is not None and prefilled:
                 released = release(prefilled)
@@ -142,9 +144,10 @@ class Running:
             budget -= n
         return prefills
 
-    def _forward(self, group: Planned, prefilled: list[Request]) -> None:
+    def _forward(self, group: Planned, prefilled: list[Request],
+                 copy: SlotCopy | None = None) -> None:
         """Run the model over ``group`` and advance its requests."""
-        logits = self.model.forward([s for _, s in group], self.kv)
+        logits = self.model.forward([s for _, s in group], self.kv, copy)
         self._advance(group, logits, prefilled)
 
     @staticmethod

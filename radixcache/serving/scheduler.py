@@ -7,15 +7,28 @@ of blocks) until one does not fit::
 
     waiting (arrival order) ──window──▶ aged first, then policy order ──▶ for each:
         batch full?  ─▶ stop: it waits "batch full", the rest "order"
-        shares ≥ 32 tokens a running request is computing? ─▶ held: "sharing" (R, node N)
+        shares ≥ 32 tokens a running request R is computing?
+            R's prefill ends in this step's forward ─▶ publish R's blocks, admit beside it
+            else ─▶ held: "sharing" (R, node N)
         match + pin + allocate ─▶ admitted (``started(req)``) | rejected | "pool full": stop
 
 In-batch prefix sharing (cache-aware policies): a request whose prompt continues, for at least
 ``share_min_tokens`` (32, SGLang's threshold) past its cached match, the prompt of a running
-request waits for that request's insert instead of computing the same tokens beside it: the
-first of 40 users of a new system prompt computes it, the other 39 read it. The wait is one
-forward: the engine inserts the prompt right after the forward that ends its prefill and calls
-``admit(again=True)`` in the same step, and the released requests prefill in that step.
+request R does not compute the same tokens beside it: the first of 40 users of a new system
+prompt computes it, the other 39 read it. Two ways, the first preferred:
+
+- *In the same forward* (``share_in_forward``): when R's prefill ends in this step's first
+  forward (every prefill before it and its own fit the step's token budget, which is exactly
+  how ``Running`` plans it), R's prompt up to its last whole block goes in the tree now
+  (``publish``), before it is computed, and the request is admitted at once, matching it. The
+  model writes every new token's K/V of a layer before any sequence reads that layer, so in
+  that forward the request reads what R writes. Nothing reads those blocks before it: the
+  only early reader is the boundary copy of a match that ends inside one (made at allocation,
+  of slots not written yet), and that forward makes it again after each layer's writes
+  (``take_copy``). The request waits no longer than under ``fcfs``.
+- *After it*: otherwise the request waits for R's insert. The engine inserts the prompt right
+  after the forward that ends its prefill and calls ``admit(again=True)`` in the same step, and
+  the released requests prefill in that step: the wait is one forward.
 
 Aging bounds every reordering: a request waiting ``max_wait_steps`` steps (64) goes before
 every policy choice, in arrival order, and is never held again. Holding or reordering a request
@@ -44,6 +57,21 @@ WINDOW = 128  # waiting requests a step orders (SGLang stops sorting past 128 wa
 SHOWN = 64  # waiting requests a ``Queue`` event lists
 
 Started = Callable[[Request], None]
+Emit = Callable[[ev.AnyEvent], None]
+
+
+def publish(tree: RadixTree, r: Request, n: int) -> MatchResult:
+    """Put ``r``'s first ``n`` prompt tokens in the tree with its lease's blocks; ``r`` then
+    pins them (its hit stays the admission's) and takes a new lease for the rest of its
+    positions. Returns the pinned match."""
+    assert r.lease is not None and r.match is not None
+    tokens = r.prompt if n == len(r.prompt) else r.prompt[:n]
+    tree.insert(tokens, r.lease)
+    m = tree.match_and_pin(tokens)
+    tree.unpin(r.match.node)
+    r.match = r.match._replace(node=m.node)
+    r.lease = tree.allocate(m, r.total)
+    return m
 
 
 class Admission(NamedTuple):
@@ -57,15 +85,22 @@ class Admission(NamedTuple):
 class Scheduler:
     """The engine's waiting queue and admission (see the module doc)."""
 
-    def __init__(self, tree: RadixTree, config: EngineConfig, started: Started) -> None:
+    def __init__(self, tree: RadixTree, config: EngineConfig, started: Started,
+                 emit: Emit) -> None:
         self.tree, self.config = tree, config
         self.policy = config.schedule
         self._started = started  # called right after each admission (its RequestStart)
+        self._emit = emit  # the engine's event log
         self._lock = threading.Lock()
         self._waiting: dict[int, Request] = {}  # arrival order
         self.steps = 0
         self.held = 0  # requests held for a running request's insert (each counted once)
         self.aged = 0  # requests that reached ``max_wait_steps`` waiting
+        self.shared = 0  # requests admitted beside the sharer whose blocks they read
+        self._budget = 0  # prefill tokens this step's first forward takes
+        self._pending: set[int] = set()  # published blocks this step's forward writes
+        self._copy: tuple[list[int], list[int]] = ([], [])  # slot copies for that forward
+        self._origin: dict[int, int] = {}  # a copied slot's first source
         self._entries: list[ev.Waiting] = []
         self._shown: tuple[object, ...] = ()  # what the last ``Queue`` event said
 
@@ -139,6 +174,8 @@ class Scheduler:
             return Admission([], [])
         out = Admission([], [])
         inflight = list(running)
+        self._budget = self.config.max_step_tokens - sum(1 for r in inflight if r.output)
+        self._pending, self._origin = set(), {}  # (after a forward, they are written)
         entries: list[ev.Waiting] = []
         stop: ev.WaitReason | None = None
         for c in self._ordered(window, full=len(inflight) >= self.config.max_running):
@@ -146,11 +183,14 @@ class Scheduler:
             if stop is None and len(inflight) >= self.config.max_running:
                 stop = ev.WaitReason.BATCH
             elif stop is None:
-                hold = self._hold(req, c, inflight)
-                if hold is not None:
-                    entries.append(hold)
+                sharer = self._sharer(req, c, inflight)
+                beside = sharer is not None and not again and self._share(sharer[0], inflight)
+                if sharer is not None and not beside:
+                    entries.append(self._hold(req, c, *sharer))
                     continue
                 stop = self._try_admit(req, inflight, out)
+                if beside and stop is None:
+                    self.shared += 1
                 if stop is None:
                     continue
             else:
@@ -192,10 +232,11 @@ class Scheduler:
         node, cached = self.tree.peek(req.key)
         return Candidate(i, node, cached)
 
-    def _hold(self, req: Request, c: Candidate, inflight: list[Request]) -> ev.Waiting | None:
-        """A ``SHARING`` entry when a running request is computing at least
-        ``share_min_tokens`` of ``req``'s prompt past its cached match (the one that shares
-        most), unless ``req`` is aged or the policy is ``fcfs``."""
+    def _sharer(self, req: Request, c: Candidate,
+                inflight: list[Request]) -> tuple[Request, int] | None:
+        """The running request computing at least ``share_min_tokens`` of ``req``'s prompt
+        past its cached match (the one that shares most) and how many tokens they share; None
+        when there is none, ``req`` is aged or the policy is ``fcfs``."""
         if not self.policy.cache_aware or req.aged_at is not None or c.node is None:
             return None
         key = req.key  # prompt[:-1], the part a match may cover
@@ -208,13 +249,68 @@ class Scheduler:
                 n = common_units(r.key, 0, key)
                 if n > best:
                     best, on = n, r
-        if on is None:
-            return None
+        return None if on is None else (on, best)
+
+    def _hold(self, req: Request, c: Candidate, on: Request, best: int) -> ev.Waiting:
+        """``req`` waits for ``on``'s insert: its ``SHARING`` entry."""
         if not req.held:
             req.held = True
             self.held += 1
+        assert c.node is not None
         return ev.Waiting(req.id, ev.WaitReason.SHARING, req.queued, on.id, c.node.id,
                           best - c.cached)
+
+    def _share(self, on: Request, inflight: list[Request]) -> bool:
+        """Publish ``on``'s prompt up to its last whole block now, when its prefill ends in
+        this step's first forward (see the module doc); False when it cannot (then requests
+        sharing it wait for its insert)."""
+        if on.published:
+            return True  # earlier in this admission
+        B = self.config.block_size
+        n = len(on.prompt) // B * B
+        if not self.config.share_in_forward or on.output or on.match is None \
+                or n <= on.computed or not self._ends_prefill(on, inflight) \
+                or self.tree.pool.allocator.free_count < 1 \
+                or self.tree.peek(on.prompt[:n])[1] != on.match.length:
+            return False  # (more of it cached since its match: it would rewrite those blocks)
+        m = publish(self.tree, on, n)
+        on.published = True
+        self._pending.update(m.block_table[on.computed // B : n // B])
+        self._emit(ev.RequestCached(on.id, n))
+        return True
+
+    def _copy_later(self, m: MatchResult, lease: Lease) -> None:
+        """When ``m`` ends inside a published block this step's forward writes, the lease's
+        boundary copy of it (made now, of slots not written yet) is made again by that
+        forward, after each layer's writes (``take_copy``)."""
+        B = self.config.block_size
+        j, partial = divmod(m.length, B)
+        if not partial or m.block_table[j] not in self._pending:
+            return
+        assert lease.inplace is None  # published blocks are claimed whole: it copied
+        src, dst = m.block_table[j] * B, lease.table[j] * B
+        for i in range(partial):  # a copy of a copy reads the first source
+            origin = self._origin.get(src + i, src + i)
+            self._copy[0].append(origin)
+            self._copy[1].append(dst + i)
+            self._origin[dst + i] = origin
+
+    def take_copy(self) -> tuple[list[int], list[int]] | None:
+        """The slot copies this step's first forward must run (None: none), taken."""
+        copy, self._copy = self._copy, ([], [])
+        return copy if copy[0] else None
+
+    def _ends_prefill(self, on: Request, inflight: list[Request]) -> bool:
+        """Whether ``on``'s prefill ends in this step's first forward: every prefill before it
+        and its own fit the step's budget (``Running._plan``: decodes first, then prefill
+        chunks in admission order)."""
+        left = self._budget
+        for r in inflight:
+            if not r.output:
+                left -= len(r.prompt) - r.computed
+                if r is on:
+                    return left >= 0
+        return False
 
     # -- admission of one request ----------------------------------------------------------
     def _try_admit(self, req: Request, inflight: list[Request],
@@ -231,6 +327,8 @@ class Scheduler:
             return ev.WaitReason.POOL
         req.match, req.lease = lease
         req.computed = req.match.length
+        if self._pending:
+            self._copy_later(*lease)
         self._started(req)
         out.admitted.append(req)
         inflight.append(req)

@@ -68,6 +68,7 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True):
     # the scheduler's (``serving.scheduler``); the tree driver serves in arrival order
     schedule: str = "fcfs"  # the policy: fcfs, lpm, dfs-weight
     held_for_sharing: int = 0  # requests held for a running request's insert, so far
+    shared_in_forward: int = 0  # requests admitted beside the request whose blocks they read
     aged: int = 0  # requests that waited the aging bound, so far
     waiting_order: int = 0  # the waiting requests now, by why they wait
     waiting_sharing: int = 0

@@ -47,6 +47,7 @@ class PolicyFigures(NamedTuple):
     wall_s: float
     cpu_s: float  # CPU time of this process over the pass (less noisy on a shared machine)
     held: int  # requests held for a running request's insert
+    shared: int  # requests admitted beside the running request whose blocks they read
     aged: int  # requests that reached the aging bound
     outputs: list[list[int] | None]  # per request of the mix, in order (None: failed)
 
@@ -105,6 +106,7 @@ def _figures(cfg: EngineConfig, engine: Engine, batches: list[ev.Batch],
         percentiles([r.metrics.queue_ms for r in done]),
         percentiles([r.metrics.ttft_ms for r in done]),
         len(done) / wall if wall else 0.0, wall, cpu, engine.scheduler.held,
+        engine.scheduler.shared,
         engine.scheduler.aged,
         [o.tokens if isinstance(o, RequestResult) else None for o in outcomes])
 
@@ -127,6 +129,7 @@ def policy_report(f: PolicyFigures, first: PolicyFigures) -> Figures:
         "outputs_equal": f.outputs == first.outputs and None not in f.outputs,
         "failed": f.failed,
         "held_for_sharing": f.held,
+        "shared_in_forward": f.shared,
         "aged": f.aged,
         "wall_s": round(f.wall_s, 2),
         "requests_per_cpu_s": round(f.requests / f.cpu_s, 2) if f.cpu_s else 0.0,
