@@ -96,7 +96,7 @@ class Scheduler:
         self.steps = 0
         self.held = 0  # requests held for a running request's insert (each counted once)
         self.aged = 0  # requests that reached ``max_wait_steps`` waiting
-        self.shared = 0  # requests admitted beside the sharer whose blocks they read
+        self.shared = 0  # requests admitted reading blocks their step's forward writes
         self._budget = 0  # prefill tokens this step's first forward takes
         self._pending: set[int] = set()  # published blocks this step's forward writes
         self._copy: tuple[list[int], list[int]] = ([], [])  # slot copies for that forward
@@ -183,14 +183,14 @@ class Scheduler:
             if stop is None and len(inflight) >= self.config.max_running:
                 stop = ev.WaitReason.BATCH
             elif stop is None:
+                if self._pending and c.node is not None:  # its peek predates a publish
+                    c = self._peek(c.position, req)
                 sharer = self._sharer(req, c, inflight)
                 beside = sharer is not None and not again and self._share(sharer[0], inflight)
                 if sharer is not None and not beside:
                     entries.append(self._hold(req, c, *sharer))
                     continue
                 stop = self._try_admit(req, inflight, out)
-                if beside and stop is None:
-                    self.shared += 1
                 if stop is None:
                     continue
             else:
@@ -327,7 +327,8 @@ class Scheduler:
             return ev.WaitReason.POOL
         req.match, req.lease = lease
         req.computed = req.match.length
-        if self._pending:
+        if self._pending and not self._pending.isdisjoint(req.match.block_table):
+            self.shared += 1  # it reads blocks this step's forward writes
             self._copy_later(*lease)
         self._started(req)
         out.admitted.append(req)
