@@ -156,6 +156,26 @@ def test_a_batch_may_read_blocks_another_sequence_writes(model: TinyTransformer)
     torch.testing.assert_close(logits[1], model.reference_logits(shared + tail)[-1], **TOL)
 
 
+def test_a_forward_copies_slots_after_its_writes(model: TinyTransformer) -> None:
+    """Sequence 1 diverges 5 tokens into the block sequence 0 fills in the same forward: its
+    copy of those 5 slots (block 2 -> 7) is made by each layer after the writes, so it reads
+    what sequence 0 wrote there, and equals a dense recompute."""
+    pool = new_pool(model)
+    shared = tokens(21, 22)
+    tail = tokens(6, 23)
+    copy = ([2 * B + i for i in range(5)], [7 * B + i for i in range(5)])
+    logits = model.forward(
+        [SeqInput(shared, 0, [3, 2]), SeqInput(tail, 21, [3, 7])], pool.kv, copy)
+    dense = model.reference_logits(shared[:21] + tail)[-1]
+    torch.testing.assert_close(logits[1], dense, **TOL)
+    assert torch.equal(pool.kv[:, :, 7, :5], pool.kv[:, :, 2, :5])
+    for bad, why in ((([1, 2], [40]), "slot copy of"), (([1], [16 * B]), "outside the pool"),
+                     (([1, 2], [40, 40]), "writes a slot twice"),
+                     (([1, 40], [40, 41]), "reads a slot it writes")):
+        with pytest.raises(ValueError, match=why):
+            model.forward([SeqInput(tail, 0, [5])], pool.kv, bad)
+
+
 def test_same_seed_is_bit_identical_other_seed_differs(model: TinyTransformer) -> None:
     prompt = tokens(24, seed=30)
     twin = TinyTransformer(ModelConfig(seed=0), device="cpu")
