@@ -172,6 +172,20 @@ class Running:
                 r.logits.append(logits[i].detach().to("cpu", copy=True))
 
 
+def prefill_ends(requests: list[Request], r: Request, max_step_tokens: int) -> bool:
+    """Whether ``r``'s prefill ends in the next step's first forward over ``requests`` (the
+    running ones, in admission order): as ``Running._plan`` lays the step out, decodes first,
+    then prefill chunks in order, so every prefill before ``r`` and its own must fit what the
+    decodes leave of ``max_step_tokens``."""
+    left = max_step_tokens - sum(1 for q in requests if q.output)
+    for q in requests:
+        if not q.output:
+            left -= len(q.prompt) - q.computed
+            if q is r:
+                return left >= 0
+    return False
+
+
 def _tokens(planned: Planned) -> int:
     return sum(len(s.tokens) for _, s in planned)
 

@@ -52,6 +52,7 @@ from radixcache.core.tokens import TOKEN_BYTES, common_units
 from radixcache.core.tree import Lease, MatchResult, PromptTooLarge, RadixTree
 from radixcache.serving.policy import Candidate, Policy, ordered
 from radixcache.serving.requests import EngineConfig, Request, RequestRejected
+from radixcache.serving.running import prefill_ends
 
 WINDOW = 128  # waiting requests a step orders (SGLang stops sorting past 128 waiting)
 SHOWN = 64  # waiting requests a ``Queue`` event lists
@@ -97,7 +98,6 @@ class Scheduler:
         self.held = 0  # requests held for a running request's insert (each counted once)
         self.aged = 0  # requests that reached ``max_wait_steps`` waiting
         self.shared = 0  # requests admitted reading blocks their step's forward writes
-        self._budget = 0  # prefill tokens this step's first forward takes
         self._pending: set[int] = set()  # published blocks this step's forward writes
         self._copy: tuple[list[int], list[int]] = ([], [])  # slot copies for that forward
         self._origin: dict[int, int] = {}  # a copied slot's first source
@@ -174,7 +174,6 @@ class Scheduler:
             return Admission([], [])
         out = Admission([], [])
         inflight = list(running)
-        self._budget = self.config.max_step_tokens - sum(1 for r in inflight if r.output)
         self._pending, self._origin = set(), {}  # (after a forward, they are written)
         entries: list[ev.Waiting] = []
         stop: ev.WaitReason | None = None
@@ -269,7 +268,8 @@ class Scheduler:
         B = self.config.block_size
         n = len(on.prompt) // B * B
         if not self.config.share_in_forward or on.output or on.match is None \
-                or n <= on.computed or not self._ends_prefill(on, inflight) \
+                or n <= on.computed \
+                or not prefill_ends(inflight, on, self.config.max_step_tokens) \
                 or self.tree.pool.allocator.free_count < 1 \
                 or self.tree.peek(on.prompt[:n])[1] != on.match.length:
             return False  # (more of it cached since its match: it would rewrite those blocks)
@@ -299,18 +299,6 @@ class Scheduler:
         """The slot copies this step's first forward must run (None: none), taken."""
         copy, self._copy = self._copy, ([], [])
         return copy if copy[0] else None
-
-    def _ends_prefill(self, on: Request, inflight: list[Request]) -> bool:
-        """Whether ``on``'s prefill ends in this step's first forward: every prefill before it
-        and its own fit the step's budget (``Running._plan``: decodes first, then prefill
-        chunks in admission order)."""
-        left = self._budget
-        for r in inflight:
-            if not r.output:
-                left -= len(r.prompt) - r.computed
-                if r is on:
-                    return left >= 0
-        return False
 
     # -- admission of one request ----------------------------------------------------------
     def _try_admit(self, req: Request, inflight: list[Request],
