@@ -1,6 +1,8 @@
 """A client of an engine's command socket: one typed command, one reply."""
 from __future__ import annotations
 
+import time
+
 import zmq
 
 from radixcache.wire import commands as cmd
@@ -25,15 +27,18 @@ def send_command(
         if keys is not None:
             keys.apply(sock)
         connect(sock, endpoint)
-        sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))  # a fresh connect has its pipe
-        try:  # (almost always at once; the limit only guards a pipe not attached yet)
+        deadline = time.monotonic() + timeout_s
+        sock.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))  # the send waits for the pipe
+        try:  # (there at once, unless a refused handshake dropped it: then it may not come)
             sock.send(cmd.encode_command(command))
+            sent = True
         except zmq.Again:
-            return cmd.Error(f"cannot send to {endpoint}: no connection")
-        if not sock.poll(int(timeout_s * 1000)):
+            sent = False
+        if not sent or not sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
             how = "with CURVE keys" if keys is not None else "without CURVE keys"
-            return cmd.Error(f"no reply from {endpoint} within {timeout_s:g} s (engine down, or "
-                             f"it refused this client, which connected {how})")
+            why = "" if sent else "no connection: "
+            return cmd.Error(f"no reply from {endpoint} within {timeout_s:g} s ({why}engine "
+                             f"down, or it refused this client, which connected {how})")
         try:
             return cmd.decode_reply(sock.recv_multipart()[-1])
         except cmd.CommandError as exc:
