@@ -24,7 +24,7 @@ from cli.app import RUN, CliError, app, bench_app
 from cli.bounds import MAX_BLOCKS
 from cli.cluster_screens import streams_screen
 from cli.options import SCHEDULE_HELP
-from radixcache.serving.cluster import Policy  # stdlib only: cheap at start-up
+from radixcache.serving.cluster import RoutePolicy  # stdlib only: cheap at start-up
 from radixcache.serving.policy import Policy as Schedule
 from radixcache.wire.endpoints import LOOPBACK_HOSTS
 
@@ -227,7 +227,7 @@ def bench_cluster(
 @app.command(rich_help_panel=RUN)
 def cluster(
     replicas: int = typer.Option(2, min=1, max=16, help="Engine replicas."),
-    policy: Policy = typer.Option(Policy.CACHE_AWARE, help="The router's policy."),
+    policy: RoutePolicy = typer.Option(RoutePolicy.CACHE_AWARE, help="The router's policy."),
     blocks: int = typer.Option(2048, min=16, max=MAX_BLOCKS, help="KV blocks per replica."),
     http_base: int = typer.Option(0, help="Rank r serves HTTP on BASE+r (0: a free run)."),
     zmq_base: int = typer.Option(0, help="Rank r streams on BASE+3r..+2 (0: a free run)."),

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from radixcache.analysis.figures import WhatIfFigures
     from radixcache.analysis.replay import Policy
     from radixcache.analysis.whatif import WhatIfConfig
-    from radixcache.serving.cluster import Policy as Router
+    from radixcache.serving.cluster import RoutePolicy as Router
 
 
 MAX_TOKENS = 2**50  # a capacity or pool beyond a quadrillion tokens is a typo
@@ -52,7 +52,7 @@ def _policies(text: str) -> tuple[Policy, ...]:
 
 
 def _routers(text: str) -> list[Router]:
-    from radixcache.serving.cluster import Policy as Router
+    from radixcache.serving.cluster import RoutePolicy as Router
 
     if text == "all":
         return list(Router)

@@ -16,7 +16,7 @@ import pytest
 from textual.widgets import DataTable, Static
 
 from inspector.cluster import ClusterApp, StreamFleet, replica_views, tree_lines
-from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, Policy
+from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, RoutePolicy
 from radixcache.traffic.tokenizer import shipped
 from radixcache.traffic.workloads import Vocabulary, build_workload
 from radixcache.wire.endpoints import Endpoints
@@ -30,7 +30,7 @@ TOK = shipped()
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    c = Cluster(ClusterConfig(replicas=2, policy=Policy.ROUND_ROBIN, blocks=128)).start()
+    c = Cluster(ClusterConfig(replicas=2, policy=RoutePolicy.ROUND_ROBIN, blocks=128)).start()
     yield c
     c.close()
 

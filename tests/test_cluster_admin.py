@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from radixcache.serving.cluster import Cluster, ClusterConfig, Policy
+from radixcache.serving.cluster import Cluster, ClusterConfig, RoutePolicy
 
 MODEL = "radixcache-tiny"
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    config = ClusterConfig(replicas=2, policy=Policy.ROUND_ROBIN, blocks=128,
+    config = ClusterConfig(replicas=2, policy=RoutePolicy.ROUND_ROBIN, blocks=128,
                            router_args=("--request-timeout-secs", "120"))
     c = Cluster(config).start()
     yield c

@@ -18,7 +18,7 @@ import pytest
 from textual.widgets import Static
 
 from inspector.cluster import ClusterApp, StreamFleet
-from radixcache.serving.cluster import Cluster, ClusterConfig, Policy
+from radixcache.serving.cluster import Cluster, ClusterConfig, RoutePolicy
 from radixcache.traffic.load import LoadConfig, Reply, arrivals, load
 from radixcache.traffic.tokenizer import TextTokenizer
 from radixcache.traffic.workloads import Vocabulary, build_workload
@@ -29,7 +29,7 @@ from tests.helpers.stream import wait_for
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    c = Cluster(ClusterConfig(replicas=2, policy=Policy.ROUND_ROBIN, blocks=256)).start()
+    c = Cluster(ClusterConfig(replicas=2, policy=RoutePolicy.ROUND_ROBIN, blocks=256)).start()
     yield c
     c.close()
 

@@ -162,7 +162,7 @@ def test_fifo_and_lfu_replays_on_hand_worked_traces():
 
 def test_routing_sends_a_conversation_back_to_its_cache_only_under_cache_aware():
     from radixcache.analysis.routing import shared, simulate
-    from radixcache.serving.cluster import Policy as Router
+    from radixcache.serving.cluster import RoutePolicy as Router
 
     # two conversations of two turns: A's two turns, then B's
     a1, b1 = tok(list(range(8))), tok(list(range(100, 108)))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from radixcache.analysis.figures import RouterFigures, RoutingFigures, SharedFigures
 from radixcache.analysis.replay import CachedRun, Policy, ReplayCache
 from radixcache.analysis.whatif import Source, WhatIfConfig
-from radixcache.serving.cluster import Policy as Router  # sglang-router's routing policies
+from radixcache.serving.cluster import RoutePolicy as Router  # sglang-router's routing policies
 from radixcache.traffic.traces import Access
 
 

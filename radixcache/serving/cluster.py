@@ -39,7 +39,7 @@ INSTALL_HINT = "pip install 'radixcache[cluster]'"
 ZMQ_STRIDE = 3
 
 
-class Policy(enum.StrEnum):
+class RoutePolicy(enum.StrEnum):
     """sglang-router's routing policies."""
 
     CACHE_AWARE = "cache_aware"
@@ -56,7 +56,7 @@ class ClusterConfig(NamedTuple):
     """What ``Cluster`` starts. Ports of 0 are picked free at ``start``."""
 
     replicas: int = 2
-    policy: Policy = Policy.CACHE_AWARE
+    policy: RoutePolicy = RoutePolicy.CACHE_AWARE
     blocks: int = 2048
     http_base: int = 0
     zmq_base: int = 0

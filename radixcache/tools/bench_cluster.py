@@ -26,7 +26,7 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import NamedTuple
 
-from radixcache.serving.cluster import ROUTER_EXE, Cluster, ClusterConfig, Policy
+from radixcache.serving.cluster import ROUTER_EXE, Cluster, ClusterConfig, RoutePolicy
 from radixcache.traffic.load import LoadConfig, Reply, load
 from radixcache.traffic.workloads import Workload, build_workload
 from radixcache.wire.endpoints import Endpoints
@@ -43,7 +43,7 @@ class BenchClusterConfig(NamedTuple):
     conversations: int = 320
     rate: float = 30.0
     max_tokens: int = 16
-    policies: tuple[Policy, ...] = tuple(Policy)
+    policies: tuple[RoutePolicy, ...] = tuple(RoutePolicy)
     seed: int = 0
 
 
@@ -74,7 +74,7 @@ def _server_info(url: str) -> dict[str, int]:
     return {k: int(v) for k, v in info.items() if isinstance(v, int)}
 
 
-def run_policy(config: BenchClusterConfig, policy: Policy, workload: Workload,
+def run_policy(config: BenchClusterConfig, policy: RoutePolicy, workload: Workload,
                on_reply: Callable[[Reply], None] | None = None) -> PolicyFigures:
     """Start a cluster with ``policy``, send ``workload`` through its router, measure, stop."""
     cc = ClusterConfig(config.replicas, policy, config.blocks, router_args=ROUTER_ARGS)
@@ -107,7 +107,7 @@ def bench_workload(config: BenchClusterConfig) -> Workload:
     return build_workload("chat", {"conversations": config.conversations, "seed": config.seed})
 
 
-def figures(config: BenchClusterConfig, results: dict[Policy, PolicyFigures],
+def figures(config: BenchClusterConfig, results: dict[RoutePolicy, PolicyFigures],
             workload: Workload) -> dict[str, object]:
     """The ``--json`` document: ``router`` (name, version, args) and ``policies``."""
     return {
