@@ -3,6 +3,7 @@ front that ``serve --http`` starts beside the engine server."""
 
 from __future__ import annotations
 
+import enum
 import json
 import shlex
 from functools import partial
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
     from radixcache.serving.http import HttpFront
     from radixcache.serving.server import Server
+    from radixcache.tools.bench_cluster import BenchClusterConfig, PolicyFigures
+    from radixcache.tools.cluster_faults import FaultFigures
     from radixcache.traffic.workload_types import Workload
 
 console = Console()
@@ -176,6 +179,13 @@ def _summary_table(s: dict[str, float | int]) -> Table:
     return t
 
 
+class Section(enum.StrEnum):
+    """The parts of ``bench cluster``."""
+
+    POLICIES = "policies"
+    FAULTS = "faults"
+
+
 @bench_app.command("cluster")
 def bench_cluster(
     replicas: int = typer.Option(4, min=1, max=16, help="Engine replicas."),
@@ -184,12 +194,19 @@ def bench_cluster(
     rate: float = typer.Option(30.0, min=0.01, max=1e6,
                               help="Requests per second through the router."),
     max_tokens: int = typer.Option(16, min=1, help="Answer length cap per request."),
+    section: list[Section] = typer.Option(list(Section), "--section",
+                                          help="What to run (repeatable): every router "
+                                               "policy, and/or a router kill and a replica "
+                                               "kill under load (faults)."),
     json_out: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ) -> None:
     """Every sglang-router policy on the chat workload over N replicas: hit rate, load
-    imbalance, TTFT and the tokens cached on more than one replica.
+    imbalance, TTFT and the tokens cached on more than one replica; then the faults: requests
+    failed across a router kill and a replica kill (openai clients, default retries) and the
+    supervisor's restarts.
 
     Example: [bold]radixcache bench cluster --json[/bold]
+    Faults only: [bold]radixcache bench cluster --section faults --replicas 2[/bold]
     """
     _need_cluster_extra()
     from radixcache.serving.cluster import ClusterError
@@ -198,20 +215,58 @@ def bench_cluster(
     cfg = bc.BenchClusterConfig(replicas, blocks, conversations, rate, max_tokens)
     w = bc.bench_workload(cfg)
     results = {}
-    with _progress() as bar:
-        for p in cfg.policies:
-            task = bar.add_task(str(p), total=len(w.requests))
-            try:
+    faults = None
+    try:
+        with _progress() as bar:
+            for p in cfg.policies if Section.POLICIES in section else ():
+                task = bar.add_task(str(p), total=len(w.requests))
                 results[p] = bc.run_policy(cfg, p, w, partial(_advance, bar, task))
-            except ClusterError as exc:
-                err_console.print(f"error: {exc}", highlight=False)
-                raise typer.Exit(1) from None
+            if Section.FAULTS in section:
+                faults = _bench_faults(bar, replicas, blocks)
+    except ClusterError as exc:
+        err_console.print(f"error: {exc}", highlight=False)
+        raise typer.Exit(1) from None
     doc = bc.figures(cfg, results, w)
+    doc["faults"] = None if faults is None else faults.doc()
     if json_out:
         console.print_json(json.dumps(doc))
         return
-    t = Table(title=f"radixcache bench cluster: {replicas} x {blocks} blocks, "
-                    f"{len(w.requests)} chat requests at {rate:g}/s through "
+    if results:
+        console.print(_policies_table(cfg, results, len(w.requests)))
+    if faults is not None:
+        console.print(_faults_table(faults, replicas))
+
+
+def _bench_faults(bar: Progress, replicas: int, blocks: int) -> FaultFigures:
+    """The faults section, a progress row per phase."""
+    import importlib.util
+
+    from radixcache.tools import cluster_faults as cf
+
+    if importlib.util.find_spec("openai") is None:
+        raise CliError("bench cluster --section faults measures with the openai client: "
+                       "pip install openai")
+    config = cf.FaultsConfig(max(2, replicas), blocks=min(blocks, 2048))
+    tasks: list[TaskID] = []
+
+    def phase(name: str) -> None:
+        if tasks:
+            bar.update(tasks[-1], completed=config.warm + config.after)
+        tasks.append(bar.add_task(f"faults: {name}", total=config.warm + config.after))
+
+    def done() -> None:
+        if tasks:
+            bar.advance(tasks[-1])
+
+    return cf.bench_faults(config, phase, done)
+
+
+def _policies_table(cfg: BenchClusterConfig, results: dict[RoutePolicy, PolicyFigures],
+                    requests: int) -> Table:
+    from radixcache.tools import bench_cluster as bc
+
+    t = Table(title=f"radixcache bench cluster: {cfg.replicas} x {cfg.blocks} blocks, "
+                    f"{requests} chat requests at {cfg.rate:g}/s through "
                     f"sglang-router {bc.router_version()}")
     for col in ("policy", "hit rate", "imbalance", "TTFT p50", "TTFT p99", "dup tokens",
                 "answered", "per replica"):
@@ -221,7 +276,22 @@ def bench_cluster(
                   f"{f.ttft_p50_ms:.0f} ms", f"{f.ttft_p99_ms:.0f} ms",
                   f"{f.duplicated_tokens:,}", f"{f.requests}/{f.requests + f.failed}",
                   " ".join(map(str, f.requests_per_replica)))
-    console.print(t)
+    return t
+
+
+def _faults_table(f: FaultFigures, replicas: int) -> Table:
+    t = Table(title=f"faults: {max(2, replicas)} replicas (round robin), openai clients with "
+                    "their default 2 retries")
+    for col in ("fault", "requests", "failed", "in flight", "held", "back after"):
+        t.add_column(col, justify="left" if col == "fault" else "right")
+    for name, p in (("router SIGKILL", f.router_kill), ("replica SIGKILL", f.replica_kill)):
+        t.add_row(name, str(p.requests), str(p.failed),
+                  str(p.in_flight) if name.startswith("replica") else "",
+                  str(p.held) if name.startswith("router") else "", f"{p.back_s:.2f} s")
+    t.caption = ("in flight: the killed replica's requests at the kill; held: requests the "
+                 "front held while the router was down; restarts by the supervisor: "
+                 f"{f.replica_restarts} replica, {f.router_restarts} router")
+    return t
 
 
 @app.command(rich_help_panel=RUN)

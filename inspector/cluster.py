@@ -16,9 +16,11 @@
 
 One ``Subscriber`` per replica (``radixcache.wire.fleet.Fleet``); the inspector never sees an
 engine, only streams. A replica is down when its stream (heartbeats included) is silent for
-1.5 s. Enter on a replica ends the app with its rank: the caller opens that replica's full
-screen and comes back. The command line sends workloads through the router (``chat 20``) and,
-when this screen owns the cluster, ``kill R`` / ``restart R`` a replica.
+1.5 s. When this screen owns the cluster, a ``restarts`` column shows how often the supervisor
+started each replica again, and a down replica's state says what it does next ("restarting in
+1 s: exited -9"). Enter on a replica ends the app with its rank: the caller opens that
+replica's full screen and comes back. The command line sends workloads through the router
+(``chat 20``) and, when this screen owns the cluster, ``kill R`` / ``restart R`` a replica.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from inspector.words import CLUSTER, cluster_words
 from radixcache.wire.fleet import Fleet, FleetNode, FleetTree
 
 if TYPE_CHECKING:
-    from radixcache.serving.supervisor import RouterState
+    from radixcache.serving.supervisor import ReplicaState, RouterState
     from radixcache.traffic.workloads import TokenText, Workload
 
 TREE_ROWS = 300
@@ -68,6 +70,10 @@ class ClusterControls(Protocol):
 
     def router_state(self) -> RouterState:
         """What the cluster's supervisor says of the router (restarts, rotation)."""
+        ...
+
+    def replica_states(self) -> tuple[ReplicaState, ...]:
+        """What the cluster's supervisor says of each replica (restarts, what it does next)."""
         ...
 
 
@@ -214,7 +220,8 @@ class ClusterApp(App[int | None]):
     def on_mount(self) -> None:
         """Columns, timers and the router poller."""
         table = self.query_one(DataTable)
-        table.add_columns("rank", "events", "state", "pool", "hit", "req/s", "queue")
+        table.add_columns("rank", "events", "state", "pool", "hit", "req/s", "queue",
+                          *(("restarts",) if self.controls is not None else ()))
         table.border_title = "replicas (enter: full screen)"
         self.query_one("#tree").border_title = "merged prefix tree (● holds it, xN held N times)"
         if self.router_url is not None:
@@ -259,16 +266,23 @@ class ClusterApp(App[int | None]):
         table = self.query_one(DataTable)
         cursor = table.cursor_row
         table.clear()
+        supervised = {} if self.controls is None else {
+            s.rank: s for s in self.controls.replica_states()}
         for v in self.views:
+            st = supervised.get(v.rank)
+            restarts = () if self.controls is None else (str(st.restarts) if st else "",)
             state = Text("● up", "green") if v.up else Text("✕ down", "bold red")
+            if st is not None and st.note:
+                state.append(f" ({st.note})", "yellow")
             if not v.up:
-                table.add_row(str(v.rank), v.endpoint, state, "", "", "", "")
+                table.add_row(str(v.rank), v.endpoint, state, "", "", "", "", *restarts)
                 continue
             rate = self._rates.get(v.rank)
             table.add_row(str(v.rank), v.endpoint, state, _bar(v.used, v.total),
                           "n/a" if v.hit_rate is None else f"{100 * v.hit_rate:.1f}%",
                           "n/a" if rate is None else f"{rate:.1f}",
-                          "n/a" if v.queue is None else f"{v.queue[0]}+{v.queue[1]}")
+                          "n/a" if v.queue is None else f"{v.queue[0]}+{v.queue[1]}",
+                          *restarts)
         if self.views:
             table.move_cursor(row=min(cursor, len(self.views) - 1))
 

@@ -4,14 +4,18 @@
 
     rank r   radixcache serve --http H+r --port Z+3r      (Z+3r..Z+3r+2: events, snapshot,
                                                           commands; serve binds three in a row)
-    router   sglang-router launch --port R --worker-urls http://127.0.0.1:H+r ... --policy P
+    router   sglang-router launch --port Q --worker-urls http://127.0.0.1:H+r ... --policy P
+    front    RouterFront on R (the public port), forwarding to Q (``serving.router_front``)
 
 HTTP ports are offset by rank as vLLM offsets data-parallel ranks; a base of 0 picks a free run.
 ``start`` returns once every replica's ``/health`` and the router's answer; it raises
 ``ClusterError`` (one line: which process, why) and stops what it started when one cannot start
-(the router not installed, a port taken, a replica exiting). ``kill(r)`` sends SIGKILL to a
-replica and ``restart(r)`` starts it again on the same ports; the router's own health checks
-(every second here) take it out of rotation and back. ``close()`` stops every process.
+(the router not installed, a port taken, a replica exiting). sglang-router is looked for beside
+``sys.executable`` (a virtual environment's ``bin``, on PATH or not), then on PATH. The
+``Supervisor`` restarts a replica or a router that dies and keeps the router's workers to the
+replicas that answer; the front holds requests while the router is down. ``kill(r)`` sends
+SIGKILL to a replica (the supervisor starts it again), ``restart(r)`` stops it and has it
+started at once. ``close()`` stops every process.
 """
 
 from __future__ import annotations
@@ -31,7 +35,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 from radixcache.core.procs import parent_death_signal
-from radixcache.serving.supervisor import RouterState, Supervisor, router_workers
+from radixcache.serving.router_front import RouterFront
+from radixcache.serving.supervisor import (
+    ReplicaState,
+    RouterState,
+    Supervisor,
+    router_workers,
+)
 
 ROUTER_EXE = "sglang-router"
 ROUTER_VERSION = "0.3.2"
@@ -46,6 +56,15 @@ class RoutePolicy(enum.StrEnum):
     ROUND_ROBIN = "round_robin"
     POWER_OF_TWO = "power_of_two"
     RANDOM = "random"
+
+
+def router_exe() -> str | None:
+    """sglang-router's executable: beside ``sys.executable`` (the environment this Python runs
+    in, whether or not its ``bin`` is on PATH), else on PATH; None when neither has it."""
+    beside = Path(sys.executable).parent / ROUTER_EXE
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(ROUTER_EXE)
 
 
 class ClusterError(RuntimeError):
@@ -132,25 +151,36 @@ class Cluster:
         http = config.http_base or free_port_run(n)
         zmq = config.zmq_base or free_port_run(ZMQ_STRIDE * n)
         self.replicas = [Replica(r, http + r, zmq + ZMQ_STRIDE * r) for r in range(n)]
-        self.router_port = config.router_port or free_port_run(1)
+        self.router_port = config.router_port or free_port_run(1)  # the front's: public
+        self.backend_port = free_port_run(1)  # sglang-router's own, behind the front
+        # written by the thread that starts the cluster, then only by the supervisor's
         self._procs: dict[int, _Proc] = {}
         self._router: _Proc | None = None
-        self.supervisor = Supervisor(self)  # started once everything answers
+        self.supervisor = Supervisor(self, startup_s=config.startup_s)  # once all answer
+        self.front: RouterFront | None = None
 
     @property
     def router_url(self) -> str:
-        """The router's HTTP address."""
+        """The public address of the router (its front): what clients are given."""
         return f"http://127.0.0.1:{self.router_port}"
+
+    @property
+    def router_backend_url(self) -> str:
+        """sglang-router's own address, behind the front (the supervisor's admin calls)."""
+        return f"http://127.0.0.1:{self.backend_port}"
 
     def start(self) -> Cluster:
         """Start every replica and the router and wait until all answer (see the module doc)."""
-        exe = shutil.which(ROUTER_EXE)
         try:
-            if exe is None:
+            if router_exe() is None:
                 raise ClusterError(f"{ROUTER_EXE} is not installed: {INSTALL_HINT}")
-            for port in (self.router_port, *(r.http_port for r in self.replicas)):
+            for port in (self.router_port, self.backend_port,
+                         *(r.http_port for r in self.replicas)):
                 if port_taken(port):
                     raise ClusterError(f"port {port} on 127.0.0.1 is taken")
+            self.front = RouterFront("127.0.0.1", self.router_port,
+                                     ("127.0.0.1", self.backend_port),
+                                     lambda: self.supervisor.state().up)
             for r in self.replicas:
                 self._procs[r.rank] = self._spawn_replica(r)
             for r in self.replicas:
@@ -159,6 +189,7 @@ class Cluster:
         except BaseException:
             self.close()
             raise
+        self.front.start()
         self.supervisor.start()
         return self
 
@@ -168,20 +199,22 @@ class Cluster:
 
     def start_router(self, workers: list[str]) -> None:
         """Start the router with ``workers`` and wait until it answers and lists every one of
-        them (it registers them in the background after its ``/health`` answers)."""
-        exe = shutil.which(ROUTER_EXE)
+        them that answers (it registers them in the background after its ``/health`` answers;
+        one that died meanwhile is the supervisor's to add back once it is restarted)."""
+        exe = router_exe()
         if exe is None:
             raise ClusterError(f"{ROUTER_EXE} is not installed: {INSTALL_HINT}")
         self._router = router = self._spawn("router", self._router_argv(exe, workers))
-        self._wait(router, f"{self.router_url}/health")
+        self._wait(router, f"{self.router_backend_url}/health")
         deadline = time.monotonic() + self.config.startup_s
-        while not set(workers) <= set(router_workers(self.router_url) or ()):
+        while not {w for w in workers if http_ok(f"{w}/health")} <= set(
+                router_workers(self.router_backend_url) or ()):
             if router.popen.poll() is not None or time.monotonic() > deadline:
                 raise ClusterError(f"router did not register its {len(workers)} workers")
             time.sleep(0.05)
 
     def _router_argv(self, exe: str, workers: list[str]) -> list[str]:
-        return [exe, "launch", "--host", "127.0.0.1", "--port", str(self.router_port),
+        return [exe, "launch", "--host", "127.0.0.1", "--port", str(self.backend_port),
                 "--worker-urls", *workers,
                 "--policy", str(self.config.policy),
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port_run(1)),
@@ -217,16 +250,43 @@ class Cluster:
 
     # -- faults --------------------------------------------------------------------------------
     def kill(self, rank: int) -> None:
-        """SIGKILL replica ``rank`` (no goodbye: as a crash)."""
+        """SIGKILL replica ``rank`` (no goodbye: as a crash) and reap it; the supervisor
+        starts it again."""
         p = self._procs[rank].popen
         p.send_signal(signal.SIGKILL)
         p.wait()
 
-    def restart(self, rank: int) -> None:
-        """Start replica ``rank`` again on its ports and wait for its ``/health``."""
-        r = self.replicas[rank]
-        self._procs[rank] = self._spawn_replica(r)
-        self._wait(self._procs[rank], f"{r.url}/health")
+    def replica_exit(self, rank: int) -> int | None:
+        """Replica ``rank``'s exit status (None while it runs)."""
+        return self._procs[rank].popen.poll()
+
+    def spawn_replica(self, rank: int) -> None:
+        """Start replica ``rank``'s process again on its ports (the supervisor's; it has
+        exited); returns at once."""
+        self._procs[rank] = self._spawn_replica(self.replicas[rank])
+
+    def replica_states(self) -> tuple[ReplicaState, ...]:
+        """The supervisor's word on every replica (restarts, what it does next)."""
+        return self.supervisor.replicas()
+
+    def restart(self, rank: int, timeout: float = 60.0) -> None:
+        """Stop replica ``rank`` (SIGTERM) if it runs, have the supervisor start it again at
+        once, and return when it answers ``/health``; raises ``ClusterError`` when it is not
+        back within ``timeout`` seconds."""
+        p = self._procs[rank].popen
+        if p.poll() is None:
+            p.terminate()
+            p.wait()
+        before = self.supervisor.replicas()[rank].restarts
+        self.supervisor.restart_replica_now(rank)
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.supervisor.replicas()[rank]
+            if st.restarts > before and st.up:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"replica {rank} not back after {timeout:g} s: {st.note}")
+            time.sleep(0.05)
 
     def kill_router(self) -> None:
         """SIGKILL the router."""
@@ -261,8 +321,10 @@ class Cluster:
             time.sleep(0.05)
 
     def close(self) -> None:
-        """Stop the router and every replica (SIGTERM, then SIGKILL after 5 s)."""
+        """Stop the front, the router and every replica (SIGTERM, then SIGKILL after 5 s)."""
         self.supervisor.stop()
+        if self.front is not None:
+            self.front.close()
         procs = [*self._procs.values(), *([self._router] if self._router else [])]
         for p in procs:
             if p.popen.poll() is None:
