@@ -1,22 +1,33 @@
 """Replicas behind the real sglang-router: the openai client through it, the merged tree of
-the replicas' streams, the cluster screen, and the faults (a replica SIGKILLed and restarted,
-a taken port, no router installed). Two small replicas, a few requests."""
+the replicas' streams, the cluster screen, token-id prompts, and the faults (a replica
+SIGKILLed and restarted by the supervisor, the router told; a taken port; no router
+installed, or installed beside the interpreter only). Two small replicas, a few requests."""
 
 from __future__ import annotations
 
 import json
 import socket
-import time
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from textual.widgets import DataTable, Static
 
 from inspector.cluster import ClusterApp, StreamFleet, replica_views, tree_lines
-from radixcache.serving.cluster import Cluster, ClusterConfig, ClusterError, RoutePolicy
+from radixcache.serving.cluster import (
+    ROUTER_EXE,
+    Cluster,
+    ClusterConfig,
+    ClusterError,
+    RoutePolicy,
+    router_exe,
+)
+from radixcache.serving.router_front import TOKEN_IDS
+from radixcache.serving.supervisor import ReplicaState, router_workers
 from radixcache.traffic.tokenizer import shipped
 from radixcache.traffic.workloads import Vocabulary, build_workload
 from radixcache.wire.endpoints import Endpoints
@@ -119,23 +130,45 @@ def test_cluster_screen_rows_and_tree(cluster: Cluster, fleet: Fleet) -> None:
     asyncio.run(run())
 
 
-def test_a_killed_replica_is_down_routed_around_and_back_after_restart(
-        cluster: Cluster, fleet: Fleet) -> None:
-    client = openai.OpenAI(base_url=f"{cluster.router_url}/v1", api_key="unused")
-    before = finished(cluster)
+def test_token_id_prompts_get_a_clear_error_through_the_router(cluster: Cluster) -> None:
+    ids = TOK.encode(text("ids"))
+    # was: sglang-router 0.3.2 answered 422 "Failed to deserialize the JSON body into the
+    # target type: prompt: data did not match any variant of untagged enum StringOrArray"
+    r = httpx.post(f"{cluster.router_url}/v1/completions", timeout=60,
+                   json={"model": MODEL, "prompt": ids, "max_tokens": 2})
+    assert (r.status_code, r.json()["error"]["message"]) == (400, TOKEN_IDS)
+    # what the message offers works: /generate with input_ids through the router, a replica
+    g = httpx.post(f"{cluster.router_url}/generate", timeout=60,
+                   json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}})
+    d = httpx.post(f"{cluster.replicas[0].url}/v1/completions", timeout=60,
+                   json={"model": MODEL, "prompt": ids, "max_tokens": 2})
+    assert (g.status_code, g.json()["meta_info"]["prompt_tokens"]) == (200, len(ids))
+    assert (d.status_code, d.json()["usage"]["prompt_tokens"]) == (200, len(ids))
+
+
+def test_a_killed_replica_is_restarted_and_the_router_told(cluster: Cluster,
+                                                            fleet: Fleet) -> None:
+    backend, url = cluster.router_backend_url, cluster.replicas[1].url
+    worker = (router_workers(backend) or {})[url]
     cluster.kill(1)
-    assert wait_for(lambda: not fleet.up(1), timeout=2.0)  # the screen's mark: within 2 s
+    assert wait_for(lambda: not fleet.up(1), timeout=10)  # the screen marks it down
     assert fleet.up(0)
-    time.sleep(1.5)  # the router's health check (every 1 s) takes it out
-    answers = [complete(client, [*SHARED, 10 + i]) for i in range(3)]
-    assert len(answers) == 3 and finished(cluster, (0,)) == [before[0] + 3]
-    cluster.restart(1)
+    # was: nothing restarted it ("0/2 replicas up" after a request killed both, 20 s on)
+    assert wait_for(lambda: cluster.replica_states()[1] == ReplicaState(1, True, 1, ""),
+                    timeout=60)
+    assert cluster.replica_states()[0] == ReplicaState(0, True, 0, "")
     assert wait_for(lambda: fleet.up(1) and fleet.subscribers[1].synced.is_set(), timeout=10)
     assert fleet.subscribers[1].stats.epochs == 1  # a new engine: resynced from its snapshot
-    time.sleep(1.5)
-    for i in range(2):
-        complete(client, [*SHARED, 20 + i])
-    assert finished(cluster)[1] == 1  # routed to again (round robin: one of the two)
+    # the router was told: removed while it was down, added back once it answered (a new id)
+    assert wait_for(lambda: url in (router_workers(backend) or {}), timeout=10)
+    assert (router_workers(backend) or {})[url] != worker
+    assert wait_for(lambda: cluster.router_state().out_of_rotation == (), timeout=10)
+    client = openai.OpenAI(base_url=f"{cluster.router_url}/v1", api_key="unused")
+    for i in range(6):  # routed to again (round robin; the router health-checks it first)
+        complete(client, f"again {i}")
+        if wait_for(lambda: finished(cluster, (1,)) == [1], timeout=2):
+            break
+    assert finished(cluster, (1,)) == [1]
     fleet.settle()  # both mirrors equal their engines' trees
     s0 = fleet.subscribers[0].stats
     assert (s0.epochs, s0.snapshots) == (0, 1)  # replica 0's view was never disturbed
@@ -147,18 +180,22 @@ def test_the_screen_says_when_the_router_was_killed_and_restarted(cluster: Clust
     assert not cluster.router_alive()
     assert wait_for(lambda: cluster.router_state().restarts == 1, timeout=60)
 
-    async def run() -> str:
+    async def run() -> tuple[str, list[str]]:
         app = ClusterApp(StreamFleet(fleet), cluster.router_url, cluster, words=Vocabulary())
         async with app.run_test() as pilot:
             for _ in range(100):
                 await pilot.pause(0.05)
                 if app.router_up is not None:
                     break
-            return app.header_text().plain
+            app.refresh_views()
+            table = app.query_one(DataTable)
+            return app.header_text().plain, [str(table.get_row_at(r)[-1]) for r in (0, 1)]
 
     import asyncio
 
-    assert f"router {cluster.router_url} ● up · restarted 1x" in asyncio.run(run())
+    header, restarts = asyncio.run(run())
+    assert f"router {cluster.router_url} ● up · restarted 1x" in header
+    assert restarts == ["0", "1"]  # the restarts column: replica 1 was restarted once
 
 
 def test_cluster_command_without_router_is_one_line(monkeypatch: pytest.MonkeyPatch,
@@ -168,6 +205,7 @@ def test_cluster_command_without_router_is_one_line(monkeypatch: pytest.MonkeyPa
     from cli.main import app
 
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python3"))
     r = CliRunner().invoke(app, ["cluster", "--replicas", "1"])
     assert r.exit_code == 1
     assert r.stderr.strip().splitlines() == [
@@ -185,8 +223,26 @@ def test_router_port_taken_is_one_line_and_nothing_left_running() -> None:
     assert c._procs == {}
 
 
+def test_the_router_is_found_beside_the_interpreter_off_path(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    venv, other = tmp_path / "venv" / "bin", tmp_path / "other"
+    venv.mkdir(parents=True)
+    other.mkdir()
+    monkeypatch.setattr(sys, "executable", str(venv / "python3"))
+    monkeypatch.setenv("PATH", str(other))
+    assert router_exe() is None
+    (other / ROUTER_EXE).write_text("#!/bin/sh\n")
+    (other / ROUTER_EXE).chmod(0o755)
+    assert router_exe() == str(other / ROUTER_EXE)  # on PATH
+    # was: "sglang-router is not installed" when the venv's python ran without its bin on PATH
+    (venv / ROUTER_EXE).write_text("#!/bin/sh\n")
+    (venv / ROUTER_EXE).chmod(0o755)
+    assert router_exe() == str(venv / ROUTER_EXE)  # beside the interpreter, before PATH
+
+
 def test_no_router_installed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python3"))
     with pytest.raises(ClusterError, match=r"^sglang-router is not installed: pip install "
                                            r"'radixcache\[cluster\]'$"):
         Cluster(ClusterConfig(replicas=1)).start()

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import httpx
 import pytest
 
 from radixcache.serving.cluster import Cluster, ClusterConfig, RoutePolicy
+from tests.helpers.stream import wait_for
 
 MODEL = "radixcache-tiny"
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,10 +58,8 @@ def test_a_replica_refuses_a_flush_while_a_request_runs(cluster: Cluster) -> Non
     t = threading.Thread(target=lambda: httpx.post(f"{url}/v1/completions", json=body,
                                                    timeout=300))
     t.start()
-    for _ in range(400):
-        if httpx.get(f"{url}/get_load", timeout=10).json()[0]["num_running_reqs"] == 1:
-            break
-        time.sleep(0.05)
+    assert wait_for(lambda: httpx.get(f"{url}/get_load", timeout=10).json()[0][
+        "num_running_reqs"] == 1, timeout=20)
     [load] = httpx.get(f"{url}/get_load", timeout=10).json()
     assert (load["dp_rank"], load["num_reqs"], load["num_running_reqs"]) == (0, 1, 1)
     assert load["num_tokens"] > 0  # the running request's blocks, in tokens
