@@ -144,7 +144,7 @@ def test_the_faults_section_of_bench_cluster(cluster):
 
     restarts = cluster.router_state().restarts
     phases: list[str] = []
-    f = run_faults(cluster, FaultsConfig(clients=2, max_tokens=8, warm=4, after=4),
+    f = run_faults(cluster, FaultsConfig(clients=2, max_tokens=32, warm=4, after=4),
                    phases.append)
     doc = f.doc()
     assert phases == ["router_kill", "replica_kill"]

@@ -9,13 +9,16 @@ back to back through the cluster's public port. Two phases, one after the other:
   the phase's requests that raised (0 is the goal: the front holds them, see
   ``serving.router_front``); ``held``: requests the front held across the gap; ``back_s``:
   from the kill to the restarted router taking requests;
-- ``replica_kill``: the last replica is SIGKILLed; ``in_flight`` is what its ``/get_load``
-  counted just before; the phase ends when the supervisor has restarted it, the router routes
-  to it again and ``after`` more requests are answered. ``failed`` may be at most its
+- ``replica_kill``: the last replica is SIGKILLed as soon as its ``/get_load`` counts a
+  request (``in_flight``: that count, read just before the kill); the phase ends when the
+  supervisor has restarted it, the router routes to it again and ``after`` more requests are
+  answered. ``failed`` may be at most its
   ``in_flight`` (sglang-router retries a request whose worker failed on another one);
   ``back_s``: from the kill to the replica back in the router's rotation.
 
-``replica_restarts`` and ``router_restarts`` are the supervisor's counts at the end.
+``replica_restarts`` and ``router_restarts`` are the supervisor's counts at the end. Both
+phases carry every ``Phase`` field (stable keys): ``held`` is the router's, ``in_flight`` the
+replica's, 0 in the other.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ class FaultsConfig(NamedTuple):
     replicas: int = 2
     blocks: int = 512
     clients: int = 4
-    max_tokens: int = 48
+    max_tokens: int = 64
     warm: int = 8  # requests answered before each fault
     after: int = 8  # requests answered after each recovery
     timeout_s: float = 120.0  # for any one wait
@@ -170,7 +173,10 @@ def replica_kill(c: Cluster, clients: Clients, config: FaultsConfig) -> Phase:
     start = clients.done()
     clients.wait_done(start + config.warm, config.timeout_s)
     restarts = c.replica_states()[rank].restarts
-    in_flight = _in_flight(c.replicas[rank].url)
+    seen: list[int] = []  # the kill is of a replica with requests: read, then kill at once
+    _until(lambda: seen.append(_in_flight(c.replicas[rank].url)) or seen[-1] > 0,
+           config.timeout_s, f"a request in flight on replica {rank}")
+    in_flight = seen[-1]
     killed = time.monotonic()
     c.kill(rank)
     _until(lambda: (c.replica_states()[rank].restarts > restarts
