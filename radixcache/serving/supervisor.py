@@ -160,8 +160,8 @@ class Supervisor:
 
     def start(self) -> Supervisor:
         """Run in two daemon threads (see the module doc); returns self."""
-        self._threads = [self.guard.start("rc-supervise-replicas", self._run_replicas),
-                         self.guard.start("rc-supervise-router", self._run_router)]
+        self._threads = [self.guard.start(f"rc-supervisor-{part}", run) for part, run in
+                         (("replicas", self._run_replicas), ("router", self._run_router))]
         return self
 
     def stop(self) -> None:
