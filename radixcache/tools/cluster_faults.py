@@ -88,8 +88,8 @@ class Clients:
         self.outcomes: list[str | None] = []  # None: answered; else the error, in finish order
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True,
-                                          name=f"rc-fault-client-{i}") for i in range(n)]
+        self._threads = [threading.Thread(name=f"rc-fault-client-{i}", target=self._run,
+                                          args=(i,), daemon=True) for i in range(n)]
 
     def start(self) -> Clients:
         """Start sending; returns self."""
@@ -174,8 +174,12 @@ def replica_kill(c: Cluster, clients: Clients, config: FaultsConfig) -> Phase:
     clients.wait_done(start + config.warm, config.timeout_s)
     restarts = c.replica_states()[rank].restarts
     seen: list[int] = []  # the kill is of a replica with requests: read, then kill at once
-    _until(lambda: seen.append(_in_flight(c.replicas[rank].url)) or seen[-1] > 0,
-           config.timeout_s, f"a request in flight on replica {rank}")
+
+    def holds() -> bool:
+        seen.append(_in_flight(c.replicas[rank].url))
+        return seen[-1] > 0
+
+    _until(holds, config.timeout_s, f"a request in flight on replica {rank}")
     in_flight = seen[-1]
     killed = time.monotonic()
     c.kill(rank)
