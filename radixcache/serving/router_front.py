@@ -179,7 +179,7 @@ class RouterFront:
             req = await read_request(reader, writer)
             refuse_token_ids(req)
             work = asyncio.ensure_future(self._forward(req, writer))
-            gone = asyncio.ensure_future(reader.read(1))  # b"": the client left
+            gone = asyncio.ensure_future(_until_eof(reader))  # the client left
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
             for task in (work, gone):
                 task.cancel()
@@ -240,6 +240,13 @@ class RouterFront:
             await _close(up_writer)
             return None
         return up_reader, up_writer, first
+
+
+async def _until_eof(reader: asyncio.StreamReader) -> None:
+    """Return when the client closes its side; what it sends after its request (a stray CRLF,
+    a pipelined request: answered with ``Connection: close``, so never read) is dropped."""
+    while await reader.read(65536):
+        pass
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
