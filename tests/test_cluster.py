@@ -111,7 +111,7 @@ def test_cluster_screen_rows_and_tree(cluster: Cluster, fleet: Fleet) -> None:
     async def run() -> None:
         app = ClusterApp(StreamFleet(fleet), cluster.router_url, cluster, words=Vocabulary())
         async with app.run_test() as pilot:
-            await pilot.pause(0.3)
+            await pilot.pause()  # mounted: on_mount drew the rows (no timing)
             table = app.query_one(DataTable)
             assert table.row_count == 2
             assert "2/2 replicas up" in app.header_text().plain

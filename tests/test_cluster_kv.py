@@ -30,7 +30,7 @@ def test_ranks_blocks_merge_and_show() -> None:
         async def run() -> list[str]:
             app = ClusterApp(kv, words=Vocabulary())
             async with app.run_test() as pilot:
-                await pilot.pause(0.2)
+                await pilot.pause()  # mounted: on_mount drew the rows (no timing)
                 table = app.query_one(DataTable)
                 return [" ".join(str(c) for c in table.get_row_at(i)) for i in range(2)]
 
