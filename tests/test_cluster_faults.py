@@ -19,6 +19,7 @@ from textual.widgets import Static
 
 from inspector.cluster import ClusterApp, StreamFleet
 from radixcache.serving.cluster import Cluster, ClusterConfig, RoutePolicy
+from radixcache.serving.supervisor import ReplicaState
 from radixcache.traffic.tokenizer import TextTokenizer
 from radixcache.traffic.workloads import Vocabulary
 from radixcache.wire.endpoints import Endpoints
@@ -158,3 +159,27 @@ def test_the_faults_section_of_bench_cluster(cluster):
     assert pk["failed"] <= pk["in_flight"]  # at most the killed replica's
     assert rk["requests"] >= 8 and pk["requests"] >= 8
     assert (doc["replica_restarts"], doc["router_restarts"]) == (1, restarts + 1)
+
+
+def test_restart_replica_on_the_cluster_screen(cluster):
+    fleet = Fleet([Endpoints.tcp("127.0.0.1", r.zmq_port) for r in cluster.replicas]).start()
+    before = cluster.replica_states()[0].restarts
+
+    async def run() -> str:
+        app = ClusterApp(StreamFleet(fleet), cluster.router_url, cluster, words=Vocabulary())
+        async with app.run_test() as pilot:
+            await pilot.press("colon", *"restart 0", "enter")
+            for _ in range(1200):  # restart() returns once the new replica answers
+                await pilot.pause(0.05)
+                if ":" in str(app.query_one("#message", Static).render()):
+                    break
+            return str(app.query_one("#message", Static).render())
+
+    try:
+        message = asyncio.run(run())
+    finally:
+        fleet.close()
+    assert message == "restart replica 0: done"
+    assert cluster.replica_states()[0] == ReplicaState(0, True, before + 1, "")
+    assert wait_for(lambda: cluster.router_state().out_of_rotation == (), timeout=10)
+    assert complete(cluster, 40)
