@@ -150,6 +150,7 @@ def test_a_killed_replica_is_restarted_and_the_router_told(cluster: Cluster,
                                                             fleet: Fleet) -> None:
     backend, url = cluster.router_backend_url, cluster.replicas[1].url
     worker = (router_workers(backend) or {})[url]
+    assert wait_for(lambda: fleet.up(0) and fleet.up(1), timeout=10)  # heartbeats seen
     cluster.kill(1)
     assert wait_for(lambda: not fleet.up(1), timeout=10)  # the screen marks it down
     assert fleet.up(0)

@@ -18,7 +18,9 @@ replica's restart):
   or stopped with SIGSTOP: a stopped process still accepts connections, so the router's own
   checks keep sending to it) is removed (sglang-router 0.3.2's ``DELETE /workers/{id}``; it has
   no ``/remove_worker``), one that answers and is not listed is added (``POST /workers``, which
-  is idempotent: the same id for the same url; there is no ``/add_worker``).
+  is idempotent: the same id for the same url; there is no ``/add_worker``). A replica the
+  supervisor restarted is removed and added again even if no round saw it down, so the router
+  forgets the old process's circuit breaker and load.
 """
 
 from __future__ import annotations
@@ -153,6 +155,7 @@ class Supervisor:
         self._restarts, self._note = 0, ""
         self._out: set[int] = set()
         self._watch = [_Watch(backoff_s) for _ in cluster.replica_urls()]
+        self._told = [0] * len(self._watch)  # each rank's restarts the router has caught up on
         self._lock = threading.Lock()  # state() and replicas() read from the screen's thread
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -283,12 +286,19 @@ class Supervisor:
         if listed is None:
             return
         out = set()
+        with self._lock:
+            restarts = [w.restarts for w in self._watch]
         for rank, url in enumerate(c.replica_urls()):
             up, routed = answers(f"{url}/health", self.probe_s), url in listed
+            fresh = restarts[rank] != self._told[rank]  # a new process behind the same url
+            if routed and (fresh or not up):
+                # the router forgets the old process (its circuit breaker, its load) even when
+                # the new one answered before a round saw the old one down
+                routed = http_json("DELETE", f"{router}/workers/{listed[url]}") is None
+            if not routed:
+                self._told[rank] = restarts[rank]
             if up and not routed:
                 routed = http_json("POST", f"{router}/workers", {"url": url}) is not None
-            elif not up and routed:
-                http_json("DELETE", f"{router}/workers/{listed[url]}")
             if not (up and routed):
                 out.add(rank)
         with self._lock:
