@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from radixcache.serving.http import HttpFront
     from radixcache.serving.server import Server
-    from radixcache.tools.bench_cluster import BenchClusterConfig, PolicyFigures
+    from radixcache.tools.bench_cluster import BenchClusterConfig, RouteFigures
     from radixcache.tools.cluster_faults import FaultFigures
     from radixcache.traffic.workload_types import Workload
 
@@ -261,7 +261,7 @@ def _bench_faults(bar: Progress, replicas: int, blocks: int) -> FaultFigures:
     return cf.bench_faults(config, phase, done)
 
 
-def _policies_table(cfg: BenchClusterConfig, results: dict[RoutePolicy, PolicyFigures],
+def _policies_table(cfg: BenchClusterConfig, results: dict[RoutePolicy, RouteFigures],
                     requests: int) -> Table:
     from radixcache.tools import bench_cluster as bc
 

@@ -47,7 +47,7 @@ class BenchClusterConfig(NamedTuple):
     seed: int = 0
 
 
-class PolicyFigures(NamedTuple):
+class RouteFigures(NamedTuple):
     """One policy's figures (see the module doc)."""
 
     hit_rate: float
@@ -75,7 +75,7 @@ def _server_info(url: str) -> dict[str, int]:
 
 
 def run_policy(config: BenchClusterConfig, policy: RoutePolicy, workload: Workload,
-               on_reply: Callable[[Reply], None] | None = None) -> PolicyFigures:
+               on_reply: Callable[[Reply], None] | None = None) -> RouteFigures:
     """Start a cluster with ``policy``, send ``workload`` through its router, measure, stop."""
     cc = ClusterConfig(config.replicas, policy, config.blocks, router_args=ROUTER_ARGS)
     cluster = Cluster(cc).start()
@@ -96,7 +96,7 @@ def run_policy(config: BenchClusterConfig, policy: RoutePolicy, workload: Worklo
     prompt = sum(i["prompt_tokens"] for i in infos)
     done = [i["finished"] for i in infos]
     mean = sum(done) / len(done)
-    return PolicyFigures(
+    return RouteFigures(
         sum(i["hit_tokens"] for i in infos) / prompt if prompt else 0.0,
         max(done) / mean if mean else 0.0, float(s["ttft_p50_ms"]), float(s["ttft_p99_ms"]),
         duplicated, int(s["requests"]) - int(s["failed"]), int(s["failed"]), done)
@@ -107,7 +107,7 @@ def bench_workload(config: BenchClusterConfig) -> Workload:
     return build_workload("chat", {"conversations": config.conversations, "seed": config.seed})
 
 
-def figures(config: BenchClusterConfig, results: dict[RoutePolicy, PolicyFigures],
+def figures(config: BenchClusterConfig, results: dict[RoutePolicy, RouteFigures],
             workload: Workload) -> dict[str, object]:
     """The ``--json`` document: ``router`` (name, version, args) and ``policies``."""
     return {
