@@ -28,7 +28,7 @@ from cli.options import (
     sized_workload,
 )
 from cli.output import client_curve, console, stopped, unsynced, warn
-from radixcache.core.files import output_kind, write_whole
+from radixcache.core.files import descriptor_named, output_kind, write_whole
 from radixcache.serving.policy import Policy
 from radixcache.traffic.workloads import Workload, WorkloadError
 from radixcache.wire.endpoints import Endpoints
@@ -94,7 +94,7 @@ def record(
     t0 = time.perf_counter()
     r = _record_to(out, header, keyframe_every, engine, w)
     c = r.counters
-    console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
+    wrote(out, f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
                   f"{n:,} requests finished ({c.rejected} rejected) in {r.steps:,} steps, "
                   f"{time.perf_counter() - t0:.1f} s")
 
@@ -162,7 +162,7 @@ def _record_live(endpoint: str, out: Path, seconds: float, every: int,
         raise CliError(f"no snapshot from {endpoint} in {seconds:g} s ({why})")
     note = r.note
     assert note is not None  # synced and written: the recorder wrote its note
-    console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches, "
+    wrote(out, f"wrote {out}: {r.events:,} events in {r.batches:,} batches, "
                   f"{r.keyframes} keyframes (seq {note.first_seq:,} to {note.last_seq:,})")
     if not note.complete:
         warn(f"warning: incomplete capture (noted in the file): {capture_losses(note)}")
@@ -205,4 +205,13 @@ def export(
     else:
         write_whole(target, perfetto_json(items))
     stopped(damage)
-    console.print(f"wrote {target}")
+    wrote(target, f"wrote {target}")
+
+
+def wrote(path: Path, line: str) -> None:
+    """Say what was written: on stdout, unless the file itself went to stdout
+    (``--out /dev/stdout``), where the line would end the data: then on stderr."""
+    if descriptor_named(path) == 1:
+        warn(line)
+    else:
+        console.print(line)

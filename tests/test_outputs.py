@@ -289,3 +289,37 @@ def test_record_into_a_character_device_keeps_it(tmp_path, capsys):
     assert stat.S_ISCHR(after.st_mode) and after.st_ino == before.st_ino
     assert sorted(p.name for p in tmp_path.iterdir()) == (["null"] if os.geteuid() == 0
                                                           else [])
+
+
+def test_export_to_dev_stdout_writes_through_the_descriptor_the_shell_opened(recording,
+                                                                           tmp_path):
+    """`export --out /dev/stdout >> log`: appended to the log through descriptor 1 (the
+    log is not replaced by the export), and "wrote" goes to stderr, off the data."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "all.jsonl"
+    log.write_bytes(b"first line\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    with open(log, "ab") as out:
+        r = subprocess.run([sys.executable, "-m", "cli.main", "export", str(recording),
+                            "--out", "/dev/stdout"], stdout=out, stderr=subprocess.PIPE,
+                           text=True, env=env, timeout=300, check=False)
+    assert (r.returncode, r.stderr) == (0, "wrote /dev/stdout\n")
+    assert log.read_bytes() == b"first line\n" + expected_jsonl(recording)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["all.jsonl"]
+
+
+def test_screenshots_are_written_whole_and_refused_over_a_directory(tmp_path):
+    from inspector.shots import svg_to_png
+
+    svg = '<svg xmlns="http://www.w3.org/2000/svg" width="8" height="8"><rect width="4" ' \
+          'height="4"/></svg>'
+    png = tmp_path / "shot.png"
+    png.write_bytes(b"yesterday")
+    svg_to_png(svg, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "dir.png").mkdir()
+    with pytest.raises(FileRefused, match=r"dir\.png: a directory; refusing to write over it"):
+        svg_to_png(svg, tmp_path / "dir.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.png", "shot.png"]

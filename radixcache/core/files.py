@@ -15,7 +15,10 @@ name: a reader sees the old file or the new one, never half of one, and a write 
 followed: the file it points at is replaced and the link stays. A character device or a FIFO
 (``/dev/null``, ``/dev/stdout``, a pipe another process reads) is a stream the user named on
 purpose, as ``cp`` and ``tar -f`` take one: it is written into directly and never replaced
-(a FIFO with no reader is refused rather than waited on). Anything else that exists (a
+(a FIFO with no reader is refused rather than waited on). A name of one of this process's
+descriptors (``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``, ``/proc/self/fd/N``) is written
+through that descriptor, whatever it is: ``--out /dev/stdout >> log`` appends to the log, as
+the shell opened it, instead of the log being replaced. Anything else that exists (a
 directory, a block device, a socket) is refused in one line.
 """
 
@@ -25,6 +28,7 @@ import contextlib
 import enum
 import errno
 import os
+import re
 import secrets
 import stat
 from pathlib import Path
@@ -75,9 +79,23 @@ def _what(mode: int) -> str:
     return "not a regular file"
 
 
+_FD_NAME = re.compile(r"/dev/fd/(\d+)|/proc/self/fd/(\d+)")
+
+
+def descriptor_named(path: Path) -> int | None:
+    """The descriptor of this process that ``path`` names (``/dev/stdout`` is 1), or None."""
+    name = os.path.normpath(path)
+    if name in ("/dev/stdout", "/dev/stderr"):
+        return 1 if name == "/dev/stdout" else 2
+    m = _FD_NAME.fullmatch(name)
+    return None if m is None else int(m.group(1) or m.group(2))
+
+
 def output_kind(path: Path) -> Kind:
     """How ``path`` would be written, checked before any work; ``FileRefused`` (one line) for
     a name that must not be written over (a directory, a block device, a socket)."""
+    if descriptor_named(path) is not None:
+        return Kind.STREAM
     try:
         st = os.stat(path)  # follows a link: /dev/stdout is what it points at
     except FileNotFoundError:
@@ -93,8 +111,12 @@ def output_kind(path: Path) -> Kind:
 
 def _open_stream(path: Path) -> int:
     """A write-only fd of a character device or FIFO, in blocking mode; a FIFO that no one
-    reads is refused at once (``O_NONBLOCK`` makes that open fail with ``ENXIO``)."""
+    reads is refused at once (``O_NONBLOCK`` makes that open fail with ``ENXIO``). A name of
+    one of this process's descriptors is a duplicate of it (its offset, its ``O_APPEND``)."""
     try:
+        named = descriptor_named(path)
+        if named is not None:
+            return os.dup(named)
         fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # a FIFO with no reader
