@@ -160,17 +160,16 @@ class Output:
             self._target = Path(os.path.realpath(self.path))
             try:
                 fd, self.temp = _create_beside(self._target)
-                if self.kind is Kind.REGULAR:  # the replacement keeps the old file's mode
-                    os.fchmod(fd, stat.S_IMODE(os.stat(self._target).st_mode))
             except OSError as exc:
-                self._drop_temp()
                 raise WriteFailed(self.failure(exc)) from None
+            if self.kind is Kind.REGULAR:  # the replacement keeps the old file's mode
+                try:
+                    os.fchmod(fd, stat.S_IMODE(os.stat(self._target).st_mode))
+                except OSError as exc:
+                    os.close(fd)
+                    self._drop_temp()
+                    raise WriteFailed(self.failure(exc)) from None
         self.file: BinaryIO = os.fdopen(fd, "wb", buffering=-1 if buffered else 0)
-
-    @property
-    def stream(self) -> bool:
-        """True when ``path`` is written into directly (a character device, a FIFO)."""
-        return self.kind is Kind.STREAM
 
     def failure(self, exc: OSError) -> str:
         """The one line saying that writing this output failed with ``exc``."""
