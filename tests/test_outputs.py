@@ -323,3 +323,35 @@ def test_screenshots_are_written_whole_and_refused_over_a_directory(tmp_path):
     with pytest.raises(FileRefused, match=r"dir\.png: a directory; refusing to write over it"):
         svg_to_png(svg, tmp_path / "dir.png")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.png", "shot.png"]
+
+
+def test_keys_are_a_whole_set_or_none_and_never_written_through_a_link(tmp_path, capsys):
+    """`radixcache keys DIR`: DIR a file is one line (was: a FileExistsError traceback); a
+    dangling link at a key's name is refused, not followed; a full disk leaves no key."""
+    from radixcache.wire.security import CurveError, create_keys
+
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"")
+    assert run(["keys", str(afile)], capsys) == (2, "", f"error: {afile}: not a directory\n")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "server.key").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(CurveError, match="refusing to overwrite existing keys"):
+        create_keys(linked)
+    assert not (tmp_path / "elsewhere").exists()
+    full = tmp_path / "full"
+    full.mkdir()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100, hard))
+    try:
+        with pytest.raises(CurveError) as exc:
+            create_keys(full)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+    assert str(exc.value) == f"cannot write keys in {full}: File too large (none written)"
+    assert list(full.iterdir()) == []
+    files = create_keys(full)
+    assert [stat.S_IMODE(p.stat().st_mode) & 0o077 for p in (files.server_secret,
+                                                            files.client_secret)] == [0, 0]
