@@ -201,7 +201,7 @@ class Output:
         except OSError as exc:
             self.discard()
             raise WriteFailed(self.failure(exc)) from None
-        except FileRefused:
+        except BaseException:  # refused, or interrupted (Ctrl-C): no temporary file left
             self.discard()
             raise
         _sync_directory(self._target.parent)
@@ -235,11 +235,15 @@ def _sync_directory(directory: Path) -> None:
 
 
 def write_whole(path: str | os.PathLike[str], data: bytes) -> None:
-    """``data`` as the file at ``path``, all or nothing (``Output``)."""
+    """``data`` as the file at ``path``, all or nothing (``Output``); interrupted (Ctrl-C
+    included), the temporary file is removed."""
     out = Output(path)
     try:
         out.file.write(data)
     except OSError as exc:
         out.discard()
         raise WriteFailed(out.failure(exc)) from None
+    except BaseException:
+        out.discard()
+        raise
     out.commit()
