@@ -23,6 +23,7 @@ printed from the command table (``cli.tophelp``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
@@ -135,7 +136,9 @@ def _stdout_lost(exc: StdoutLost, *, said: bool = False) -> int:
     an error line was printed already); /dev/null goes on descriptor 1 so that the
     interpreter's exit flush of the rest of the buffer succeeds."""
     if not said:
-        print(f"error: {exc}", file=sys.stderr)
+        # stderr gone too: the status says it
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            print(f"error: {exc}", file=sys.stderr)
     if exc.to_process_stdout:
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
