@@ -141,16 +141,19 @@ def test_a_directory_and_a_socket_are_refused_in_one_line(recording, tmp_path, c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.svg", "out.jsonl", "s.sock"]
 
 
-def test_a_link_is_followed_and_the_old_mode_kept(recording, tmp_path, capsys):
+def test_a_link_is_followed_and_the_old_mode_and_owner_kept(recording, tmp_path, capsys):
     real = tmp_path / "real.jsonl"
     real.write_bytes(b"old\n")
     real.chmod(0o640)
+    owner = (1234, 5678) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+    os.chown(real, *owner)
     link = tmp_path / "link.jsonl"
     link.symlink_to(real)
     assert run(["export", str(recording), "--out", str(link)], capsys)[0] == 0
     assert link.is_symlink() and os.readlink(link) == str(real)
     assert real.read_bytes() == expected_jsonl(recording)
     assert stat.S_IMODE(real.stat().st_mode) == 0o640
+    assert (real.stat().st_uid, real.stat().st_gid) == owner  # root: kept another's owner
     fresh = tmp_path / "new.jsonl"
     umask = os.umask(0o027)
     try:

@@ -164,7 +164,10 @@ class Output:
                 raise WriteFailed(self.failure(exc)) from None
             if self.kind is Kind.REGULAR:  # the replacement keeps the old file's mode
                 try:
-                    os.fchmod(fd, stat.S_IMODE(os.stat(self._target).st_mode))
+                    old = os.stat(self._target)
+                    with contextlib.suppress(OSError):  # and its owner, where that is allowed
+                        os.fchown(fd, old.st_uid, old.st_gid)
+                    os.fchmod(fd, stat.S_IMODE(old.st_mode))
                 except OSError as exc:
                     os.close(fd)
                     self._drop_temp()
