@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +28,7 @@ from cli.options import (
     sized_workload,
 )
 from cli.output import client_curve, console, stopped, unsynced, warn
+from radixcache.core.files import descriptor_named, output_kind, write_whole
 from radixcache.serving.policy import Policy
 from radixcache.traffic.workloads import Workload, WorkloadError
 from radixcache.wire.endpoints import Endpoints
@@ -78,6 +77,7 @@ def record(
 ) -> None:
     """Record a live engine (--from), or run a workload headless on the engine with the tiny
     model and record every step's events: 2000 chat requests take about 80 s on 2 CPU cores."""
+    output_kind(out)  # a directory or a block device refused before the engine starts
     if from_ is not None:
         _record_live(from_, out, seconds, keyframe_every, client_curve(curve_keys))
         return
@@ -94,7 +94,7 @@ def record(
     t0 = time.perf_counter()
     r = _record_to(out, header, keyframe_every, engine, w)
     c = r.counters
-    console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
+    wrote(out, f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
                   f"{n:,} requests finished ({c.rejected} rejected) in {r.steps:,} steps, "
                   f"{time.perf_counter() - t0:.1f} s")
 
@@ -162,7 +162,7 @@ def _record_live(endpoint: str, out: Path, seconds: float, every: int,
         raise CliError(f"no snapshot from {endpoint} in {seconds:g} s ({why})")
     note = r.note
     assert note is not None  # synced and written: the recorder wrote its note
-    console.print(f"wrote {out}: {r.events:,} events in {r.batches:,} batches, "
+    wrote(out, f"wrote {out}: {r.events:,} events in {r.batches:,} batches, "
                   f"{r.keyframes} keyframes (seq {note.first_seq:,} to {note.last_seq:,})")
     if not note.complete:
         warn(f"warning: incomplete capture (noted in the file): {capture_losses(note)}")
@@ -194,34 +194,24 @@ def export(
     """Export a recording as JSON lines or a Perfetto/Chrome trace."""
     if format not in ("jsonl", "perfetto"):
         raise typer.BadParameter("jsonl or perfetto", param_hint="--format")
+    target = out or file.with_suffix(".jsonl" if format == "jsonl" else ".json")
+    output_kind(target)  # a directory or a device refused before the recording is read
     with RecordingReader(file) as reader:
         items = [r.item for r in reader.fitting_records()]  # nothing that `tree` refuses
         damage = reader.damage
+    # all or nothing (``core.files``): a full disk leaves the file that was there and says so
     if format == "jsonl":
-        target = out or file.with_suffix(".jsonl")
-        _write_whole(target, "".join(line + "\n" for line in jsonl_lines(items)).encode())
+        write_whole(target, "".join(line + "\n" for line in jsonl_lines(items)).encode())
     else:
-        target = out or file.with_suffix(".json")
-        _write_whole(target, perfetto_json(items))
+        write_whole(target, perfetto_json(items))
     stopped(damage)
-    console.print(f"wrote {target}")
+    wrote(target, f"wrote {target}")
 
 
-def _write_whole(target: Path, data: bytes) -> None:
-    """``data`` as ``target``, all or nothing: written next to it and renamed over it, so a
-    full disk leaves the file that was there (and no half export) and says so in one line."""
-    tmp: Path | None = None
-    try:
-        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.",
-                                         delete=False) as f:
-            tmp = Path(f.name)
-            f.write(data)
-        umask = os.umask(0o022)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as open() would have made it, not the temp file's 0600
-        os.replace(tmp, target)
-    except OSError as exc:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
-        kept = "; the file there is unchanged" if target.exists() else ""
-        raise CliError(f"{target}: {exc.strerror or exc} (nothing written{kept})") from None
+def wrote(path: Path, line: str) -> None:
+    """Say what was written: on stdout, unless the file itself went to stdout
+    (``--out /dev/stdout``), where the line would end the data: then on stderr."""
+    if descriptor_named(path) == 1:
+        warn(line)
+    else:
+        console.print(line)

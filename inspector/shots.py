@@ -14,6 +14,8 @@ shot while it is busy:
 
 and ``replay`` replays, to its end, a recording of a tree-of-thought workload made as
 ``radixcache record`` makes it (``record_service``) on the same engine.
+
+Each SVG and PNG is written whole or not at all (``core.files.write_whole``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from inspector.whatif_screen import WhatIfScreen
 from inspector.why_screen import WhyScreen
 from inspector.widgets.memory import MemoryPane
 from radixcache.analysis.misses import Cause
+from radixcache.core.files import write_whole
 from radixcache.serving.server import Server, record_file, tiny_engine_server
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire import commands as cmd
@@ -71,7 +74,9 @@ def svg_to_png(svg: str, png: Path) -> None:
 
     if 'xml:space="preserve"' not in svg:
         svg = svg.replace("<svg ", '<svg xml:space="preserve" ', 1)
-    cairosvg.svg2png(bytestring=svg.encode(), write_to=str(png), output_width=SIZE[0] * 12)
+    data = cairosvg.svg2png(bytestring=svg.encode(), output_width=SIZE[0] * 12)
+    assert isinstance(data, bytes)  # no write_to: the PNG is returned
+    write_whole(png, data)
 
 
 async def _until(pilot: Pilot[None], check: Check, what: str, timeout: float = 60.0) -> None:
@@ -97,7 +102,7 @@ async def _shoot(app: App[None], lines: list[str], ready: Check, out: Path, name
             await after(pilot)
         await pilot.pause(0.5)
         svg = app.export_screenshot(title=f"radixcache {name}")
-    (out / f"{name}.svg").write_text(svg, encoding="utf-8")
+    write_whole(out / f"{name}.svg", svg.encode("utf-8"))
     svg_to_png(svg, out / f"{name}.png")
     return [out / f"{name}.svg", out / f"{name}.png"]
 

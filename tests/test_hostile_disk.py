@@ -107,7 +107,8 @@ def test_the_live_recorder_on_a_full_disk_stops_and_keeps_the_file_readable(tmp_
     with serving(source) as pub:
         rec = LiveRecorder(pub.endpoints, out).start()
         assert rec.subscriber.wait_synced(30)
-        limit = out.stat().st_size + 20_000
+        assert rec.writer is not None and not out.exists()  # written beside, renamed at close
+        limit = os.fstat(rec.writer._f.fileno()).st_size + 20_000
         soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
         old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))

@@ -4,7 +4,9 @@ given bytes per token) on the top axis, the knee, the capacities for 50/90/99% o
 the maximum, the pool when one is known, and other policies' replayed points; legend outside
 the data, a short title.
 
-The input is the figures of ``radixcache whatif`` (``answers.summary``)."""
+The input is the figures of ``radixcache whatif`` (``answers.summary``). The file is written
+whole or not at all (``core.files.Output``: beside its name, then renamed; a full disk leaves
+no half chart and the old one unchanged)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
+
+from radixcache.core.files import FileRefused, Output, WriteFailed, output_kind
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -32,6 +36,10 @@ def check(path: Path) -> None:
     """Refuse, before any work, a file the chart cannot be written to by name or library."""
     if path.suffix.lower() not in FORMATS:
         raise ChartError(f"{path}: want a .svg or .png file name")
+    try:
+        output_kind(path)  # a directory, a block device: refused before the curve is computed
+    except FileRefused as exc:
+        raise ChartError(str(exc)) from None
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -122,8 +130,20 @@ def draw(path: Path, fig: Fig) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=9)
     from matplotlib import rc_context
 
+    try:
+        out = Output(path)
+    except (FileRefused, WriteFailed) as exc:
+        raise ChartError(str(exc)) from None
     try:  # SVG text stays text: searchable, and editable in a report
         with rc_context({"svg.fonttype": "none"}):
-            figure.savefig(path, format=path.suffix.lower()[1:], dpi=120)
+            figure.savefig(out.file, format=path.suffix.lower()[1:], dpi=120)
     except OSError as exc:
-        raise ChartError(f"{path}: {exc.strerror or exc}") from None
+        out.discard()
+        raise ChartError(out.failure(exc)) from None
+    except BaseException:
+        out.discard()
+        raise
+    try:
+        out.commit()
+    except (FileRefused, WriteFailed) as exc:
+        raise ChartError(str(exc)) from None

@@ -59,17 +59,35 @@ def require_curve() -> None:
 def create_keys(directory: Path) -> KeyFiles:
     """Write a server and a client keypair into ``directory`` (created, mode 0700) with the
     secret files at mode 0600. Refuses (``CurveError``) to overwrite existing keys: every
-    client holding the old ones would be locked out."""
+    client holding the old ones would be locked out. Each file is created new (``O_EXCL``:
+    a link or anything else already at a name is refused, never written through), the
+    secrets at 0600 before a byte of them is written; a failed write (a full disk) removes
+    the four files: a key set is whole or absent. Every failure is one ``CurveError`` line."""
     require_curve()
     files = KeyFiles.in_dir(directory)
-    present = [str(p) for p in files if p.exists()]
+    present = [str(p) for p in files if p.exists() or p.is_symlink()]
     if present:
         raise CurveError(f"refusing to overwrite existing keys: {', '.join(present)}")
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for name in ("server", "client"):
-        zmq.auth.create_certificates(directory, name)
-    for secret in (files.server_secret, files.client_secret):
-        secret.chmod(SECRET_MODE)
+    if directory.exists() and not directory.is_dir():
+        raise CurveError(f"{directory}: not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise CurveError(f"cannot create {directory}: {exc.strerror or exc}") from None
+    made: list[Path] = []
+    try:
+        for path in files:  # public keys 0666 less the umask, as open() makes them
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                             SECRET_MODE if path.name.endswith("_secret") else 0o666))
+            made.append(path)
+        for name in ("server", "client"):
+            zmq.auth.create_certificates(directory, name)
+    except OSError as exc:
+        for path in made:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        raise CurveError(f"cannot write keys in {directory}: {exc.strerror or exc} "
+                         f"(none written)") from None
     return files
 
 
