@@ -121,17 +121,19 @@ def serve(
     curve_keys: Path | None = typer.Option(None, help=CURVE_HELP + " Every socket bound is a "
                                            "CURVE server accepting only client keys in DIR."),
     http: str | None = typer.Option(None, metavar="[HOST:]PORT", callback=_check_http,
-                                    help="Also serve OpenAI/SGLang HTTP on PORT (on "
-                                    "--endpoint-host), HOST:PORT or [IPv6]:PORT; a host beyond "
-                                    "loopback needs --allow-remote (needs radixcache\\[http])."),
+                                    help="Also serve OpenAI/SGLang HTTP on HOST:PORT, "
+                                    "[IPv6]:PORT or PORT (on --endpoint-host; needs "
+                                    "radixcache\\[http]). A host beyond loopback needs "
+                                    "--allow-remote."),
     drain_s: float = typer.Option(30.0, min=0.0, max=WEEK_S,
                                   help="With --http: on SIGTERM or Ctrl-C, stop admitting and "
                                   "give the requests in flight this long to finish (a second "
                                   "signal cuts it short; as uvicorn's and vLLM's grace)."),
 ) -> None:
     """Run the engine (model, radix cache, scheduler) in this process; serve its event stream,
-    snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C (with --http: then a
-    drain, see --drain-s)."""
+    snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C.
+
+    With --http, SIGTERM or Ctrl-C drains the HTTP front first (see --drain-s)."""
     from cli.cmd_cluster import start_http
     from radixcache.serving.engine import Answers, Engine
     from radixcache.serving.loop import DEFAULT_PROGRAM, LoopConfig
