@@ -139,6 +139,7 @@ class HttpFront:
         self._server = uvicorn.Server(config)
         self.guard = Guard()  # a dead server thread is recorded, not silent
         self._thread: threading.Thread | None = None
+        self._in_flight = 0  # requests in flight when ``stop_admitting`` was called
 
     @property
     def url(self) -> str:
@@ -183,14 +184,14 @@ class HttpFront:
     def stop_admitting(self) -> int:
         """New requests get 503 with ``Retry-After`` and /health 503 from now on; returns the
         HTTP requests in flight."""
-        return self._on_loop(self.runner.stop_admitting)
+        self._in_flight = self._on_loop(self.runner.stop_admitting)
+        return self._in_flight
 
     def finish_drain(self, grace_s: float, cut_now: Callable[[], bool]) -> Drained:
         """After ``stop_admitting``: wait until no request is in flight, at most ``grace_s``
         seconds and only while ``cut_now()`` is false (checked every 0.1 s); then answer the
         ones left 503, give their answers ``CUT_WAIT_S`` to go out, and ``close()``."""
         r = self.runner
-        in_flight = self._on_loop(lambda: r.waiting)
         deadline = time.monotonic() + grace_s
         why: str | None = None
         while not r.idle.is_set() and why is None:
@@ -207,7 +208,7 @@ class HttpFront:
             cut = self._on_loop(lambda: r.cut(reason))
             r.idle.wait(CUT_WAIT_S)
         self.close()
-        return Drained(in_flight, cut, why)
+        return Drained(self._in_flight, cut, why)
 
     # -- the app ------------------------------------------------------------------------------
     def app(self) -> Starlette:
