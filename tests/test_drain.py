@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -206,3 +207,44 @@ def test_a_second_signal_cuts_the_grace_short(serve: Serve) -> None:
     rc, err = serve.ended()
     assert rc == 0, err
     assert "Traceback" not in err and "drain cut short: 4 requests answered 503" in err
+
+
+def test_a_running_stream_and_a_body_still_arriving_are_answered_when_cut() -> None:
+    """In process: a stream the engine is decoding, and a request whose body is half sent,
+    when a drain with no grace cuts them: the stream gets an error event, then [DONE]; the
+    half-sent request a 503 in OpenAI's shape; the front then closes."""
+    from tests.helpers.http import http_engine
+
+    with http_engine(512) as front:
+        client = httpx.Client(timeout=120)
+        events: list[str] = []
+        first = threading.Event()
+
+        def stream() -> None:
+            body = {"model": MODEL, "prompt": "go on", "max_tokens": 4000, "stream": True}
+            with client.stream("POST", f"{front.url}/v1/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line.removeprefix("data: "))
+                        first.set()
+
+        t = threading.Thread(target=stream)
+        t.start()
+        assert first.wait(120)  # decoding: its first token was streamed
+        with socket.create_connection(("127.0.0.1", front.port)) as half:
+            half.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                         b"application/json\r\ncontent-length: 100\r\n\r\n{\"prompt\": ")
+            wait_for("both in flight", lambda: httpx.get(
+                f"{front.url}/get_load", timeout=30).json()[0]["num_http_requests"] == 2)
+            assert front.stop_admitting() == 2
+            drained = front.finish_drain(0.0, lambda: False)
+            answer = half.recv(65536).decode()
+        t.join(120)
+    assert drained.cut == 1 and drained.in_flight == 2
+    assert drained.reason is not None and "drain grace of 0 s" in drained.reason
+    error = json.loads(events[-2])["error"]
+    assert events[-1] == "[DONE]" and error["type"] == "service_unavailable"
+    assert error["message"] == drained.reason
+    head, _, body = answer.partition("\r\n\r\n")
+    assert head.startswith("HTTP/1.1 503 ")
+    assert json.loads(body)["error"]["message"] == drained.reason

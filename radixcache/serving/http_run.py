@@ -320,9 +320,10 @@ class Runner:
                                return_when=asyncio.FIRST_COMPLETED)
         finally:
             cut.cancel()
-            if not read.done():
+            unread = not read.done()
+            if unread:
                 read.cancel()
-        if read.cancelled():
+        if unread:
             raise self._cut_error()
         try:
             raw = read.result()
