@@ -64,7 +64,7 @@ class Drained(NamedTuple):
     """How a drain went."""
 
     in_flight: int  # HTTP requests in flight when admission stopped
-    cut: int  # requests the engine was still running when the grace ended (answered 503)
+    cut: int  # requests still in flight when the grace ended (answered 503)
     reason: str | None  # why they were cut (None: every request finished)
 
 

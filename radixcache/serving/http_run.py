@@ -244,14 +244,13 @@ class Runner:
 
     def cut(self, why: str) -> int:
         """Answer every request in flight 503 ``why`` now (streams: an error event, then
-        ``[DONE]``); one still being read or parsed gets the same. Returns how many had been
-        submitted to the engine and were not finished."""
+        ``[DONE]``); one still being read or parsed gets the same (one the engine finished
+        meanwhile keeps its answer). Returns the requests in flight."""
         self.cut_reason = why
         self._cut.set()
-        runs = list(self._runs)
-        for run in runs:
+        for run in list(self._runs):
             run.cut(why)
-        return len(runs)
+        return self.waiting
 
     def _leave(self) -> None:
         """One request's response is over (sent, or its client gone)."""
