@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -76,10 +78,13 @@ def record(
     curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),
 ) -> None:
     """Record a live engine (--from), or run a workload headless on the engine with the tiny
-    model and record every step's events: 2000 chat requests take about 80 s on 2 CPU cores."""
+    model and record every step's events: 2000 chat requests take about 80 s on 2 CPU cores.
+
+    SIGTERM stops it early: the file is closed whole, read back, and said so (exit 0)."""
     output_kind(out)  # a directory or a block device refused before the engine starts
     if from_ is not None:
-        _record_live(from_, out, seconds, keyframe_every, client_curve(curve_keys))
+        with _on_sigterm() as term:
+            _record_live(from_, out, seconds, keyframe_every, client_curve(curve_keys), term)
         return
     from radixcache.serving.engine import Answers, Engine
 
@@ -92,11 +97,41 @@ def record(
         "workload": f"{workload} {workload_args}".strip(), "requests": n,
         "schedule": schedule.value, "device": str(engine.model.device)}
     t0 = time.perf_counter()
-    r = _record_to(out, header, keyframe_every, engine, w)
+    with _on_sigterm() as term:
+        r = _record_to(out, header, keyframe_every, engine, w, term)
     c = r.counters
-    wrote(out, f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
-                  f"{n:,} requests finished ({c.rejected} rejected) in {r.steps:,} steps, "
-                  f"{time.perf_counter() - t0:.1f} s")
+    what = (f"wrote {out}: {r.events:,} events in {r.batches:,} batches; {c.finished:,} of "
+            f"{n:,} requests finished ({c.rejected} rejected) in {r.steps:,} steps, "
+            f"{time.perf_counter() - t0:.1f} s")
+    if term.is_set():
+        what = f"stopped by SIGTERM: {what} ({_reads_back(out, r.batches)})"
+    wrote(out, what)
+
+
+@contextlib.contextmanager
+def _on_sigterm() -> Iterator[threading.Event]:
+    """An event that SIGTERM sets (instead of ending the process) inside the block."""
+    term = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: term.set())
+    try:
+        yield term
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _reads_back(path: Path, batches: int) -> str:
+    """"reads back" once ``path`` has been read to its end with ``batches`` batches, whole;
+    else ``CliError`` saying where it stopped (what a stop must never leave)."""
+    from radixcache.core import events as evs
+
+    with RecordingReader(path) as reader:
+        found = sum(type(rec.item) is evs.Batch for rec in reader.records())
+        damage = reader.damage
+    if damage is not None or found != batches:
+        where = f"stopped at byte {damage.offset:,}: {damage.reason}" if damage else \
+            f"{found} batches, not {batches}"
+        raise CliError(f"{path} does not read back: {where}")
+    return f"reads back: {found:,} batches"
 
 
 def _first_requests(workload: str, args: str, requests: int) -> Workload:
@@ -109,15 +144,16 @@ def _first_requests(workload: str, args: str, requests: int) -> Workload:
 
 
 def _record_to(out: Path, header: dict[str, str | int | float], keyframe_every: int,
-               engine: Engine, w: Workload) -> RecordResult:
-    """Run ``w`` on ``engine`` into ``out`` with a progress bar; the engine is closed after.
-    A full disk ends in ``RecordingWriteError``: one line, the file cut to whole frames."""
+               engine: Engine, w: Workload, stop: threading.Event) -> RecordResult:
+    """Run ``w`` on ``engine`` into ``out`` with a progress bar (until ``stop`` is set); the
+    engine is closed after. A full disk ends in ``RecordingWriteError``: one line, the file
+    cut to whole frames."""
     from radixcache.serving.server import record_service
 
     try:
         with RecordingWriter(out, header, keyframe_every=keyframe_every) as writer, \
                 _requests_bar(len(w.requests)) as bar:
-            return record_service(engine, w, writer, progress=bar)
+            return record_service(engine, w, writer, progress=bar, until=stop.is_set)
     finally:
         engine.close()
 
@@ -146,10 +182,10 @@ def _requests_bar(total: int) -> Iterator[Callable[[ev.Batch], None]]:
 
 
 def _record_live(endpoint: str, out: Path, seconds: float, every: int,
-                 curve: ClientCurve | None) -> None:
+                 curve: ClientCurve | None, stop: threading.Event) -> None:
     rec = LiveRecorder(Endpoints.from_events(endpoint), out, keyframe_every=every, curve=curve)
     try:
-        r = rec.run_for(seconds)
+        r = rec.run_for(seconds, stop)
     finally:
         if rec.busy_at_end:
             # the stream's thread still holds a huge frame (a 48 MB block list: 10M objects);
@@ -162,8 +198,12 @@ def _record_live(endpoint: str, out: Path, seconds: float, every: int,
         raise CliError(f"no snapshot from {endpoint} in {seconds:g} s ({why})")
     note = r.note
     assert note is not None  # synced and written: the recorder wrote its note
-    wrote(out, f"wrote {out}: {r.events:,} events in {r.batches:,} batches, "
-                  f"{r.keyframes} keyframes (seq {note.first_seq:,} to {note.last_seq:,})")
+    what = (f"wrote {out}: {r.events:,} events in {r.batches:,} batches, {r.keyframes} "
+            f"keyframes (seq {note.first_seq:,} to {note.last_seq:,})")
+    if stop.is_set():
+        what = (f"stopped by SIGTERM after {note.seconds:g} s: {what} "
+                f"({_reads_back(out, r.batches)})")
+    wrote(out, what)
     if not note.complete:
         warn(f"warning: incomplete capture (noted in the file): {capture_losses(note)}")
 

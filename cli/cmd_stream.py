@@ -3,25 +3,28 @@ cmd_bench_events)."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import signal
 import threading
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import typer
 import zmq
 from rich.console import Console
 
 from cli.app import RUN, app
-from cli.bounds import MAX_BLOCKS, MAX_THREADS
+from cli.bounds import MAX_BLOCKS, MAX_THREADS, WEEK_S
 from cli.options import CURVE_HELP, SCHEDULE_HELP, AnswerMode, ModelSize, engine_config
 from radixcache.serving.policy import Policy
-from radixcache.wire.endpoints import BindPolicy, EndpointError, Endpoints
+from radixcache.wire.endpoints import LOOPBACK_HOSTS, BindPolicy, EndpointError, Endpoints
 from radixcache.wire.security import CurveError, create_keys
 
 if TYPE_CHECKING:  # these import torch (seconds): the commands import them when they run
     from radixcache.serving.engine import Engine
+    from radixcache.serving.http import HttpFront
     from radixcache.serving.server import Server, ServerConfig
 
 console = Console()
@@ -45,6 +48,44 @@ def keys(
         raise typer.Exit(2) from None
     for path in files:
         console.print(f"wrote {path}", highlight=False)
+
+
+class HttpAt(NamedTuple):
+    """Where ``--http`` serves: ``host`` None means ``--endpoint-host``'s."""
+
+    host: str | None
+    port: int
+
+
+_HTTP_FORMS = (re.compile(r"(?P<port>\d+)"), re.compile(r"\[(?P<host>[^\]]+)\]:(?P<port>\d+)"),
+               re.compile(r"(?P<host>[^:\[\]]+):(?P<port>\d+)"))
+
+
+def http_at(value: str) -> HttpAt:
+    """``PORT``, ``HOST:PORT`` or ``[V6]:PORT`` (what ``--http`` takes); ``typer.BadParameter``
+    for anything else, a port outside 0-65535 or a bracketed host that is not IPv6."""
+    for form in _HTTP_FORMS:
+        if (m := form.fullmatch(value.strip())) is not None:
+            break
+    else:
+        raise typer.BadParameter(f"expected PORT, HOST:PORT or [IPv6]:PORT, got {value!r}")
+    port = int(m["port"])
+    if port > 65535:
+        raise typer.BadParameter(f"port {port} is outside 0-65535")
+    host = m.groupdict().get("host")
+    if host is not None and value.strip().startswith("["):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise typer.BadParameter(f"{host!r} in brackets is not an IPv6 address") from None
+    return HttpAt(host, port)
+
+
+def _check_http(value: str | None) -> str | None:
+    """``--http``'s callback: refused before any work (exit 2) unless ``http_at`` reads it."""
+    if value is not None:
+        http_at(value)
+    return value
 
 
 def _endpoints(port: int, host: str, ipc: str | None) -> Endpoints:
@@ -79,24 +120,67 @@ def serve(
                                       help="A Digest event every N batches (0: none)."),
     curve_keys: Path | None = typer.Option(None, help=CURVE_HELP + " Every socket bound is a "
                                            "CURVE server accepting only client keys in DIR."),
-    http: int | None = typer.Option(None, min=0, max=65535,
-                                    help="Also serve OpenAI/SGLang HTTP on this port "
-                                    "(on --endpoint-host; needs radixcache\\[http])."),
+    http: str | None = typer.Option(None, metavar="[HOST:]PORT", callback=_check_http,
+                                    help="Also serve OpenAI/SGLang HTTP on HOST:PORT, "
+                                    "[IPv6]:PORT or PORT (on --endpoint-host; needs "
+                                    "radixcache\\[http]). A host beyond loopback needs "
+                                    "--allow-remote."),
+    drain_s: float = typer.Option(30.0, min=0.0, max=WEEK_S,
+                                  help="With --http: on SIGTERM or Ctrl-C, stop admitting and "
+                                  "give the requests in flight this long to finish (a second "
+                                  "signal cuts it short; as uvicorn's and vLLM's grace)."),
 ) -> None:
     """Run the engine (model, radix cache, scheduler) in this process; serve its event stream,
-    snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C."""
+    snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C.
+
+    With --http, SIGTERM or Ctrl-C drains the HTTP front first (see --drain-s)."""
+    from cli.cmd_cluster import start_http
     from radixcache.serving.engine import Answers, Engine
     from radixcache.serving.loop import DEFAULT_PROGRAM, LoopConfig
     from radixcache.serving.server import ServerConfig
 
+    at = _http_host(http, endpoint_host, allow_remote)
     engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value),
                                   schedule))
     config = ServerConfig(LoopConfig(digest_every, program=DEFAULT_PROGRAM if loop else ()),
                           block_size=16, num_blocks=blocks)
     server = _bind(engine, config, _endpoints(port, endpoint_host, ipc), allow_remote,
                    _kv_endpoints(kv_events, endpoint_host, port), curve_keys)
-    _serve_until_stopped(server, str(engine.model.device), workload, workload_args,
-                         (endpoint_host, http))
+    server.start()
+    front = None if at is None else start_http(server, *at)
+    _serve_until_stopped(server, front, str(engine.model.device), workload, workload_args,
+                         drain_s)
+
+
+def _http_host(http: str | None, endpoint_host: str,
+               allow_remote: bool) -> tuple[str, int] | None:
+    """Where ``--http`` serves (its host, else ``--endpoint-host``); a host beyond loopback
+    without --allow-remote exits 2 in one line before any work, as the ZeroMQ endpoints."""
+    if http is None:
+        return None
+    at = http_at(http)
+    host = at.host or endpoint_host
+    if host not in LOOPBACK_HOSTS and not allow_remote:
+        typer.echo(f"error: refusing to bind HTTP {host}:{at.port}: only loopback unless "
+                   "explicitly allowed (pass --allow-remote to bind a non-loopback address)",
+                   err=True)
+        raise typer.Exit(2)
+    return host, at.port
+
+
+def _drain(front: HttpFront, server: Server, drain_s: float, again: threading.Event) -> None:
+    """Stop admitting HTTP requests, let the ones in flight finish (``HttpFront``'s drain),
+    saying so on stderr in one line at each end."""
+    n = front.stop_admitting()
+    err_console.print(f"draining: {n} HTTP requests in flight, grace {drain_s:g} s (SIGTERM "
+                      "or Ctrl-C again cuts it short)", highlight=False)
+    d = front.finish_drain(drain_s, lambda: again.is_set() or server.fault is not None)
+    if d.reason is None:
+        err_console.print(f"drained: every request answered ({d.in_flight} in flight)",
+                          highlight=False)
+    else:
+        err_console.print(f"drain cut short: {d.cut} requests answered 503 ({d.reason})",
+                          highlight=False)
 
 
 def _kv_endpoints(kv_events: str | None, host: str, port: int) -> tuple[str, str] | None:
@@ -133,14 +217,10 @@ def _bind(engine: Engine, config: ServerConfig, endpoints: Endpoints, allow_remo
     return server
 
 
-def _serve_until_stopped(server: Server, device: str, workload: str | None, args: str,
-                         http: tuple[str, int | None] = ("127.0.0.1", None)) -> None:
-    """Serve until SIGTERM/Ctrl-C, or until a worker thread dies: then the fault goes to
-    stderr and the exit status is 1."""
-    from cli.cmd_cluster import start_http
-
-    server.start()
-    front = start_http(server, *http)
+def _serve_until_stopped(server: Server, front: HttpFront | None, device: str,
+                         workload: str | None, args: str, drain_s: float) -> None:
+    """Serve until SIGTERM/Ctrl-C (then drain the HTTP front, ``_drain``), or until a worker
+    thread dies: then the fault goes to stderr and the exit status is 1."""
     ep = server.publisher.endpoints
     console.print(f"serving epoch {server.publisher.epoch} on {device}: "
                   f"events {ep.events}  snapshot/replay {ep.control}  commands {ep.commands}",
@@ -149,18 +229,24 @@ def _serve_until_stopped(server: Server, device: str, workload: str | None, args
         console.print(f"vLLM KV events {server.kv.endpoints[0]}  replay {server.kv.endpoints[1]}")
     if workload:
         console.print(server.loop.command_line(f"{workload} {args}"), highlight=False)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        while not stop.wait(0.2) and server.fault is None \
-                and (front is None or front.fault is None):
-            pass
-    except KeyboardInterrupt:
+    stop, again = threading.Event(), threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        (again if stop.is_set() else stop).set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not stop.wait(0.2) and server.fault is None \
+            and (front is None or front.fault is None):
         pass
     fault = server.fault or (front.fault if front is not None else None)
     if front is not None:
-        front.close()
+        if fault is None:
+            _drain(front, server, drain_s, again)
+        else:
+            front.close()
     server.close()
+    fault = fault or server.fault
     if fault is not None:
         err_console.print(f"error: {fault.line()}", highlight=False)
         raise typer.Exit(1)

@@ -65,7 +65,8 @@ def test_a_replica_refuses_a_flush_while_a_request_runs(cluster: Cluster) -> Non
     assert load["num_tokens"] > 0  # the running request's blocks, in tokens
     refused = httpx.post(f"{url}/flush_cache", timeout=10)
     assert refused.status_code == 400
-    assert refused.json() == {"message": "cache not flushed: requests are running"}
+    assert refused.json() == {"message": "cache not flushed: 1 requests running, 0 waiting",
+                              "running": 1, "waiting": 0}
     t.join(300)
     assert httpx.post(f"{url}/flush_cache", timeout=10).status_code == 200
 

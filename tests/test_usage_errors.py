@@ -69,8 +69,11 @@ CASES = [
      "radixcache bench engine: error: Invalid value for --workload: unknown workload 'nope' "
      "(known: chat, system, tot, fork, flood) (see radixcache bench engine --help)"),
     (["serve", "--http", "70000"],
-     "radixcache serve: error: Invalid value for '--http': Input should be less than or equal "
-     "to 65535 (see radixcache serve --help)"),
+     "radixcache serve: error: Invalid value for '--http': port 70000 is outside 0-65535 "
+     "(see radixcache serve --help)"),
+    (["serve", "--http", "::1:8000"],  # an IPv6 host needs its brackets
+     "radixcache serve: error: Invalid value for '--http': expected PORT, HOST:PORT or "
+     "[IPv6]:PORT, got '::1:8000' (see radixcache serve --help)"),
 ]
 
 

@@ -2,7 +2,7 @@
 
 ``HttpFront(backend).start()`` serves, from a uvicorn thread of its own::
 
-    GET  /health /health_generate        200 while the front runs (routers poll it)
+    GET  /health /health_generate        200 while the front runs, 503 while it drains
     GET  /server_info /model_info        SGLang's (``tokenizer_path``: the shipped tokenizer)
     GET  /v1/models /version             OpenAI's model list; the server's version
     POST /v1/completions                 prompt text or ids (``serving.openai_api``)
@@ -11,6 +11,7 @@
     POST /tokenize /detokenize           text <-> ids with the shipped tokenizer
     GET  /get_load                       SGLang's load figures (sglang-router's /get_loads)
     POST /flush_cache                    empty the cache; 400 while requests run (as SGLang)
+                                         (any other method: 405 with ``Allow``)
     POST /abort_request                  drop a request by its ``rid``
     GET  /metrics                        Prometheus (``serving.prometheus``)
 
@@ -19,6 +20,12 @@ The front never steps the engine: it submits through a ``Backend`` (``EngineBack
 off the event loop, a bound on waiting requests, a client that leaves aborts its request).
 Connections that send no complete request within ``read_timeout`` seconds, or stay idle that
 long between requests, are closed. Binds 127.0.0.1 unless told otherwise (IPv6 too).
+
+Stopping: ``close()`` cuts what is open. A drain (what ``serve`` does on SIGTERM) is
+``stop_admitting()`` (new requests 503 with ``Retry-After``, /health 503 so routers stop
+sending), then ``finish_drain(grace_s, cut_now)``: the requests in flight finish, or, once the
+grace is over or ``cut_now()`` says so, are answered 503 (a stream: an error event, then
+``[DONE]``); then ``close()``. Every request in flight gets a whole answer either way.
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
+from typing import NamedTuple, TypeVar
 
 import uvicorn
 from starlette.applications import Starlette
@@ -47,6 +56,16 @@ from radixcache.serving.prometheus import RequestMetrics
 from radixcache.traffic.tokenizer import TextTokenizer, shipped
 
 DEFAULT_MODEL = "radixcache-tiny"
+CUT_WAIT_S = 5.0  # after a cut, how long the cut requests' answers get to go out
+_T = TypeVar("_T")
+
+
+class Drained(NamedTuple):
+    """How a drain went."""
+
+    in_flight: int  # HTTP requests in flight when admission stopped
+    cut: int  # requests still in flight when the grace ended (answered 503)
+    reason: str | None  # why they were cut (None: every request finished)
 
 
 def _server_version() -> str:
@@ -115,9 +134,12 @@ class HttpFront:
         config = uvicorn.Config(self.app(), log_level="warning", access_log=False,
                                 lifespan="off", timeout_graceful_shutdown=1, http=_TimedH11,
                                 timeout_keep_alive=max(1, int(self.limits.read_timeout_s)))
+        # uvicorn's own grace (its shutdown waits that long for open connections) matters
+        # only for ``close()`` without a drain: a drain leaves nothing in flight
         self._server = uvicorn.Server(config)
         self.guard = Guard()  # a dead server thread is recorded, not silent
         self._thread: threading.Thread | None = None
+        self._in_flight = 0  # requests in flight when ``stop_admitting`` was called
 
     @property
     def url(self) -> str:
@@ -151,6 +173,43 @@ class HttpFront:
     def _serve(self) -> None:
         self._server.run(sockets=[self._sock])
 
+    # -- draining (from another thread than the server's) ---------------------------------------
+    def _on_loop(self, call: Callable[[], _T]) -> _T:
+        """``call()`` on the server's event loop (the runner's state lives there)."""
+        async def run() -> _T:
+            return call()
+        loop = self._server.servers[0].get_loop()
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(30)
+
+    def stop_admitting(self) -> int:
+        """New requests get 503 with ``Retry-After`` and /health 503 from now on; returns the
+        HTTP requests in flight."""
+        self._in_flight = self._on_loop(self.runner.stop_admitting)
+        return self._in_flight
+
+    def finish_drain(self, grace_s: float, cut_now: Callable[[], bool]) -> Drained:
+        """After ``stop_admitting``: wait until no request is in flight, at most ``grace_s``
+        seconds and only while ``cut_now()`` is false (checked every 0.1 s); then answer the
+        ones left 503, give their answers ``CUT_WAIT_S`` to go out, and ``close()``."""
+        r = self.runner
+        deadline = time.monotonic() + grace_s
+        why: str | None = None
+        while not r.idle.is_set() and why is None:
+            if cut_now():
+                why = "the server is shutting down and was told not to wait for this request"
+            elif (left := deadline - time.monotonic()) <= 0:
+                why = (f"the server is shutting down and this request did not finish within "
+                       f"its drain grace of {grace_s:g} s")
+            else:
+                r.idle.wait(min(0.1, left))
+        cut = 0
+        if why is not None:
+            reason = why
+            cut = self._on_loop(lambda: r.cut(reason))
+            r.idle.wait(CUT_WAIT_S)
+        self.close()
+        return Drained(self._in_flight, cut, why)
+
     # -- the app ------------------------------------------------------------------------------
     def app(self) -> Starlette:
         """The Starlette application (its routes are this front's methods)."""
@@ -161,7 +220,7 @@ class HttpFront:
             Route("/model_info", self.model_info), Route("/get_model_info", self.model_info),
             Route("/v1/models", self.models), Route("/metrics", self.metrics),
             Route("/version", self.version), Route("/get_load", self.get_load),
-            Route("/flush_cache", self.flush_cache, methods=["POST", "GET"]),
+            Route("/flush_cache", self.flush_cache, methods=["POST"]),
             Route("/abort_request", r.abort_request, methods=["POST"]),
             Route("/tokenize", r.tokenize, methods=["POST"]),
             Route("/detokenize", r.detokenize, methods=["POST"]),
@@ -175,14 +234,19 @@ class HttpFront:
     async def _http_error(self, _request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(api.ApiError(exc.status_code, str(exc.detail), kind=kind))
+        return error_response(api.ApiError(exc.status_code, str(exc.detail), kind=kind),
+                              headers=exc.headers)  # a 405's ``Allow``
 
     async def _internal_error(self, _request: Request, exc: Exception) -> Response:
         return error_response(api.ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
                                            kind="internal_server_error"))
 
     async def health(self, _request: Request) -> Response:
-        """200, empty: the engine's front is up."""
+        """200, empty: the engine's front is up; 503 ``{"status": "draining"}`` while it
+        drains (routers stop sending)."""
+        if self.runner.draining:
+            return JSONResponse({"status": "draining"}, status_code=503,
+                                headers={"Retry-After": "1"})
         return Response(status_code=200)
 
     async def server_info(self, _request: Request) -> Response:
@@ -228,10 +292,13 @@ class HttpFront:
                               "num_http_requests": self.runner.waiting}])
 
     async def flush_cache(self, _request: Request) -> Response:
-        """Empty the cache; 400 while requests are queued or running (SGLang's rule)."""
-        if not await run_in_threadpool(self.backend.flush):
-            return JSONResponse({"message": "cache not flushed: requests are running"},
-                                status_code=400)
+        """Empty the cache; 400 while requests are queued or running (SGLang's rule), with
+        how many: none of them is touched (``Backend.flush``)."""
+        f = await run_in_threadpool(self.backend.flush)  # waits for a step: off the loop
+        if not f.done:
+            return JSONResponse({"message": f"cache not flushed: {f.running} requests running, "
+                                 f"{f.waiting} waiting", "running": f.running,
+                                 "waiting": f.waiting}, status_code=400)
         return JSONResponse({"message": "cache flushed"})
 
     async def metrics(self, _request: Request) -> Response:

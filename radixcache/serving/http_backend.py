@@ -3,14 +3,26 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from radixcache.serving.engine import Engine, RequestHandle, TokenPolicy
 from radixcache.serving.loop import ServiceLoop
 from radixcache.serving.prometheus import Counters
 from radixcache.serving.requests import TokenHook
-from radixcache.wire import commands as cmd
+
+
+class Flush(NamedTuple):
+    """What a flush found: the requests in its way (none: the cache was emptied)."""
+
+    waiting: int
+    running: int
+
+    @property
+    def done(self) -> bool:
+        """Whether the cache was emptied (nothing was waiting or running)."""
+        return not (self.waiting or self.running)
 
 
 class Backend(Protocol):
@@ -36,8 +48,9 @@ class Backend(Protocol):
         """Drop a request (a client that left); False when it is not queued or running."""
         ...
 
-    def flush(self) -> bool:
-        """Empty the cache; False (nothing done) while requests are queued or running."""
+    def flush(self) -> Flush:
+        """Empty the cache unless requests are queued or running (then nothing is done and
+        no request is touched), atomically with ``submit``."""
         ...
 
     def counters(self) -> Counters:
@@ -48,11 +61,15 @@ class Backend(Protocol):
 class EngineBackend:
     """An ``Engine`` stepped by ``loop`` (``serve``'s): a submit or an abort wakes the loop
     (it waits on an event when idle); figures are read under the loop's state lock (a step's
-    counts are all in or all out); a flush is the loop's ``reset`` command (published as one)."""
+    counts are all in or all out); a flush is decided and done between two steps with the
+    front's submits held off (``flush``)."""
 
     def __init__(self, engine: Engine, loop: ServiceLoop) -> None:
         self.engine = engine
         self._loop = loop
+        # held by ``submit`` and by ``flush`` inside the state lock (in that order, never the
+        # other way): a flush's check and its reset see the same queue
+        self._admission = threading.Lock()
 
     @property
     def vocab_size(self) -> int:
@@ -67,7 +84,9 @@ class EngineBackend:
     def submit(self, prompt: Sequence[int], max_new_tokens: int, on_token: TokenHook | None,
                policy: TokenPolicy | None) -> RequestHandle:
         """``Engine.submit`` then wake the stepping loop."""
-        handle = self.engine.submit(prompt, max_new_tokens, on_token=on_token, policy=policy)
+        with self._admission:
+            handle = self.engine.submit(prompt, max_new_tokens, on_token=on_token,
+                                        policy=policy)
         self._loop.wake()
         return handle
 
@@ -77,13 +96,21 @@ class EngineBackend:
         self._loop.wake()
         return found
 
-    def flush(self) -> bool:
-        """The loop's ``reset``, unless requests are queued or running."""
-        s = self._loop.stats()
-        if s.running or s.waiting:
-            return False
-        self._loop.command(cmd.Reset())
-        return True
+    def flush(self) -> Flush:
+        """The engine's reset, unless requests are queued or running. Checked and done under
+        the loop's state lock (no step in progress: nothing is being admitted) and the
+        admission lock (no HTTP submit in between), so a request submitted meanwhile is either
+        counted here (nothing flushed) or queued after the reset: a flush never cancels a
+        request. (The other submitters, ZeroMQ commands and a workload's follow-ups, submit
+        under the state lock.) The reset is published as one batch, then a sample."""
+        with self._loop.changing(), self._admission:
+            waiting, running = self.engine.depths()
+            found = Flush(waiting, running)
+            if found.done:
+                self.engine.reset()
+        if found.done:
+            self._loop.sample()
+        return found
 
     def counters(self) -> Counters:
         """``Engine.stats`` between two steps, and the blocks running requests hold."""

@@ -10,7 +10,11 @@
   a long prompt is encoded), after a cheap character count refuses text that cannot fit;
 - a client that leaves (before, during or after its first token, streamed or not) aborts its
   request: the engine drops it at its next step and unpins its nodes; it is counted with
-  ``finished_reason="abort"``; nothing is logged.
+  ``finished_reason="abort"``; nothing is logged;
+- a drain (``stop_admitting``, then ``cut`` if the grace runs out): a request in flight is one
+  whose response is not yet wholly sent; after ``stop_admitting`` a new one gets 503 with
+  ``Retry-After`` and ``idle`` is set once none is left; ``cut`` answers every one left 503
+  (a stream: an error event, then ``[DONE]``), one still sending its body included.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ import contextlib
 import ctypes
 import ctypes.util
 import json
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, cast
 
@@ -39,6 +44,7 @@ from radixcache.serving.sampling import Piece, RequestPolicy
 from radixcache.traffic.tokenizer import TextTokenizer
 
 MAX_BODY = 1 << 20  # bytes
+DRAINING = "the server is shutting down: send this request to another server or retry"
 
 
 class Limits(NamedTuple):
@@ -49,7 +55,8 @@ class Limits(NamedTuple):
     read_timeout_s: float = 30.0  # for a request's headers, its body, and an idle connection
 
 
-def error_response(exc: api.ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(exc: api.ApiError,
+                   headers: Mapping[str, str] | None = None) -> JSONResponse:
     """OpenAI's error body with the error's status."""
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
@@ -119,6 +126,7 @@ class _Run:
         self.handle = b.submit(ask.prompt, ask.max_tokens, self._token, self.policy)
         self.handle.add_done_callback(lambda _h: self._push(None))
         self.finished = False
+        self.cut_reason: str | None = None  # set by ``cut``: the answer is this 503
         self.rest = Piece("", [])  # what the answer had not streamed when it ended
 
     @property
@@ -157,7 +165,8 @@ class _Run:
             raise api.ApiError(400, str(exc), code="context_length_exceeded") from None
         except RequestCancelled as exc:
             self._record("abort", 0.0)
-            raise api.ApiError(503, str(exc), kind="service_unavailable") from None
+            raise api.ApiError(503, self.cut_reason or str(exc),
+                               kind="service_unavailable") from None
         m, p = result.metrics, self.policy
         self.rest = p.finish()
         self._record("length" if p.stopped is None else "stop", m.queue_ms / 1e3)
@@ -174,6 +183,14 @@ class _Run:
             assert self.handle.id is not None
             self.runner.backend.abort(self.handle.id)
             self._record("abort", 0.0)
+
+    def cut(self, why: str) -> None:
+        """End the request now (a drain ran out of time): its answer is a 503 saying ``why``.
+        A request that has finished already keeps its answer."""
+        if not self.finished:
+            self.cut_reason = why
+            assert self.handle.id is not None
+            self.runner.backend.abort(self.handle.id)
 
     def _record(self, reason: str, queue_s: float) -> None:
         now = time.perf_counter()
@@ -195,9 +212,17 @@ class Runner:
                  stats: RequestMetrics, limits: Limits, model: str) -> None:
         self.backend, self.tokenizer, self.stats = backend, tokenizer, stats
         self.limits, self.model = limits, model
-        self.waiting = 0  # requests in flight; touched on the event loop only
+        # on the event loop only: requests in flight, and the drain's state
+        self.waiting = 0
+        self.draining = False  # set by ``stop_admitting``
+        self.cut_reason: str | None = None  # set by ``cut``
+        self._cut = asyncio.Event()  # set by ``cut``: a body still arriving is not waited for
+        self._runs: set[_Run] = set()  # submitted and not yet finished
         self._rids: dict[str, _Run] = {}
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix="rc-http-encode")
+        # set (on the event loop) once draining and nothing is in flight: what the thread
+        # stopping the front waits on
+        self.idle = threading.Event()
 
     def close(self) -> None:
         """Stop the encoding thread."""
@@ -207,6 +232,31 @@ class Runner:
         """What parsing needs: the tokenizer and the limits of the engine."""
         b = self.backend
         return api.Context(self.tokenizer, b.vocab_size, b.max_context)
+
+    # -- the drain (called on the event loop) -----------------------------------------------------
+    def stop_admitting(self) -> int:
+        """From now on every new request is answered 503 with ``Retry-After`` (and /health
+        says draining); returns the requests in flight. ``idle`` is set once none is."""
+        self.draining = True
+        if not self.waiting:
+            self.idle.set()
+        return self.waiting
+
+    def cut(self, why: str) -> int:
+        """Answer every request in flight 503 ``why`` now (streams: an error event, then
+        ``[DONE]``); one still being read or parsed gets the same (one the engine finished
+        meanwhile keeps its answer). Returns the requests in flight."""
+        self.cut_reason = why
+        self._cut.set()
+        for run in list(self._runs):
+            run.cut(why)
+        return self.waiting
+
+    def _leave(self) -> None:
+        """One request's response is over (sent, or its client gone)."""
+        self.waiting -= 1
+        if self.draining and not self.waiting:
+            self.idle.set()
 
     # -- endpoints -----------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
@@ -259,23 +309,51 @@ class Runner:
 
     async def _body(self, request: Request) -> tuple[dict[str, object], int]:
         """The body, read within the read timeout (408), parsed on the encoding thread; and
-        its size in bytes."""
+        its size in bytes. A drain's ``cut`` ends the wait (503)."""
+        read = asyncio.ensure_future(asyncio.wait_for(
+            read_body(request, self.limits.max_body), self.limits.read_timeout_s))
+        cut = asyncio.ensure_future(self._cut.wait())
         try:
-            raw = await asyncio.wait_for(read_body(request, self.limits.max_body),
-                                         self.limits.read_timeout_s)
+            await asyncio.wait([cast("asyncio.Future[object]", read),
+                                cast("asyncio.Future[object]", cut)],
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cut.cancel()
+            unread = not read.done()
+            if unread:
+                read.cancel()
+        if unread:
+            raise self._cut_error()
+        try:
+            raw = read.result()
         except TimeoutError:
             raise api.ApiError(408, f"request body not received within "
                                f"{self.limits.read_timeout_s:g} s") from None
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._encoder, parse_json, raw), len(raw)
 
+    def _cut_error(self) -> api.ApiError:
+        return api.ApiError(503, self.cut_reason or DRAINING, kind="service_unavailable")
+
     async def _serve(self, request: Request, parse: api.Parser) -> Response:
+        if self.draining:
+            return error_response(api.ApiError(503, DRAINING, kind="service_unavailable"),
+                                  headers={"Retry-After": "1"})
         if self.waiting >= self.limits.max_waiting:
             return error_response(api.ApiError(
                 429, f"{self.waiting} requests in flight: try again shortly",
                 kind="rate_limit_error"), headers={"Retry-After": "1"})
         self.waiting += 1
-        streaming = False
+        try:
+            response, run = await self._respond(request, parse)
+        except BaseException:
+            self._leave()
+            raise
+        return _Sent(response, self._leave if run is None else lambda: self._closed(run))
+
+    async def _respond(self, request: Request,
+                       parse: api.Parser) -> tuple[Response, _Run | None]:
+        """The response, and the run when it streams (its end aborts the run)."""
         try:
             body, size = await self._body(request)
             loop = asyncio.get_running_loop()
@@ -284,16 +362,14 @@ class Runner:
             self._check(body, ask)
             run = self._submit(ask)
             if ask.stream:
-                streaming = True
-                return _Streamed(self._stream(run, request), lambda: self._closed(run))
-            return JSONResponse(await self._answer(run, request))
+                events = StreamingResponse(self._stream(run, request),
+                                           media_type="text/event-stream")
+                return events, run
+            return JSONResponse(await self._answer(run, request)), None
         except api.ApiError as exc:
-            return error_response(exc)
+            return error_response(exc), None
         except ClientDisconnect:
-            return Response(status_code=499)
-        finally:
-            if not streaming:
-                self.waiting -= 1
+            return Response(status_code=499), None
 
     def _check(self, body: dict[str, object], ask: api.Ask) -> None:
         model = body.get("model")
@@ -310,10 +386,14 @@ class Runner:
             raise api.ApiError(400, f"request id '{ask.rid}' is already running", param="rid")
 
     def _submit(self, ask: api.Ask) -> _Run:
+        if self.cut_reason is not None:
+            raise self._cut_error()
         try:
             run = _Run(self, ask)
         except ValueError as exc:
             raise api.ApiError(400, str(exc)) from None
+        self._runs.add(run)
+        run.on_done(lambda: self._runs.discard(run))
         if ask.rid is not None:
             self._rids[ask.rid] = run
             rid = ask.rid
@@ -351,21 +431,21 @@ class Runner:
     def _closed(self, run: _Run) -> None:
         """A streamed response ended, sent or not (its generator may never have started)."""
         run.abort()
-        self.waiting -= 1
+        self._leave()
 
 
-class _Streamed(StreamingResponse):
-    """Server-sent events that call ``on_close`` once the response is over, however it ends
-    (a client that left before the first byte included)."""
+class _Sent(Response):
+    """``inner``, then ``on_close`` once it is over however it ends (wholly sent, or a client
+    that left before its first byte): a request is in flight until then."""
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream")
-        self._on_close = on_close
+    def __init__(self, inner: Response, on_close: Callable[[], None]) -> None:
+        # no ``Response.__init__``: the status, headers and body are ``inner``'s
+        self._inner, self._on_close = inner, on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Send, then ``on_close``."""
+        """Send ``inner``, then ``on_close``."""
         try:
-            await super().__call__(scope, receive, send)
+            await self._inner(scope, receive, send)
         finally:
             self._on_close()
 

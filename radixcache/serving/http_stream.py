@@ -4,7 +4,9 @@ OpenAI (completions and chat): a chat's first chunk carries ``role: assistant`` 
 completion's first chunk, the prompt); then one chunk per piece of new text, with its
 logprobs when asked; the last chunk carries ``finish_reason`` (``stop`` or ``length``); then
 the usage chunk when ``stream_options.include_usage`` is set (with ``continuous_usage_stats``,
-as vLLM, every chunk before it also carries the usage so far); then ``[DONE]``.
+as vLLM, every chunk before it also carries the usage so far); then ``[DONE]``. A request that
+ends in an error after its stream began (cut by a drain) sends one ``{"error": ...}`` event
+instead of its last chunk, then ``[DONE]``, as vLLM does.
 
 SGLang ``/generate``: each chunk carries only the new text and the new ``output_ids`` (what
 SGLang sends with ``stream_output``: the chunks concatenate to the answer; a 2,000-token answer
@@ -23,6 +25,7 @@ from radixcache.serving import openai_out as out
 from radixcache.serving.sampling import Piece
 from radixcache.traffic.tokenizer import TextTokenizer
 
+DONE = b"data: [DONE]\n\n"  # the end of every stream, an answer's or an error's
 NextPiece = Callable[[], Awaitable[Piece | bool | None]]  # False: the client left
 
 
@@ -109,9 +112,10 @@ async def stream_events(run: StreamedRun, next_piece: NextPiece, model: str,
             yield c.piece(p, None)
     try:
         o = run.outcome()
-    except api.ApiError as exc:
+    except api.ApiError as exc:  # cut by a drain, /abort_request: the error, [DONE]
         yield sse(exc.body())
+        yield DONE
         return
     for last in c.last(o, run.rest):
         yield last
-    yield b"data: [DONE]\n\n"
+    yield DONE

@@ -227,11 +227,14 @@ class ServiceLoop:
             self._inject_next()
         return worked
 
-    def run_until_idle(self, max_steps: int | None = None) -> int:
-        """Step in this thread until the service has no work (or ``max_steps``); returns the
-        steps taken. The last batch carries a sample and a ``Digest``."""
+    def run_until_idle(self, max_steps: int | None = None, *,
+                       until: Callable[[], bool] | None = None) -> int:
+        """Step in this thread until the service has no work (or ``max_steps``, or ``until()``
+        is true before a step); returns the steps taken. The last batch carries a sample and a
+        ``Digest``."""
         steps = 0
-        while self.service.busy() and (max_steps is None or steps < max_steps):
+        while self.service.busy() and (max_steps is None or steps < max_steps) \
+                and (until is None or not until()):
             with self.lock.turn():
                 self.service.step()
                 self._flush(sample=self._sample_due(stepped=True))

@@ -124,12 +124,14 @@ class RecordResult(NamedTuple):
 
 def record_service(service: CacheService, workload: Workload, writer: RecordingWriter, *,
                    digest_every: int = 64, epoch: int = 1,
-                   progress: Callable[[ev.Batch], None] | None = None) -> RecordResult:
-    """Run ``workload`` on a fresh ``service`` in this thread until every request is done,
-    writing each step as one batch (seq 1, 2, ... with no empty batches), a keyframe first
-    and whenever the writer needs one (taken right after the batch it follows, at that seq),
-    a ``Digest`` every ``digest_every`` batches and one in the last batch. ``progress`` sees
-    each batch once written (``record`` counts the finished requests in it)."""
+                   progress: Callable[[ev.Batch], None] | None = None,
+                   until: Callable[[], bool] | None = None) -> RecordResult:
+    """Run ``workload`` on a fresh ``service`` in this thread until every request is done
+    (or ``until()`` is true between two steps: a SIGTERM), writing each step as one batch
+    (seq 1, 2, ... with no empty batches), a keyframe first and whenever the writer needs one
+    (taken right after the batch it follows, at that seq), a ``Digest`` every ``digest_every``
+    batches and one in the last batch. ``progress`` sees each batch once written (``record``
+    counts the finished requests in it)."""
     def on_batch(batch: ev.Batch) -> None:
         writer.write_batch(batch)
         if progress is not None:
@@ -142,7 +144,7 @@ def record_service(service: CacheService, workload: Workload, writer: RecordingW
     sink = BatchSink(on_batch, epoch=epoch, clock=time.time)
     loop = ServiceLoop(service, sink, LoopConfig(digest_every, sample_every_s=float("inf")))
     service.submit_workload(workload)
-    steps = loop.run_until_idle()
+    steps = loop.run_until_idle(until=until)
     c = service.counters()
     return RecordResult(writer.batches, writer.events, c, steps, service.digest())
 

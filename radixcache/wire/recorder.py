@@ -150,14 +150,19 @@ class LiveRecorder:
                            s.malformed, s.resyncs, s.seq_backwards, s.buffer_dropped,
                            error, status.state is State.LIVE and not lost)
 
-    def run_for(self, seconds: float) -> RecordResult:
-        """Record for ``seconds`` (less when a write fails), then stop and close the file."""
+    def run_for(self, seconds: float, stop: threading.Event | None = None) -> RecordResult:
+        """Record for ``seconds`` (less when a write fails or ``stop`` is set: a SIGTERM),
+        then stop and close the file. The note says how long it recorded."""
         self._seconds = seconds
         self.start()
-        deadline = time.monotonic() + seconds
+        t0 = time.monotonic()
+        deadline = t0 + seconds
+        stop = stop if stop is not None else threading.Event()
         try:
             while self.failed is None and (left := deadline - time.monotonic()) > 0:
-                time.sleep(min(left, 0.05))
+                if stop.wait(min(left, 0.05)):
+                    self._seconds = round(time.monotonic() - t0, 3)
+                    break
         finally:
             result = self.stop()
         return result
