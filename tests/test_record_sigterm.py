@@ -25,9 +25,15 @@ def _record(argv: list[str]) -> subprocess.Popen[str]:
 
 
 def _wait_for_file(path: Path, proc: subprocess.Popen[str]) -> None:
-    """Until the recorder has opened its file (its SIGTERM handler is in place by then)."""
+    """Until the recorder has written to its file (its SIGTERM handler is in place by then).
+    The writer fills a hidden file beside the name (``.NAME.XXXXXXXX.tmp``, ``core.files``) and
+    renames it into place when it closes, so that is the file to watch."""
     deadline = time.monotonic() + 120
-    while not (path.exists() and path.stat().st_size > 0):
+
+    def written() -> bool:
+        return any(f.stat().st_size > 0 for f in path.parent.glob(f".{path.name}.*.tmp"))
+
+    while not written():
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, f"{path} not written within 120 s"
         time.sleep(0.05)
