@@ -79,7 +79,9 @@ COMMANDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
         "generated 1M-request Mooncake-format trace."),
     "bench cluster": ("cli.cmd_cluster", "",
         "Every sglang-router policy on the chat workload over N replicas: hit rate, load "
-        "imbalance, TTFT and the tokens cached on more than one replica."),
+        "imbalance, TTFT and the tokens cached on more than one replica; then the faults: "
+        "requests failed across a router kill and a replica kill (openai clients, default "
+        "retries) and the supervisor's restarts."),
     "bench http": ("cli.cmd_cluster", "",
         "A hostile client against `serve --http`: /health latency while huge prompts are "
         "refused, clients that leave, a burst of concurrent requests, server RSS under huge "
