@@ -20,9 +20,9 @@ EDGES = [0.0, -0.0, 5e-324, 1e-320, 1e-46, 1e-45, 1e-39, 1e-38, GREEDY_BELOW, 1e
          0.5, 1.0, 2.0, 1e308, math.inf, -math.inf, math.nan, -1.0]
 
 
-def _choose(logits: torch.Tensor, **kw: object) -> int:
-    policy = RequestPolicy(Sampling(**kw), TOK)  # type: ignore[arg-type]
-    return policy.choose(logits)
+def _choose(logits: torch.Tensor, *, temperature: float = 0.0, top_p: float = 1.0,
+            top_k: int = 0, seed: int | None = None) -> int:
+    return RequestPolicy(Sampling(temperature, top_p, top_k, seed), TOK).choose(logits)
 
 
 def _logits(values: dict[int, float], rest: float = 0.0) -> torch.Tensor:
