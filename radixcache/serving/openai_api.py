@@ -30,7 +30,6 @@ from typing import NamedTuple, TypeVar
 import msgspec
 
 from radixcache.serving import openai_bodies as b
-from radixcache.serving.openai_bodies import MAX_LOGPROBS as MAX_LOGPROBS
 from radixcache.serving.sampling import GREEDY_BELOW, Sampling
 from radixcache.traffic.tokenizer import TextTokenizer
 
