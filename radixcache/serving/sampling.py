@@ -90,9 +90,16 @@ class RequestPolicy:
         """The next token: one of the ``(vocab,)`` logits' ids, the tokenizer's. Raises
         ``ValueError`` only when no logit is a number."""
         s = self.sampling
-        scores = _sanitized(logits.detach().to("cpu", torch.float64))
-        greedy = not s.temperature >= GREEDY_BELOW  # NaN included
-        token = int(scores.argmax()) if greedy else _sample(scores, s, self._generator)
+        raw = logits.detach().float().cpu()
+        if not s.temperature >= GREEDY_BELOW:  # greedy (NaN included)
+            token = int(raw.argmax())  # NaN would win an argmax, and +inf does
+            value = float(raw[token])
+            if math.isnan(value) or value == -math.inf:
+                token = int(_finite(raw).argmax())
+            scores = _finite(raw) if s.logprobs is not None else raw
+        else:
+            scores = _finite(raw)
+            token = _sample(scores, s, self._generator)
         if s.logprobs is not None:
             self._pending.append(_logprob(scores, token, s.logprobs))
         return token
@@ -133,9 +140,13 @@ class RequestPolicy:
         return final
 
 
-def _sanitized(scores: torch.Tensor) -> torch.Tensor:
-    """``scores`` with NaN as ``-inf``; where some are ``+inf``, those as 0 and the rest
-    ``-inf`` (they share the whole probability). ``ValueError`` when none is above ``-inf``."""
+def _finite(raw: torch.Tensor) -> torch.Tensor:
+    """``raw`` as float64 with NaN as ``-inf``; where some are ``+inf``, those as 0 and the
+    rest ``-inf`` (they share the whole probability). ``ValueError`` when none is above
+    ``-inf``. One check when every logit is finite (the usual case)."""
+    scores = raw.double()
+    if bool(scores.isfinite().all()):
+        return scores
     scores = torch.where(scores.isnan(), -math.inf, scores)
     top = scores.isposinf()
     if bool(top.any()):
@@ -146,9 +157,9 @@ def _sanitized(scores: torch.Tensor) -> torch.Tensor:
 
 
 def _sample(scores: torch.Tensor, s: Sampling, gen: torch.Generator | None) -> int:
-    """One token drawn from finite ``scores`` (float64) with ``s``'s temperature, top-k and
-    top-p; the argmax when what is left is no distribution ``multinomial`` can draw from."""
-    scores = _sanitized(scores / s.temperature)  # float64: finite for float32 logits
+    """One token drawn from ``_finite`` ``scores`` with ``s``'s temperature, top-k and top-p;
+    the argmax when what is left is no distribution ``multinomial`` can draw from."""
+    scores = _finite(scores / s.temperature)  # float64: finite for float32 logits
     if 0 < s.top_k < scores.numel():
         kth = torch.topk(scores, s.top_k).values[-1]
         scores = scores.masked_fill(scores < kth, -math.inf)
@@ -159,7 +170,7 @@ def _sample(scores: torch.Tensor, s: Sampling, gen: torch.Generator | None) -> i
         drop[0] = False  # and always the likeliest, whatever top_p is
         scores = scores.scatter(0, index[drop], -math.inf)
     probs = torch.softmax(scores, -1)
-    if not (bool(probs.isfinite().all()) and float(probs.sum()) > 0):
+    if not 0 < float(probs.sum()) < math.inf:  # NaN fails too
         return int(scores.argmax())
     return int(torch.multinomial(probs, 1, generator=gen))
 
