@@ -278,3 +278,17 @@ def test_split_special_tokens_decides_for_prompts(server: Served, path: str) -> 
         assert split == [len(_tokens(server, {"prompt": "<hdr>user<end>",
                                               "split_special_tokens": True}))]
         assert split[0] > default[0]
+
+
+def test_an_unknown_field_at_null_is_absent_and_at_a_value_refused(server: Served) -> None:
+    url = server.front.url
+    ok = _http.post(f"{url}/generate", json={
+        "text": "hi", "lora_path": None, "sampling_params": {"max_new_tokens": 2, "x": None}})
+    assert ok.status_code == 200, ok.text
+    assert len(ok.json()["output_ids"]) == 2
+    bad = _http.post(f"{url}/generate", json={
+        "text": "hi", "sampling_params": {"max_new_tokens": 2, "x": 0}})
+    assert bad.status_code == 400
+    assert bad.json()["error"] == {
+        "message": "unrecognized request argument 'x' in 'sampling_params'",
+        "type": "invalid_request_error", "param": "x", "code": None}

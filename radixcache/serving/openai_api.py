@@ -23,6 +23,7 @@ error body with its status code."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar
@@ -114,7 +115,7 @@ def decode(raw: bytes, decoder: msgspec.json.Decoder[_B]) -> _B:
     """``raw`` (a request body) decoded into its struct; a 400 naming the field for anything
     else."""
     try:
-        body = decoder.decode(raw)
+        body = _decode(raw, decoder)
     except msgspec.ValidationError as exc:
         raise _refusal(str(exc)) from None
     except (msgspec.DecodeError, RecursionError) as exc:  # JSON, UTF-8, nesting depth
@@ -124,6 +125,36 @@ def decode(raw: bytes, decoder: msgspec.json.Decoder[_B]) -> _B:
         raise ApiError(400, f"body is not valid JSON: {why}") from None
     _refuse_noops(body, "")
     return body
+
+
+_RAW_FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def _decode(raw: bytes, decoder: msgspec.json.Decoder[_B]) -> _B:
+    """``decoder.decode(raw)``; a field at null is absent, even one this front does not know
+    (as before the typed bodies): what some clients send for every option they leave unset."""
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        at = _AT.match(str(exc))
+        lean = _without_nulls(raw) if at and _UNKNOWN.match(at["detail"]) else None
+        if lean is None:
+            raise
+        return decoder.decode(lean)
+
+
+def _without_nulls(raw: bytes) -> bytes | None:
+    """``raw`` (an object) without its fields at null, nor those of ``sampling_params`` and
+    ``stream_options``; None when it drops nothing."""
+    def lean(fields: dict[str, msgspec.Raw]) -> dict[str, msgspec.Raw]:
+        return {k: v for k, v in fields.items() if bytes(v) != b"null"}
+    fields = _RAW_FIELDS.decode(raw)
+    out = lean(fields)
+    for name in _NESTED & set(out):
+        with contextlib.suppress(msgspec.DecodeError):  # not an object: left to the decoder
+            out[name] = msgspec.Raw(msgspec.json.encode(lean(_RAW_FIELDS.decode(out[name]))))
+    lean_raw = msgspec.json.encode(out)
+    return None if lean_raw == msgspec.json.encode(fields) else lean_raw
 
 
 def _refusal(text: str) -> ApiError:
