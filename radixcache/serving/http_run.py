@@ -4,8 +4,9 @@
 
 - a bound on HTTP requests in flight (``Limits.max_waiting``): past it, 429 with
   ``Retry-After`` before the body is read;
-- a read timeout for the body (408) and a body size limit (413); a body Python cannot parse
-  (5,000-digit integers, deep nesting) is a 400, never a 500;
+- a read timeout for the body (408) and a body size limit (413); the body's bytes are decoded
+  into its typed struct by ``openai_api`` (anything else, 5,000-digit integers and deep
+  nesting included, is a 400 naming the field, never a 500);
 - parsing and tokenizing on one worker thread, off the event loop (``/health`` answers while
   a long prompt is encoded), after a cheap character count refuses text that cannot fit;
 - a client that leaves (before, during or after its first token, streamed or not) aborts its
@@ -23,7 +24,6 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
-import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -74,17 +74,6 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(raw)
 
 
-def parse_json(raw: bytes) -> dict[str, object]:
-    """``raw`` as a JSON object; 400 for anything but a JSON object Python can hold."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # JSON, UTF-8, int digits, nesting depth
-        raise api.ApiError(400, f"body is not valid JSON: {str(exc)[:200]}") from None
-    if not isinstance(body, dict):
-        raise api.ApiError(400, "body must be a JSON object")
-    return body
-
-
 def _libc_trim() -> Callable[[], object] | None:
     """glibc's ``malloc_trim(0)``, or None elsewhere. Encoding one huge word allocates about
     100 bytes a character for a moment; glibc keeps what was freed, so a server's RSS would
@@ -101,13 +90,12 @@ _TRIM = _libc_trim()
 TRIM_AFTER = 64 << 10  # bytes of body after which the encoding thread trims the heap
 
 
-def parse_large(parse: api.Parser, body: dict[str, object], ctx: api.Context,
-                size: int) -> api.Ask:
-    """``parse(body, ctx)``; then, after a large body, the heap is trimmed (``_libc_trim``)."""
+def parse_large(parse: api.Parser, raw: bytes, ctx: api.Context) -> api.Ask:
+    """``parse(raw, ctx)``; then, after a large body, the heap is trimmed (``_libc_trim``)."""
     try:
-        return parse(body, ctx)
+        return parse(raw, ctx)
     finally:
-        if size > TRIM_AFTER and _TRIM is not None:
+        if len(raw) > TRIM_AFTER and _TRIM is not None:
             _TRIM()
 
 
@@ -282,10 +270,8 @@ class Runner:
     async def abort_request(self, request: Request) -> Response:
         """SGLang's ``/abort_request``: ``{"rid": id}`` drops that request (200 either way,
         as SGLang; ``found`` says whether it was running)."""
-        def find(body: dict[str, object]) -> api.JsonObject:
-            rid = body.get("rid")
-            if not isinstance(rid, str):
-                raise api.ApiError(400, "'rid' must be a string", param="rid")
+        def find(raw: bytes) -> api.JsonObject:
+            rid = api.abort_rid(raw)
             run = self._rids.get(rid)
             if run is not None:
                 run.abort()
@@ -294,10 +280,10 @@ class Runner:
 
     # -- the work ------------------------------------------------------------------------------
     async def _simple(self, request: Request,
-                      work: Callable[[dict[str, object]], api.JsonObject], *,
+                      work: Callable[[bytes], api.JsonObject], *,
                       threaded: bool = True) -> Response:
         try:
-            body, _size = await self._body(request)
+            body = await self._body(request)
             loop = asyncio.get_running_loop()
             answer = await loop.run_in_executor(self._encoder, work, body) if threaded \
                 else work(body)
@@ -307,9 +293,9 @@ class Runner:
         except ClientDisconnect:
             return Response(status_code=499)
 
-    async def _body(self, request: Request) -> tuple[dict[str, object], int]:
-        """The body, read within the read timeout (408), parsed on the encoding thread; and
-        its size in bytes. A drain's ``cut`` ends the wait (503)."""
+    async def _body(self, request: Request) -> bytes:
+        """The body's bytes, read within the read timeout (408). A drain's ``cut`` ends the
+        wait (503)."""
         read = asyncio.ensure_future(asyncio.wait_for(
             read_body(request, self.limits.max_body), self.limits.read_timeout_s))
         cut = asyncio.ensure_future(self._cut.wait())
@@ -325,12 +311,10 @@ class Runner:
         if unread:
             raise self._cut_error()
         try:
-            raw = read.result()
+            return read.result()
         except TimeoutError:
             raise api.ApiError(408, f"request body not received within "
                                f"{self.limits.read_timeout_s:g} s") from None
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._encoder, parse_json, raw), len(raw)
 
     def _cut_error(self) -> api.ApiError:
         return api.ApiError(503, self.cut_reason or DRAINING, kind="service_unavailable")
@@ -355,11 +339,11 @@ class Runner:
                        parse: api.Parser) -> tuple[Response, _Run | None]:
         """The response, and the run when it streams (its end aborts the run)."""
         try:
-            body, size = await self._body(request)
+            raw = await self._body(request)
             loop = asyncio.get_running_loop()
-            ask = await loop.run_in_executor(self._encoder, parse_large, parse, body,
-                                             self.context(), size)
-            self._check(body, ask)
+            ask = await loop.run_in_executor(self._encoder, parse_large, parse, raw,
+                                             self.context())
+            self._check(ask)
             run = self._submit(ask)
             if ask.stream:
                 events = StreamingResponse(self._stream(run, request),
@@ -371,8 +355,8 @@ class Runner:
         except ClientDisconnect:
             return Response(status_code=499), None
 
-    def _check(self, body: dict[str, object], ask: api.Ask) -> None:
-        model = body.get("model")
+    def _check(self, ask: api.Ask) -> None:
+        model = ask.model
         if ask.dialect is not api.GENERATE and model not in (None, self.model):
             raise api.ApiError(404, f"model '{model}' does not exist (serving "
                                f"'{self.model}')", kind="not_found_error", param="model",

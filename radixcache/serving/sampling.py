@@ -2,9 +2,15 @@
 hands the engine with each request.
 
 ``choose`` runs on the engine's stepping thread with the step's logits of one request:
-greedy (argmax) unless ``temperature > 0``, then temperature, top-k, top-p and a seeded
-``torch.Generator`` (the same seed gives the same tokens). The model's vocabulary is the
-tokenizer's (the front refuses to start otherwise), so every chosen id decodes to text.
+greedy (argmax) unless ``temperature >= GREEDY_BELOW``, then temperature, top-k, top-p and a
+seeded ``torch.Generator`` (the same seed gives the same tokens). It is safe for any logits and
+any parameters: the arithmetic is float64 (a float32 logit over the smallest temperature
+cannot overflow), NaN logits never win, a ``+inf`` logit wins outright, top-p keeps at least
+the likeliest token, and only a finite distribution that sums to more than 0 reaches
+``torch.multinomial``; anything else falls back to the argmax of the finite logits. A row with
+no number at all (every logit NaN) is the model's fault: ``ValueError``, for that request only.
+The model's vocabulary is the tokenizer's (the front refuses to start otherwise), so every
+chosen id decodes to text.
 ``stops_at`` decodes the token incrementally and ends the request at a stop token id or when
 a stop string appears; the answer's text is cut before the stop string, as OpenAI does.
 Every token's text (and its logprobs when asked) is handed to ``on_piece`` as it is decided;
@@ -22,11 +28,19 @@ import torch
 
 from radixcache.traffic.tokenizer import TextStream, TextTokenizer
 
+# Temperatures under this are greedy: the limit of sampling as the temperature falls (vLLM's
+# ``_SAMPLING_EPS`` is the same 1e-5; SGLang's greedy threshold is 1e-6).
+GREEDY_BELOW = 1e-5
+# A logprob of -inf (a token the logits rule out) is reported as this, as vLLM and OpenAI do:
+# JSON has no infinity.
+MIN_LOGPROB = -9999.0
+
 
 class Sampling(NamedTuple):
-    """A request's sampling parameters, already validated (``openai_api``)."""
+    """A request's sampling parameters (validated by ``openai_api``; ``choose`` is safe for
+    any values anyway)."""
 
-    temperature: float = 0.0  # 0: greedy
+    temperature: float = 0.0  # under GREEDY_BELOW: greedy
     top_p: float = 1.0
     top_k: int = 0  # 0: all
     seed: int | None = None
@@ -73,11 +87,19 @@ class RequestPolicy:
             self._generator = torch.Generator().manual_seed(self.sampling.seed)
 
     def choose(self, logits: torch.Tensor) -> int:
-        """The next token: one of the ``(vocab,)`` logits' ids, the tokenizer's."""
+        """The next token: one of the ``(vocab,)`` logits' ids, the tokenizer's. Raises
+        ``ValueError`` only when no logit is a number."""
         s = self.sampling
-        scores = logits.float().cpu()
-        greedy = s.temperature <= 0
-        token = int(scores.argmax()) if greedy else _sample(scores, s, self._generator)
+        raw = logits.detach().float().cpu()
+        if not s.temperature >= GREEDY_BELOW:  # greedy (NaN included)
+            token = int(raw.argmax())  # NaN would win an argmax, and +inf does
+            value = float(raw[token])
+            if math.isnan(value) or value == -math.inf:
+                token = int(_finite(raw).argmax())
+            scores = _finite(raw) if s.logprobs is not None else raw
+        else:
+            scores = _finite(raw)
+            token = _sample(scores, s, self._generator)
         if s.logprobs is not None:
             self._pending.append(_logprob(scores, token, s.logprobs))
         return token
@@ -118,21 +140,45 @@ class RequestPolicy:
         return final
 
 
+def _finite(raw: torch.Tensor) -> torch.Tensor:
+    """``raw`` as float64 with NaN as ``-inf``; where some are ``+inf``, those as 0 and the
+    rest ``-inf`` (they share the whole probability). ``ValueError`` when none is above
+    ``-inf``. One check when every logit is finite (the usual case)."""
+    scores = raw.double()
+    if bool(scores.isfinite().all()):
+        return scores
+    scores = torch.where(scores.isnan(), -math.inf, scores)
+    top = scores.isposinf()
+    if bool(top.any()):
+        scores = torch.where(top, 0.0, -math.inf)
+    if not bool(scores.isfinite().any()):
+        raise ValueError("the model's logits hold no finite value")
+    return scores
+
+
 def _sample(scores: torch.Tensor, s: Sampling, gen: torch.Generator | None) -> int:
-    scores = scores / s.temperature
+    """One token drawn from ``_finite`` ``scores`` with ``s``'s temperature, top-k and top-p;
+    the argmax when what is left is no distribution ``multinomial`` can draw from."""
+    scores = _finite(scores / s.temperature)  # float64: finite for float32 logits
     if 0 < s.top_k < scores.numel():
         kth = torch.topk(scores, s.top_k).values[-1]
         scores = scores.masked_fill(scores < kth, -math.inf)
     if s.top_p < 1.0:
         ordered, index = torch.sort(scores, descending=True)
-        cumulative = torch.softmax(ordered, -1).cumsum(-1)
-        drop = cumulative - torch.softmax(ordered, -1) >= s.top_p  # keep the first over top_p
+        probs = torch.softmax(ordered, -1)
+        drop = probs.cumsum(-1) - probs >= s.top_p  # keep the first over top_p
+        drop[0] = False  # and always the likeliest, whatever top_p is
         scores = scores.scatter(0, index[drop], -math.inf)
-    return int(torch.multinomial(torch.softmax(scores, -1), 1, generator=gen))
+    probs = torch.softmax(scores, -1)
+    if not 0 < float(probs.sum()) < math.inf:  # NaN fails too
+        return int(scores.argmax())
+    return int(torch.multinomial(probs, 1, generator=gen))
 
 
 def _logprob(scores: torch.Tensor, token: int, top: int) -> TokenLogprob:
-    logp = torch.log_softmax(scores, -1)
+    """The chosen token's log-probability and the ``top`` likeliest, under the finite
+    ``scores`` before temperature; ``-inf`` is reported as ``MIN_LOGPROB``."""
+    logp = torch.log_softmax(scores, -1).clamp(min=MIN_LOGPROB)
     best = torch.topk(logp, top) if top else None
     pairs = list(zip(best.indices.tolist(), best.values.tolist(), strict=True)) if best else []
     return TokenLogprob(token, float(logp[token]), pairs)

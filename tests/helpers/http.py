@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,17 +24,32 @@ TOK = shipped()
 _http = httpx.Client(timeout=60)
 
 
+class Served(NamedTuple):
+    """An HTTP front and the loop that steps its engine (``loop.fault``: how it died)."""
+
+    front: HttpFront
+    loop: ServiceLoop
+
+
 @contextmanager
-def http_engine(blocks: int, limits: Limits | None = None) -> Iterator[HttpFront]:
-    """An engine stepped by a ``ServiceLoop`` (its batches dropped) behind an HTTP front."""
+def served(blocks: int, limits: Limits | None = None) -> Iterator[Served]:
+    """An engine stepped by a ``ServiceLoop`` (its batches dropped) behind an HTTP front on
+    loopback, as ``serve --http`` runs them."""
     engine = Engine(EngineConfig(num_blocks=blocks, model=tiny_model()))
     loop = ServiceLoop(engine, BatchSink(lambda _batch: None)).start()
     f = HttpFront(EngineBackend(engine, loop), limits=limits).start()
     try:
-        yield f
+        yield Served(f, loop)
     finally:
         f.close()
         loop.close()
+
+
+@contextmanager
+def http_engine(blocks: int, limits: Limits | None = None) -> Iterator[HttpFront]:
+    """``served``'s front."""
+    with served(blocks, limits) as s:
+        yield s.front
 
 
 def greedy(front: HttpFront, ids: list[int], n: int) -> list[int]:
