@@ -262,7 +262,10 @@ class InspectorApp(App[None]):
 
     # -- commands --------------------------------------------------------------------------
     def on_input_submitted(self, message: Input.Submitted) -> None:
-        """Parse; say what is wrong, or send it from a worker thread."""
+        """Parse; say what is wrong, or send it from a worker thread. The focus goes back to
+        the panes (a ``:`` typed next opens a new command, it is not part of this one); a
+        dialog the command opened (``why``) returns it there too."""
+        self._focus_pane()
         self.commands.submit(message.value)
 
     def say(self, text: str, *, error: bool = False) -> None:
@@ -294,15 +297,17 @@ class InspectorApp(App[None]):
     def on_event_log_explain(self, message: EventLog.Explain) -> None:
         """Enter in the event log: explain its request, or say how to pick one."""
         if message.req is None:
-            self.say("✗ select a request event (rstart or rfinish: `filter rstart rfinish` "
-                     "shows them), or type: why REQ", error=True)
+            self.say("✗ no request event in the log yet (rstart or rfinish; filter rstart "
+                     "rfinish shows them), or type: why REQ", error=True)
         else:
             self.explain(message.req)
 
     def action_focus_events(self) -> None:
-        """Focus the event log (up/down select, enter: why that request missed)."""
+        """Focus the event log with its newest request event selected (up/down select
+        another, enter: why that request missed)."""
         events = self._panes.of(EventLog)
         events.display = True
+        events.select_newest_request()
         events.focus()
 
     def action_focus_command(self) -> None:
@@ -328,10 +333,12 @@ class InspectorApp(App[None]):
         self._panes.command.focus()
 
     def action_toggle_pane(self, name: str) -> None:
-        """Show or hide a pane; a hidden pane hands its focus on, a shown one takes it."""
+        """Show or hide a pane; a hidden pane hands its focus on. A shown pane leaves the
+        focus where it is (the tree's keys keep working after F6), except the tree itself,
+        which takes back the focus it handed on when hidden."""
         pane = self.query_one(f"#{name}")
         pane.display = not pane.display
-        if pane.display and pane.can_focus:
+        if pane.display and pane is self.tree_pane:
             pane.focus()
         elif self.focused is None or not self.focused.display:
             self._focus_pane()

@@ -1,0 +1,80 @@
+"""The front door at 80x24: what a new user meets with every key and command of the README
+(issue 38). Each test failed before its fix."""
+
+from __future__ import annotations
+
+from inspector.why_screen import WhyScreen
+from inspector.widgets.command_line import CommandLine
+from inspector.widgets.event_log import EventLog
+from radixcache.core import events as ev
+from tests.helpers.local import LocalSource
+from tests.helpers.pilot import app_for, sync, wait_until
+
+SIZE = (80, 24)
+
+
+@sync
+async def test_after_a_command_the_next_colon_opens_a_new_one() -> None:
+    """A sent command hands the focus back to the tree, so ``:fork 2`` typed next is the
+    command ``fork 2`` (it was ``::fork 2``: "unknown command ':fork'")."""
+    src = LocalSource(256)
+    app = app_for(src)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("colon", *"chat 2", "enter")
+        await wait_until(pilot, lambda: app.replies == 1)
+        assert app.focused is app.tree_pane
+        await pilot.press("colon", *"fork 2")
+        line = app.query_one("#command", CommandLine)
+        assert (app.focused, line.value) == (line, "fork 2")
+        await pilot.press("colon")  # a second ``:`` on an empty line is not text either
+        line.value = ""
+        await pilot.press("colon", *"stats")
+        assert line.value == "stats"
+
+
+@sync
+async def test_escape_from_the_why_dialog_returns_to_the_tree() -> None:
+    app = app_for(LocalSource(256))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("colon", *"why 0", "enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, WhyScreen))
+        assert app.focused is app.tree_pane
+        await pilot.press("colon", *"stats")
+        assert app.query_one("#command", CommandLine).value == "stats"
+
+
+@sync
+async def test_showing_the_events_or_stats_pane_leaves_the_focus_on_the_tree() -> None:
+    app = app_for(LocalSource(256))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.focused is app.tree_pane
+        for key in ("f6", "f6", "f7", "f7"):  # hide, show the events; show, hide the stats
+            await pilot.press(key)
+            assert app.focused is app.tree_pane, key
+        await pilot.press("f2")  # the tree hides: the block map takes the focus ...
+        assert app.focused is app.blocks
+        await pilot.press("f2")  # ... and the tree takes it back
+        assert app.focused is app.tree_pane
+
+
+@sync
+async def test_e_then_enter_explains_the_newest_finished_request() -> None:
+    src = LocalSource(256)
+    app = app_for(src)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("colon", *"chat 2", "enter")
+        log = app.panes.of(EventLog)
+        await wait_until(pilot, lambda: app.replies == 1 and src.idle() and app.caught_up(),
+                         timeout=20)
+        finished = [e.event.req for e in log.kept if isinstance(e.event, ev.RequestFinish)]
+        assert len(finished) >= 2 and log.kept[-1].kind != "rfinish"  # newest: not a request
+        await pilot.press("e")
+        assert app.focused is log and log.selected is not None
+        assert isinstance(log.selected.event, ev.RequestFinish)
+        assert log.selected.event.req == finished[-1]
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
+        assert isinstance(app.screen, WhyScreen) and app.screen.req == finished[-1]
