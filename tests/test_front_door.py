@@ -7,8 +7,9 @@ from inspector.why_screen import WhyScreen
 from inspector.widgets.command_line import CommandLine
 from inspector.widgets.event_log import EventLog
 from radixcache.core import events as ev
+from radixcache.wire import commands as cmd
 from tests.helpers.local import LocalSource
-from tests.helpers.pilot import app_for, sync, wait_until
+from tests.helpers.pilot import ManualSource, app_for, sync, wait_until
 
 SIZE = (80, 24)
 
@@ -78,3 +79,27 @@ async def test_e_then_enter_explains_the_newest_finished_request() -> None:
         await pilot.press("enter")
         await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
         assert isinstance(app.screen, WhyScreen) and app.screen.req == finished[-1]
+
+
+def _screen(app: object) -> list[str]:
+    return [s.text for s in app.screen._compositor.render_strips()]  # type: ignore[attr-defined]
+
+
+@sync
+async def test_a_long_reply_wraps_instead_of_being_cut_at_the_width() -> None:
+    src = ManualSource()
+    app = app_for(src)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("colon", *"bogus", "enter")
+        await pilot.pause()
+        text = " ".join(line.strip() for line in _screen(app)).replace("  ", " ")
+        assert ("✗ unknown command 'bogus' (commands: chat evict filter flood fork help "
+                "pause quit reset resume schedule snapshot stats system tot watermark why) "
+                "— nothing sent") in text
+        src.reply = cmd.Ok("reset: the cache is empty (3 requests cancelled, 12 waiting "
+                           "dropped); the selection and the what-if curve start over")
+        await pilot.press("colon", *"reset", "enter")
+        await wait_until(pilot, lambda: app.replies == 1)
+        await pilot.pause()
+        text = " ".join(line.strip() for line in _screen(app))
+        assert ("the selection and the what-if curve start over") in text
