@@ -1,8 +1,10 @@
 """`radixcache tree`: the cache tree of a recording, a live engine or a KV-event stream.
 
 Its own module so that `tree FILE` imports only the reader, the mirror and the tree's text
-(``radixcache.wire.treeview``): ZeroMQ, the workloads and the recorder come in only with an
-endpoint (``radixcache bench cli`` times `tree FILE` on 500 requests against 0.5 s).
+(``radixcache.wire.treeview``): ZeroMQ, the workloads, the recorder and the inspector's
+dataset words come in only when needed (``radixcache bench cli`` times `tree FILE` on 500
+requests against 0.5 s). Stdout is the tree alone; the count read and any damage go to
+stderr.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from cli.app import CliError, app
 from cli.bounds import WEEK_S
 from cli.options import CURVE_HELP
 from cli.output import client_curve, console, stopped, unsynced, warn
-from inspector.sources import DatasetWords
 from radixcache.traffic.workload_types import Vocabulary
 from radixcache.wire.recording import RecordingReader
 from radixcache.wire.treeview import Line, TokenText, node_label, preview, walk
@@ -33,6 +34,8 @@ def _words(lines: list[Line]) -> TokenText:
     synthetic = Vocabulary()
     if all("#" not in preview(line.node, synthetic) for line in lines):
         return synthetic
+    from inspector.sources import DatasetWords  # the dataset's words: only when needed
+
     words = DatasetWords()
     words.load()
     words.ready.wait(15)
@@ -77,7 +80,7 @@ def tree(
         mirror, events = reader.mirror_at(2**62)
         damage = reader.damage
     console.print(_rich_tree(mirror, limit))
-    console.print(f"{events:,} events read")
+    warn(f"{events:,} events read")  # stderr: stdout is the tree alone, for pipes
     stopped(damage)
 
 
