@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from inspector.why_screen import WhyScreen
 from inspector.widgets.command_line import CommandLine
 from inspector.widgets.event_log import EventLog
@@ -103,3 +105,21 @@ async def test_a_long_reply_wraps_instead_of_being_cut_at_the_width() -> None:
         await pilot.pause()
         text = " ".join(line.strip() for line in _screen(app))
         assert ("the selection and the what-if curve start over") in text
+
+
+def test_record_says_its_device_default_and_schedules_as_the_demo(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cli.cmd_demo import DEMO_SCHEDULE
+    from cli.main import app
+    from radixcache.wire.recording import RecordingReader
+
+    helped = CliRunner().invoke(app, ["record", "--help"], terminal_width=200)
+    words = " ".join(helped.stdout.replace("│", " ").split())
+    assert "Headless torch device (default: cuda when present, else cpu)." in words
+    out = tmp_path / "r.rcx"
+    done = CliRunner().invoke(app, ["record", "--requests", "4", "--blocks", "256",
+                                    "--device", "cpu", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    with RecordingReader(out) as r:
+        assert r.header.config["schedule"] == DEMO_SCHEDULE.value == "dfs-weight"
