@@ -123,3 +123,20 @@ def test_record_says_its_device_default_and_schedules_as_the_demo(tmp_path: Path
     assert done.exit_code == 0, done.output
     with RecordingReader(out) as r:
         assert r.header.config["schedule"] == DEMO_SCHEDULE.value == "dfs-weight"
+
+
+@sync
+async def test_a_paused_engine_with_nothing_running_shows_no_request_rate() -> None:
+    """Submissions to a paused engine queue; the header's req/s is what it serves: 0."""
+    src = LocalSource(256)
+    app = app_for(src)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("colon", *"pause", "enter")
+        await wait_until(pilot, lambda: app.replies == 1)
+        await pilot.press("colon", *"chat 20", "enter")
+        await wait_until(pilot, lambda: app.replies == 2 and app.view.counters is not None
+                         and app.view.counters.waiting > 0)
+        c = app.view.counters
+        assert c is not None and (c.paused, c.running, c.finished) == (True, 0, 0)
+        assert app.req_per_s == 0.0
+        assert " 0 req/s" in str(app.panes.header.render())

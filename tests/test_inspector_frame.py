@@ -154,7 +154,7 @@ async def test_the_engines_counters_are_shown_since_start_then_since_reset() -> 
         assert "hit 78.3%" in str(app.panes.header.render())
         assert app.panes.of(StatsPane).border_title == "stats · since engine start"
         assert app.panes.of(StatsPane).rows()[:4] == [
-            ("hit rate", "78.3%"), ("prefill saved", "7,830 tok"), ("requests", "64 (0/s)"),
+            ("hit rate", "78.3%"), ("prefill saved", "7,830 tok"), ("requests", "64 (0 done/s)"),
             ("waiting/running", "2 / 4")]
         src.push([counters(generation=3, paused=True)])
         stats = app.panes.of(StatsPane)

@@ -54,6 +54,13 @@ def figures(frame: Frame) -> Figures:
                    s.evicted_tokens, s.cow_copies)
 
 
+def served(frame: Frame) -> int:
+    """Requests finished (the engine's count when it sent one): what the header's req/s
+    rates. Submissions would count a paused engine's queue growing with nothing running."""
+    c = frame.counters
+    return c.finished if c is not None else frame.stats.finished
+
+
 class Rate:
     """Requests per second over the last ``window`` seconds of (time, count) samples."""
 
@@ -109,7 +116,7 @@ class StatsPane(PaneWidget):
         rows = [
             ("hit rate", f"{f.hit_rate:.1%}"),
             ("prefill saved", f"{human_count(f.hit_tokens)} tok"),
-            ("requests", f"{f.requests:,} ({self.req_per_s:,.0f}/s)"),
+            ("requests", f"{f.requests:,} ({self.req_per_s:,.0f} done/s)"),
             ("evictions", f"{f.evictions:,} ({human_count(f.evicted_tokens)} tok)"),
             ("COW copies", f"{f.cow_copies:,}"),
             ("splits/merges", f"{s.splits:,} / {s.merges:,} (seen)"),
