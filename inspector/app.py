@@ -38,7 +38,7 @@ from inspector.sources import (
 )
 from inspector.tree_layout import LRU_ROWS, TreeLayout
 from inspector.widgets.block_map import BlockMap
-from inspector.widgets.command_line import CommandLine
+from inspector.widgets.command_line import REPLAY_HINT, CommandLine
 from inspector.widgets.event_log import EventLog
 from inspector.widgets.help import HelpScreen, key_map
 from inspector.widgets.pane import PaneWidget
@@ -146,7 +146,10 @@ class InspectorApp(App[None]):
         self._tree, self._blocks = self._panes.of(TreeView), self._panes.of(BlockMap)
         self.painter = Painter(self._panes, self.commands, self.flash_s)
         self.tree_pane.vocab = self.source.vocabulary()
-        q("#timeline").display = isinstance(self.source, ReplayControls)
+        replay = isinstance(self.source, ReplayControls)
+        q("#timeline").display = replay
+        if replay:  # a recording cannot be steered: suggest what works on it
+            self._panes.command.placeholder = REPLAY_HINT
         self._panes.fault.display = False
         self._fit(self.size.width, self.size.height)
         self.source.start(self.feed)

@@ -44,7 +44,8 @@ class ConnState(Enum):
 @dataclass(frozen=True, slots=True)
 class SourceStatus:
     """A source's state right now. ``since`` is when ``state`` began (time.time());
-    ``memory_note`` explains missing device figures (``NVML unavailable: ...``)."""
+    ``memory_note`` explains missing device figures (``NVML unavailable: ...``); ``paused``:
+    a replay standing still (the header shows ``⏸``, not ``▶``)."""
 
     state: ConnState
     endpoint: str
@@ -52,6 +53,7 @@ class SourceStatus:
     detail: str = ""
     busy: bool = False
     memory_note: str = ""
+    paused: bool = False
 
 
 @runtime_checkable

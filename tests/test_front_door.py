@@ -140,3 +140,17 @@ async def test_a_paused_engine_with_nothing_running_shows_no_request_rate() -> N
         assert c is not None and (c.paused, c.running, c.finished) == (True, 0, 0)
         assert app.req_per_s == 0.0
         assert " 0 req/s" in str(app.panes.header.render())
+
+
+@sync
+async def test_a_paused_replay_says_paused_and_suggests_the_replay_keys() -> None:
+    from inspector.replay import ReplaySource, load_recording
+
+    app = app_for(ReplaySource(load_recording(Path(__file__).parent / "data"
+                                              / "schema5-system.rcx")))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        header = str(app.panes.header.render())
+        assert "⏸ replay paused" in header and "▶" not in header  # it starts paused
+        line = app.query_one("#command", CommandLine)
+        assert "chat" not in line.placeholder and line.placeholder.startswith("p play/pause")

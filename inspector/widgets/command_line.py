@@ -69,6 +69,11 @@ def complete(text: str) -> str:
     return common + " " if len(hits) == 1 else common
 
 
+# what the command line suggests in replay mode: a recording takes the replay keys and the
+# commands that only read (the live placeholder's workloads would be refused)
+REPLAY_HINT = "p play/pause · . step · , back · < > keyframe · [ ] speed · why REQ · filter KIND"
+
+
 class CommandLine(Input):
     """An ``Input`` with tab completion and an up/down history."""
 

@@ -151,8 +151,10 @@ def header_line(status: SourceStatus, frame: Frame, req_per_s: float, now: float
     c = frame.counters
     gone = status.state is ConnState.DISCONNECTED  # the last counters say nothing now
     paused = c is not None and c.paused and not gone
-    dot, color = _PAUSED if paused else _DOT[status.state]
+    dot, color = _PAUSED if paused or status.paused else _DOT[status.state]
     state = "paused" if paused else status.state.value
+    if status.paused:  # a replay standing still
+        state = f"{status.state.value} paused"
     if paused and c is not None and c.running:  # pause stops admission; these still step
         state = f"admission paused, {c.running:,} running"
     if gone or status.state is ConnState.CONNECTING:
