@@ -69,6 +69,8 @@ class Painter:
         if d.empty and frame == self.view and not any(w.animating() for w in p.widgets):
             self.view = frame
             self._header_line(frame, out)
+            if note:  # a selection of a node already gone changes no pane, but is said
+                self.commands.note(note)
             return
         self.view = frame
         self.req_per_s = self.rate.add(frame.now, served(frame))

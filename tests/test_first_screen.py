@@ -172,7 +172,7 @@ async def test_the_reset_reply_stays_on_screen_beside_the_selection_note() -> No
         await type_line(pilot, "reset")
         await wait_until(pilot, lambda: app.replies == 1)
         src.push([ev.Reset()])
-        note = "n1 is gone (the cache was reset or resynced): selection cleared"
+        note = "n1 left when the cache was reset at seq 2: selection cleared"
         await wait_until(pilot, lambda: app.messages[-1] == note)
         assert str(app.query_one("#message").render()) == (
             f"✓ reset: the cache is empty (0 requests cancelled) · {note}")

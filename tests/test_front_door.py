@@ -154,3 +154,29 @@ async def test_a_paused_replay_says_paused_and_suggests_the_replay_keys() -> Non
         assert "⏸ replay paused" in header and "▶" not in header  # it starts paused
         line = app.query_one("#command", CommandLine)
         assert "chat" not in line.placeholder and line.placeholder.startswith("p play/pause")
+
+
+@sync
+async def test_a_node_that_left_frames_ago_is_named_with_what_became_of_it() -> None:
+    """Rows drawn a moment ago can name a node that already left: the note says how it
+    left (it said "the cache was reset or resynced" when neither happened)."""
+    from inspector.widgets.tree_view import TreeView
+    from tests.helpers.pilot import tokens
+
+    src = ManualSource(64)
+    app = app_for(src)
+    async with app.run_test(size=SIZE) as pilot:
+        src.push([ev.BlockAlloc([0, 1]),
+                  ev.NodeCreated(1, 0, 0, tokens(5, 6), [0], shared_first=False),
+                  ev.NodeCreated(2, 1, 2, tokens(7, 8), [0], shared_first=True),
+                  ev.NodeCreated(3, 1, 2, tokens(9, 9), [1], shared_first=False)])
+        await wait_until(pilot, lambda: app.view.node_count == 3 and app.caught_up())
+        src.push([ev.Evict(3, 2, [1])])  # seq 2
+        await wait_until(pilot, lambda: app.view.node_count == 2 and app.caught_up())
+        app.post_message(TreeView.Selected(3))  # a stale row's node
+        await wait_until(pilot, lambda: bool(app.messages))
+        assert app.messages[-1] == "n3 was evicted at seq 2: selection cleared"
+        app.post_message(TreeView.Selected(9))  # never seen here
+        await wait_until(pilot, lambda: len(app.messages) == 2)
+        assert app.messages[-1] == ("n9 is not in the tree (it left before the inspector "
+                                    "could see how): selection cleared")
