@@ -300,8 +300,8 @@ class InspectorApp(App[None]):
     def on_event_log_explain(self, message: EventLog.Explain) -> None:
         """Enter in the event log: explain its request, or say how to pick one."""
         if message.req is None:
-            self.say("✗ no request event in the log yet (rstart or rfinish; filter rstart "
-                     "rfinish shows them), or type: why REQ", error=True)
+            self.say("✗ the selected entry is not a request event (rstart or rfinish; filter "
+                     "rstart rfinish shows them), or type: why REQ", error=True)
         else:
             self.explain(message.req)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from inspector.why_screen import WhyScreen
 from inspector.widgets.command_line import CommandLine
 from inspector.widgets.event_log import EventLog
@@ -180,3 +182,28 @@ async def test_a_node_that_left_frames_ago_is_named_with_what_became_of_it() -> 
         await wait_until(pilot, lambda: len(app.messages) == 2)
         assert app.messages[-1] == ("n9 is not in the tree (it left before the inspector "
                                     "could see how): selection cleared")
+
+
+@sync
+async def test_why_of_a_request_that_fell_out_of_the_history_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixcache.analysis import misses
+
+    monkeypatch.setattr(misses, "KEEP_REQUESTS", 4)  # the history keeps 4 requests
+    src = LocalSource(256)
+    app = app_for(src)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("colon", *"chat 4", "enter")
+        await wait_until(pilot, lambda: app.replies == 1 and src.idle() and app.caught_up(),
+                         timeout=20)
+        with app.feed.lock:
+            history = app.feed.follow.misses
+            kept = sorted(history.whys)
+            admitted = history.forgotten.get(0)
+        assert len(kept) == 4 and 0 not in kept and admitted is not None
+        await pilot.press("colon", *"why 0", "enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
+        assert isinstance(app.screen, WhyScreen)
+        assert [line.text for line in app.screen.lines] == [
+            f"request 0: admitted in batch {admitted:,}, it fell out of the history, which "
+            "keeps the newest 4 requests"]
