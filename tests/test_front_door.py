@@ -207,3 +207,62 @@ async def test_why_of_a_request_that_fell_out_of_the_history_says_so(
         assert [line.text for line in app.screen.lines] == [
             f"request 0: admitted in batch {admitted:,}, it fell out of the history, which "
             "keeps the newest 4 requests"]
+
+
+def test_a_late_joiners_curve_says_it_starts_cold_and_the_curve_is_no_ceiling() -> None:
+    """An inspector that joins a warm engine: the what-if screen says its curve starts from
+    an empty cache; under a reordering schedule the engine can beat the arrival-order LRU
+    curve, and the headline says why instead of reading as a ceiling."""
+    import asyncio
+
+    from inspector.app import InspectorApp
+    from inspector.live import LiveSource
+    from inspector.whatif_screen import WhatIfScreen, headline
+    from inspector.widgets.command_line import parse
+    from radixcache.serving.driver import TreeDriver
+    from radixcache.serving.server import Server, ServerConfig
+    from radixcache.wire.endpoints import Endpoints, free_ports
+
+    server = Server(TreeDriver(512), Endpoints.tcp("127.0.0.1", free_ports(3)),
+                    ServerConfig(num_blocks=512)).start()
+    source = LiveSource(server.publisher.endpoints.events)
+    warm = parse("chat 3 --seed 1").command
+    assert warm is not None and isinstance(source.send(warm), cmd.Ok)  # before the join
+    import time
+
+    deadline = time.monotonic() + 20
+    while server.loop.service.busy():  # served (and cached) before the inspector joins
+        assert time.monotonic() < deadline, "the warm-up workload did not finish"
+        time.sleep(0.01)
+
+    async def run() -> None:
+        app = InspectorApp(source, flash_s=0, frame_interval=0.02)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.feed.seq >= 0 and not server.loop.service.busy(),
+                             timeout=20)
+            nodes = app.feed.follow.joined_nodes
+            joined = app.feed.follow.since
+            assert nodes == len(app.feed.mirror.nodes) - 1 > 0  # it joined a warm cache
+            await pilot.press("colon", *"chat 3 --seed 2", "enter")
+            await wait_until(pilot, lambda: app.replies == 1)
+            await wait_until(pilot, lambda: not server.loop.service.busy()
+                             and app.feed.seq >= server.publisher.seq, timeout=20)
+            await pilot.press("w")
+            await wait_until(pilot, lambda: isinstance(app.screen, WhatIfScreen)
+                             and app.screen.view is not None
+                             and app.screen.view.curve.requests > 0)
+            assert isinstance(app.screen, WhatIfScreen) and app.screen.view is not None
+            view = app.screen.view
+            text = headline(view)
+            assert (f"the curve starts cold at seq {joined:,}: the inspector joined when the "
+                    f"engine already cached {nodes:,} nodes, so the first requests count "
+                    "misses the engine did not have") in text
+            assert "arrival-order LRU curve " in text and "curve predicts" not in text
+            beaten = view._replace(schedule="dfs-weight", measured_hits=view.measured_prompt)
+            assert ("engine measured 100.00% (batched): dfs-weight reorders the queue, so it "
+                    "can beat the arrival order\n") in headline(beaten)
+
+    try:
+        asyncio.run(run())
+    finally:
+        server.close()
