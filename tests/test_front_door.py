@@ -266,3 +266,27 @@ def test_a_late_joiners_curve_says_it_starts_cold_and_the_curve_is_no_ceiling() 
         asyncio.run(run())
     finally:
         server.close()
+
+
+@sync
+async def test_after_a_resize_every_row_is_drawn_for_the_new_width() -> None:
+    """Rows drawn at 80 columns and then at 120: each row's preview is the one a fresh draw
+    at 120 makes (rows drawn narrow kept 5-character previews beside rows with 17)."""
+    from inspector.widgets.tree_view import TreeView
+
+    src = LocalSource(1024)
+    app = app_for(src)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("colon", *"tot 2 3", "enter")
+        await wait_until(pilot, lambda: app.replies == 1 and src.idle() and app.caught_up(),
+                         timeout=20)
+        tree = app.query_one(TreeView)
+        narrow = [tree.render_line(y).text for y in range(len(tree.rows))]
+        await pilot.resize_terminal(120, 40)
+        await wait_until(pilot, lambda: tree.size.width > 50)
+        await pilot.pause()
+        wide = [tree.render_line(y).text for y in range(len(tree.rows))]
+        tree.forget_previews()
+        fresh = [tree.render_line(y).text for y in range(len(tree.rows))]
+        assert len(fresh) == 14 and wide != narrow
+        assert wide == fresh
