@@ -33,6 +33,7 @@ from inspector.layout import collapse, expand
 from inspector.paint import Outside, Painter, Panes
 from inspector.panes import PANES, Pane, Place, make, pane_bindings
 from inspector.sources import (
+    DatasetWords,
     ReplayControls,
     Source,
 )
@@ -48,6 +49,8 @@ FRAME_HZ = 30
 EVICTED_SHOW_S = 2.0
 WINDOW_MARGIN = 2  # screens of tree rows copied above and below the visible ones
 SHORT, NARROW = 30, 100  # below these many rows / columns the compact layout is used
+WORDS_LOADING = ("loading ShareGPT words for previews (the first launch builds their cache, "
+                 "up to a minute); until then a preview shows token ids")
 
 
 class FrameCheck(Protocol):
@@ -107,6 +110,7 @@ class InspectorApp(App[None]):
         self.tree_width = 50
         self.layout = TreeLayout(self.feed)
         self._selected: int | None = None
+        self._words_said = False  # the dataset words' loading was announced
 
     @property
     def messages(self) -> list[str]:
@@ -214,11 +218,27 @@ class InspectorApp(App[None]):
                 check.check(self)
         if check is None:
             self._paint(frame, d, Outside(wall, self.size.width, status, position))
+        self._words_note()
         job = self.layout.job(wall, tree)
         if job is not None:
             self.run_worker(job, thread=True, group="layout", exclusive=True)
         if not d.empty:
             self.frame_ms.append((time.perf_counter() - t0) * 1000)
+
+    def _words_note(self) -> None:
+        """Say what the previews wait for while the dataset's words load (on the first launch
+        their cache is built: up to a minute of ``#66269 woul…``), and when they are in."""
+        words = self.tree_pane.vocab
+        if not isinstance(words, DatasetWords):
+            return
+        if words.loading() and not self._words_said:
+            self._words_said = True
+            self.say(f"… {WORDS_LOADING}")
+        elif self._words_said and words.ready.is_set() and self.messages[-1:] == [
+                f"… {WORDS_LOADING}"]:
+            self.say("✓ ShareGPT words loaded: previews show text" if not words.error else
+                     f"✗ no ShareGPT words ({words.error}): previews show token ids",
+                     error=bool(words.error))
 
     def _paint(self, frame: Frame, d: Delta, out: Outside) -> None:
         self.painter.show(frame, d, out, self.builder.note)

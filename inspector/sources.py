@@ -147,6 +147,10 @@ class DatasetWords:
         word = detok.decode([token])
         return word if word != "?" or token == self._question else name
 
+    def loading(self) -> bool:
+        """True while the background thread reads the dataset's words (previews show ids)."""
+        return self._loader is not None and not self.ready.is_set()
+
     def load(self) -> threading.Event:
         """Start reading the dataset's words in the background (once); returns ``ready``."""
         with self._start_lock:

@@ -290,3 +290,40 @@ async def test_after_a_resize_every_row_is_drawn_for_the_new_width() -> None:
         fresh = [tree.render_line(y).text for y in range(len(tree.rows))]
         assert len(fresh) == 14 and wide != narrow
         assert wide == fresh
+
+
+@sync
+async def test_while_the_dataset_words_load_the_status_line_says_so() -> None:
+    """The first launch builds the ShareGPT words' cache (up to a minute): the message line
+    says what the previews wait for, then that the words are in."""
+    import threading
+
+    from inspector.app import WORDS_LOADING
+    from inspector.sources import DatasetWords
+    from tests.helpers.pilot import tokens
+
+    gate = threading.Event()
+
+    class GatedWords(DatasetWords):
+        """The real loader, started only when the test opens ``gate`` (a slow first load)."""
+
+        def _load(self) -> None:
+            gate.wait(30)
+            super()._load()
+
+    src = ManualSource(64)
+    app = app_for(src)
+    async with app.run_test(size=SIZE) as pilot:
+        words = GatedWords()
+        app.tree_pane.vocab = words
+        src.push([ev.BlockAlloc([0]),
+                  ev.NodeCreated(1, 0, 0, tokens(66269, 66270), [0], shared_first=False)])
+        await wait_until(pilot, lambda: app.messages == [f"… {WORDS_LOADING}"])
+        screen = " ".join(" ".join(line.split()) for line in _screen(app))
+        assert "… loading ShareGPT words for previews (the first launch builds their cache, " \
+               "up to a minute); until then a preview shows token ids" in screen
+        gate.set()
+        await wait_until(pilot, lambda: len(app.messages) == 2, timeout=30)
+        assert app.messages[-1] in (
+            "✓ ShareGPT words loaded: previews show text",
+            f"✗ no ShareGPT words ({words.error}): previews show token ids")
