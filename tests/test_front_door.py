@@ -327,3 +327,12 @@ async def test_while_the_dataset_words_load_the_status_line_says_so() -> None:
         assert app.messages[-1] in (
             "✓ ShareGPT words loaded: previews show text",
             f"✗ no ShareGPT words ({words.error}): previews show token ids")
+
+
+def test_bench_cli_names_the_figures_past_their_targets() -> None:
+    from radixcache.tools.bench_cli import CliFigures, over_target
+
+    met = CliFigures(0.09, 0.447, 65.0, 500, 0.5, 2.6, 7.5, 0.48, True, 3.0, 2.1, True)
+    assert over_target(met) == ()
+    slow = met._replace(tree_s=0.73, demo_first_frame_s=3.2, quit_s=-1.0)
+    assert over_target(slow) == ("tree_s", "demo_first_frame_s", "quit_s")
