@@ -45,7 +45,7 @@ class ConnState(Enum):
 class SourceStatus:
     """A source's state right now. ``since`` is when ``state`` began (time.time());
     ``memory_note`` explains missing device figures (``NVML unavailable: ...``); ``paused``:
-    a replay standing still (the header shows ``⏸``, not ``▶``)."""
+    a replay standing still (the header shows ``❚❚``, not ``▶``)."""
 
     state: ConnState
     endpoint: str

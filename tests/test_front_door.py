@@ -153,7 +153,7 @@ async def test_a_paused_replay_says_paused_and_suggests_the_replay_keys() -> Non
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         header = str(app.panes.header.render())
-        assert "⏸ replay paused" in header and "▶" not in header  # it starts paused
+        assert "❚❚ replay paused" in header and "▶" not in header  # it starts paused
         line = app.query_one("#command", CommandLine)
         assert "chat" not in line.placeholder and line.placeholder.startswith("p play/pause")
 

@@ -23,6 +23,7 @@ _DOT = {ConnState.CONNECTING: ("◌", "#e5c07b"), ConnState.LIVE: ("●", "#98c3
         ConnState.REPLAY: ("▶", "#c792ea"), ConnState.RESYNCING: ("◐", "#e5c07b"),
         ConnState.DISCONNECTED: ("○", "#e06c75")}
 _PAUSED = ("⏸", "#e5c07b")
+_STILL = ("❚❚", "#c792ea")  # a replay standing still: the replay bar's pause glyph
 
 
 class Figures(NamedTuple):
@@ -151,7 +152,7 @@ def header_line(status: SourceStatus, frame: Frame, req_per_s: float, now: float
     c = frame.counters
     gone = status.state is ConnState.DISCONNECTED  # the last counters say nothing now
     paused = c is not None and c.paused and not gone
-    dot, color = _PAUSED if paused or status.paused else _DOT[status.state]
+    dot, color = _PAUSED if paused else _STILL if status.paused else _DOT[status.state]
     state = "paused" if paused else status.state.value
     if status.paused:  # a replay standing still
         state = f"{status.state.value} paused"
