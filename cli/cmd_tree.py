@@ -9,16 +9,17 @@ stderr.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.tree import Tree
 
 from cli.app import CliError, app
 from cli.bounds import WEEK_S
 from cli.options import CURVE_HELP
-from cli.output import client_curve, console, stopped, unsynced, warn
+from cli.output import client_curve, stopped, unsynced, warn
 from radixcache.traffic.workload_types import Vocabulary
 from radixcache.wire.recording import RecordingReader
 from radixcache.wire.treeview import Line, TokenText, node_label, preview, walk
@@ -42,16 +43,37 @@ def _words(lines: list[Line]) -> TokenText:
     return words
 
 
-def _rich_tree(mirror: Mirror, limit: int) -> Tree:
-    root = Tree(f"root ({len(mirror.nodes) - 1} nodes)")
+def tree_text(mirror: Mirror, limit: int) -> Iterator[str]:
+    """The tree as lines, guides as ``tree(1)`` draws them (``├── ``, ``└── ``, ``│   ``)::
+
+        root (3 nodes)
+        ├── n1 [4 tok] "a b c d" 1 blocks b0 r0
+        │   └── n3 [2 tok] ...
+        └── n2 ...
+
+    Plain text, never markup: a preview's ``[bold]`` is printed as it reads (Rich's tree
+    took it for a style, and importing it cost `tree FILE` a tenth of its budget)."""
     lines = list(walk(mirror, limit))
     vocab = _words(lines)
-    branches: dict[int, Tree] = {0: root}
+    kids: dict[int, list[Line]] = {}
     for line in lines:
-        parent = line.node.parent
-        assert parent is not None
-        branches[line.node.id] = branches[parent.id].add(node_label(line.node, vocab))
-    return root
+        assert line.node.parent is not None
+        kids.setdefault(line.node.parent.id, []).append(line)
+    yield f"root ({len(mirror.nodes) - 1} nodes)"
+    stack: list[tuple[Line, str, bool]] = [(c, "", i == 0) for i, c in
+                                          enumerate(reversed(kids.get(0, [])))]
+    while stack:
+        line, indent, last = stack.pop()
+        yield f"{indent}{'└── ' if last else '├── '}{node_label(line.node, vocab)}"
+        below = kids.get(line.node.id, [])
+        deeper = indent + ("    " if last else "│   ")
+        stack.extend((c, deeper, i == 0) for i, c in enumerate(reversed(below)))
+
+
+def _print_tree(mirror: Mirror, limit: int) -> None:
+    out = sys.stdout
+    for text in tree_text(mirror, limit):
+        out.write(text + "\n")
 
 
 @app.command()
@@ -74,12 +96,12 @@ def tree(
         raise typer.BadParameter("give FILE, ENDPOINT or --kv-events")
     if "://" in source:
         mirror = _live_mirror(source, client_curve(curve_keys))
-        console.print(_rich_tree(mirror, limit))
+        _print_tree(mirror, limit)
         return
     with RecordingReader(Path(source)) as reader:
         mirror, events = reader.mirror_at(2**62)
         damage = reader.damage
-    console.print(_rich_tree(mirror, limit))
+    _print_tree(mirror, limit)
     warn(f"{events:,} events read")  # stderr: stdout is the tree alone, for pipes
     stopped(damage)
 

@@ -336,3 +336,27 @@ def test_bench_cli_names_the_figures_past_their_targets() -> None:
     assert over_target(met) == ()
     slow = met._replace(tree_s=0.73, demo_first_frame_s=3.2, quit_s=-1.0)
     assert over_target(slow) == ("tree_s", "demo_first_frame_s", "quit_s")
+
+
+def test_tree_text_draws_the_guides_of_tree_1_in_plain_text() -> None:
+    from cli.cmd_tree import tree_text
+    from radixcache.wire.mirror import Mirror
+    from tests.helpers.pilot import tokens
+
+    m = Mirror()
+    m.load_snapshot(ev.Snapshot(16, 8, [
+        ev.NodeState(0, -1, 0, b"", [], 0, 0),
+        ev.NodeState(1, 0, 0, tokens(1, 2), [0], 0, 0),
+        ev.NodeState(2, 1, 2, tokens(3), [0], 0, 0),
+        ev.NodeState(4, 2, 3, tokens(4), [0], 0, 0),
+        ev.NodeState(3, 0, 0, tokens(7), [1], 0, 0)], 0, 5, [], 0.9, 0.8), 0)
+    lines = list(tree_text(m, 10))
+    assert [line.split(" [")[0] for line in lines] == [
+        "root (4 nodes)",
+        "├── n1",
+        "│   └── n2",
+        "│       └── n4",
+        "└── n3"]
+    assert lines[1].endswith(" 1 block b0 r0")
+    assert [line.split(" [")[0] for line in tree_text(m, 2)] == [  # the limit: 2 nodes
+        "root (4 nodes)", "└── n1", "    └── n2"]
