@@ -1,9 +1,10 @@
 """`radixcache tree`: the cache tree of a recording, a live engine or a KV-event stream.
 
 Its own module so that `tree FILE` imports only the reader, the mirror and the tree's text
-(``radixcache.wire.treeview``): ZeroMQ, the workloads, the recorder and the inspector's
-dataset words come in only when needed (``radixcache bench cli`` times `tree FILE` on 500
-requests against 0.5 s). Stdout is the tree alone; the count read and any damage go to
+(``radixcache.wire.treeview``): ZeroMQ, the workloads, the recorder, the inspector's
+dataset words and Rich (``cli.output``'s console) come in only when needed (``radixcache
+bench cli`` times `tree FILE` on 500 requests against 0.5 s; it imports neither torch nor
+Textual). Stdout is the tree alone, as plain text; the count read and any damage go to
 stderr.
 """
 
@@ -19,7 +20,6 @@ import typer
 from cli.app import CliError, app
 from cli.bounds import WEEK_S
 from cli.options import CURVE_HELP
-from cli.output import client_curve, stopped, unsynced, warn
 from radixcache.traffic.workload_types import Vocabulary
 from radixcache.wire.recording import RecordingReader
 from radixcache.wire.treeview import Line, TokenText, node_label, preview, walk
@@ -95,6 +95,8 @@ def tree(
     if source is None:
         raise typer.BadParameter("give FILE, ENDPOINT or --kv-events")
     if "://" in source:
+        from cli.output import client_curve
+
         mirror = _live_mirror(source, client_curve(curve_keys))
         _print_tree(mirror, limit)
         return
@@ -102,11 +104,15 @@ def tree(
         mirror, events = reader.mirror_at(2**62)
         damage = reader.damage
     _print_tree(mirror, limit)
-    warn(f"{events:,} events read")  # stderr: stdout is the tree alone, for pipes
-    stopped(damage)
+    typer.echo(f"{events:,} events read", err=True)  # stderr: stdout is the tree alone
+    if damage is not None:  # (cli.output and its Rich console: only when there is damage)
+        from cli.output import stopped
+
+        stopped(damage)
 
 
 def _live_mirror(source: str, curve: ClientCurve | None) -> Mirror:
+    from cli.output import unsynced, warn
     from radixcache.wire.endpoints import Endpoints
     from radixcache.wire.subscriber import Subscriber
 
