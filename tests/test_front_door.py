@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from inspector.app import InspectorApp
 from inspector.why_screen import WhyScreen
 from inspector.widgets.command_line import CommandLine
 from inspector.widgets.event_log import EventLog
@@ -16,6 +17,13 @@ from tests.helpers.local import LocalSource
 from tests.helpers.pilot import ManualSource, app_for, sync, wait_until
 
 SIZE = (80, 24)
+
+
+async def _served(pilot, app: InspectorApp, src: object, line: str) -> None:  # type: ignore[no-untyped-def]
+    """Type ``line`` after ``:`` and wait until its workload is served and on screen."""
+    await pilot.press("colon", *line, "enter")
+    await wait_until(pilot, lambda: app.replies >= 1 and src.idle()  # type: ignore[attr-defined]
+                     and app.caught_up(), timeout=20)
 
 
 @sync
@@ -70,10 +78,8 @@ async def test_e_then_enter_explains_the_newest_finished_request() -> None:
     src = LocalSource(256)
     app = app_for(src)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("colon", *"chat 2", "enter")
+        await _served(pilot, app, src, "chat 2")
         log = app.panes.of(EventLog)
-        await wait_until(pilot, lambda: app.replies == 1 and src.idle() and app.caught_up(),
-                         timeout=20)
         finished = [e.event.req for e in log.kept if isinstance(e.event, ev.RequestFinish)]
         assert len(finished) >= 2 and log.kept[-1].kind != "rfinish"  # newest: not a request
         await pilot.press("e")
@@ -193,9 +199,7 @@ async def test_why_of_a_request_that_fell_out_of_the_history_says_so(
     src = LocalSource(256)
     app = app_for(src)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("colon", *"chat 4", "enter")
-        await wait_until(pilot, lambda: app.replies == 1 and src.idle() and app.caught_up(),
-                         timeout=20)
+        await _served(pilot, app, src, "chat 4")
         with app.feed.lock:
             history = app.feed.follow.misses
             kept = sorted(history.whys)
@@ -277,9 +281,7 @@ async def test_after_a_resize_every_row_is_drawn_for_the_new_width() -> None:
     src = LocalSource(1024)
     app = app_for(src)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("colon", *"tot 2 3", "enter")
-        await wait_until(pilot, lambda: app.replies == 1 and src.idle() and app.caught_up(),
-                         timeout=20)
+        await _served(pilot, app, src, "tot 2 3")
         tree = app.query_one(TreeView)
         narrow = [tree.render_line(y).text for y in range(len(tree.rows))]
         await pilot.resize_terminal(120, 40)
