@@ -100,7 +100,9 @@ async def test_why_on_the_command_line_and_its_mistakes() -> None:
         await pilot.press("escape")
         await type_line(pilot, "filter create")
         await pilot.press("escape", "e", "up", "enter")  # no request shown: a create picked
-        assert app.messages[-1].startswith("✗ the selected entry is not a request event")
+        assert app.messages[-1] == ("✗ the selected entry is not a request event (rstart or "
+                                    "rfinish; filter rstart rfinish shows them), or type: "
+                                    "why REQ")  # no Markdown backticks on a terminal
 
 
 def test_each_cause_has_its_colour() -> None:
