@@ -70,9 +70,11 @@ def record(
     model: ModelSize = typer.Option(ModelSize.TINY, help="Headless model: tiny is 1 layer, "
                                                          "d_model 32, 1 K/V head of 16."),
     answers: AnswerMode = typer.Option(AnswerMode.PREFILL, help=ANSWERS_HELP),
-    device: str | None = typer.Option(None, help="Headless torch device (default: cuda)."),
+    device: str | None = typer.Option(None, help="Headless torch device (default: cuda when "
+                                                 "present, else cpu)."),
     threads: int = typer.Option(1, min=1, max=MAX_THREADS, help="torch CPU threads."),
-    schedule: Policy = typer.Option(Policy.FCFS, help="Headless: " + SCHEDULE_HELP),
+    schedule: Policy = typer.Option(Policy.DFS_WEIGHT,  # as the demo (cmd_demo.DEMO_SCHEDULE)
+                                    help="Headless: " + SCHEDULE_HELP),
     keyframe_every: int = typer.Option(50_000, min=1,
                                         help="Events between snapshot keyframes."),
     curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),

@@ -1,23 +1,25 @@
 """`radixcache tree`: the cache tree of a recording, a live engine or a KV-event stream.
 
 Its own module so that `tree FILE` imports only the reader, the mirror and the tree's text
-(``radixcache.wire.treeview``): ZeroMQ, the workloads and the recorder come in only with an
-endpoint (``radixcache bench cli`` times `tree FILE` on 500 requests against 0.5 s).
+(``radixcache.wire.treeview``): ZeroMQ, the workloads, the recorder, the inspector's
+dataset words and Rich (``cli.output``'s console) come in only when needed (``radixcache
+bench cli`` times `tree FILE` on 500 requests against 0.5 s; it imports neither torch nor
+Textual). Stdout is the tree alone, as plain text; the count read and any damage go to
+stderr.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.tree import Tree
 
 from cli.app import CliError, app
 from cli.bounds import WEEK_S
 from cli.options import CURVE_HELP
-from cli.output import client_curve, console, stopped, unsynced, warn
-from inspector.sources import DatasetWords
 from radixcache.traffic.workload_types import Vocabulary
 from radixcache.wire.recording import RecordingReader
 from radixcache.wire.treeview import Line, TokenText, node_label, preview, walk
@@ -33,22 +35,45 @@ def _words(lines: list[Line]) -> TokenText:
     synthetic = Vocabulary()
     if all("#" not in preview(line.node, synthetic) for line in lines):
         return synthetic
+    from inspector.sources import DatasetWords  # the dataset's words: only when needed
+
     words = DatasetWords()
     words.load()
     words.ready.wait(15)
     return words
 
 
-def _rich_tree(mirror: Mirror, limit: int) -> Tree:
-    root = Tree(f"root ({len(mirror.nodes) - 1} nodes)")
+def tree_text(mirror: Mirror, limit: int) -> Iterator[str]:
+    """The tree as lines, guides as ``tree(1)`` draws them (``├── ``, ``└── ``, ``│   ``)::
+
+        root (3 nodes)
+        ├── n1 [4 tok] "a b c d" 1 blocks b0 r0
+        │   └── n3 [2 tok] ...
+        └── n2 ...
+
+    Plain text, never markup: a preview's ``[bold]`` is printed as it reads (Rich's tree
+    took it for a style, and importing it cost `tree FILE` a tenth of its budget)."""
     lines = list(walk(mirror, limit))
     vocab = _words(lines)
-    branches: dict[int, Tree] = {0: root}
+    kids: dict[int, list[Line]] = {}
     for line in lines:
-        parent = line.node.parent
-        assert parent is not None
-        branches[line.node.id] = branches[parent.id].add(node_label(line.node, vocab))
-    return root
+        assert line.node.parent is not None
+        kids.setdefault(line.node.parent.id, []).append(line)
+    yield f"root ({len(mirror.nodes) - 1} nodes)"
+    stack: list[tuple[Line, str, bool]] = [(c, "", i == 0) for i, c in
+                                          enumerate(reversed(kids.get(0, [])))]
+    while stack:
+        line, indent, last = stack.pop()
+        yield f"{indent}{'└── ' if last else '├── '}{node_label(line.node, vocab)}"
+        below = kids.get(line.node.id, [])
+        deeper = indent + ("    " if last else "│   ")
+        stack.extend((c, deeper, i == 0) for i, c in enumerate(reversed(below)))
+
+
+def _print_tree(mirror: Mirror, limit: int) -> None:
+    out = sys.stdout
+    for text in tree_text(mirror, limit):
+        out.write(text + "\n")
 
 
 @app.command()
@@ -70,18 +95,24 @@ def tree(
     if source is None:
         raise typer.BadParameter("give FILE, ENDPOINT or --kv-events")
     if "://" in source:
+        from cli.output import client_curve
+
         mirror = _live_mirror(source, client_curve(curve_keys))
-        console.print(_rich_tree(mirror, limit))
+        _print_tree(mirror, limit)
         return
     with RecordingReader(Path(source)) as reader:
         mirror, events = reader.mirror_at(2**62)
         damage = reader.damage
-    console.print(_rich_tree(mirror, limit))
-    console.print(f"{events:,} events read")
-    stopped(damage)
+    _print_tree(mirror, limit)
+    typer.echo(f"{events:,} events read", err=True)  # stderr: stdout is the tree alone
+    if damage is not None:  # (cli.output and its Rich console: only when there is damage)
+        from cli.output import stopped
+
+        stopped(damage)
 
 
 def _live_mirror(source: str, curve: ClientCurve | None) -> Mirror:
+    from cli.output import unsynced, warn
     from radixcache.wire.endpoints import Endpoints
     from radixcache.wire.subscriber import Subscriber
 

@@ -33,12 +33,13 @@ from inspector.layout import collapse, expand
 from inspector.paint import Outside, Painter, Panes
 from inspector.panes import PANES, Pane, Place, make, pane_bindings
 from inspector.sources import (
+    DatasetWords,
     ReplayControls,
     Source,
 )
 from inspector.tree_layout import LRU_ROWS, TreeLayout
 from inspector.widgets.block_map import BlockMap
-from inspector.widgets.command_line import CommandLine
+from inspector.widgets.command_line import REPLAY_HINT, CommandLine
 from inspector.widgets.event_log import EventLog
 from inspector.widgets.help import HelpScreen, key_map
 from inspector.widgets.pane import PaneWidget
@@ -48,6 +49,8 @@ FRAME_HZ = 30
 EVICTED_SHOW_S = 2.0
 WINDOW_MARGIN = 2  # screens of tree rows copied above and below the visible ones
 SHORT, NARROW = 30, 100  # below these many rows / columns the compact layout is used
+WORDS_LOADING = ("loading ShareGPT words for previews (the first launch builds their cache, "
+                 "up to a minute); until then a preview shows token ids")
 
 
 class FrameCheck(Protocol):
@@ -107,6 +110,7 @@ class InspectorApp(App[None]):
         self.tree_width = 50
         self.layout = TreeLayout(self.feed)
         self._selected: int | None = None
+        self._words_said = False  # the dataset words' loading was announced
 
     @property
     def messages(self) -> list[str]:
@@ -146,7 +150,10 @@ class InspectorApp(App[None]):
         self._tree, self._blocks = self._panes.of(TreeView), self._panes.of(BlockMap)
         self.painter = Painter(self._panes, self.commands, self.flash_s)
         self.tree_pane.vocab = self.source.vocabulary()
-        q("#timeline").display = isinstance(self.source, ReplayControls)
+        replay = isinstance(self.source, ReplayControls)
+        q("#timeline").display = replay
+        if replay:  # a recording cannot be steered: suggest what works on it
+            self._panes.command.placeholder = REPLAY_HINT
         self._panes.fault.display = False
         self._fit(self.size.width, self.size.height)
         self.source.start(self.feed)
@@ -211,11 +218,27 @@ class InspectorApp(App[None]):
                 check.check(self)
         if check is None:
             self._paint(frame, d, Outside(wall, self.size.width, status, position))
+        self._words_note()
         job = self.layout.job(wall, tree)
         if job is not None:
             self.run_worker(job, thread=True, group="layout", exclusive=True)
         if not d.empty:
             self.frame_ms.append((time.perf_counter() - t0) * 1000)
+
+    def _words_note(self) -> None:
+        """Say what the previews wait for while the dataset's words load (on the first launch
+        their cache is built: up to a minute of ``#66269 woul…``), and when they are in."""
+        words = self.tree_pane.vocab
+        if not isinstance(words, DatasetWords):
+            return
+        if words.loading() and not self._words_said:
+            self._words_said = True
+            self.say(f"… {WORDS_LOADING}")
+        elif self._words_said and words.ready.is_set() and self.messages[-1:] == [
+                f"… {WORDS_LOADING}"]:
+            self.say("✓ ShareGPT words loaded: previews show text" if not words.error else
+                     f"✗ no ShareGPT words ({words.error}): previews show token ids",
+                     error=bool(words.error))
 
     def _paint(self, frame: Frame, d: Delta, out: Outside) -> None:
         self.painter.show(frame, d, out, self.builder.note)
@@ -262,7 +285,10 @@ class InspectorApp(App[None]):
 
     # -- commands --------------------------------------------------------------------------
     def on_input_submitted(self, message: Input.Submitted) -> None:
-        """Parse; say what is wrong, or send it from a worker thread."""
+        """Parse; say what is wrong, or send it from a worker thread. The focus goes back to
+        the panes (a ``:`` typed next opens a new command, it is not part of this one); a
+        dialog the command opened (``why``) returns it there too."""
+        self._focus_pane()
         self.commands.submit(message.value)
 
     def say(self, text: str, *, error: bool = False) -> None:
@@ -294,15 +320,17 @@ class InspectorApp(App[None]):
     def on_event_log_explain(self, message: EventLog.Explain) -> None:
         """Enter in the event log: explain its request, or say how to pick one."""
         if message.req is None:
-            self.say("✗ select a request event (rstart or rfinish: `filter rstart rfinish` "
-                     "shows them), or type: why REQ", error=True)
+            self.say("✗ the selected entry is not a request event (rstart or rfinish; filter "
+                     "rstart rfinish shows them), or type: why REQ", error=True)
         else:
             self.explain(message.req)
 
     def action_focus_events(self) -> None:
-        """Focus the event log (up/down select, enter: why that request missed)."""
+        """Focus the event log with its newest request event selected (up/down select
+        another, enter: why that request missed)."""
         events = self._panes.of(EventLog)
         events.display = True
+        events.select_newest_request()
         events.focus()
 
     def action_focus_command(self) -> None:
@@ -328,10 +356,12 @@ class InspectorApp(App[None]):
         self._panes.command.focus()
 
     def action_toggle_pane(self, name: str) -> None:
-        """Show or hide a pane; a hidden pane hands its focus on, a shown one takes it."""
+        """Show or hide a pane; a hidden pane hands its focus on. A shown pane leaves the
+        focus where it is (the tree's keys keep working after F6), except the tree itself,
+        which takes back the focus it handed on when hidden."""
         pane = self.query_one(f"#{name}")
         pane.display = not pane.display
-        if pane.display and pane.can_focus:
+        if pane.display and pane is self.tree_pane:
             pane.focus()
         elif self.focused is None or not self.focused.display:
             self._focus_pane()

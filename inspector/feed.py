@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import assert_never
 
+from inspector.fates import Fates
 from radixcache.analysis.follow import Follower
 from radixcache.core import events as ev
 from radixcache.core.kinds import tag
@@ -93,6 +94,7 @@ class Feed:
         # the what-if curve since the inspector began and why each request missed: follows
         # every event the mirror applies, under this lock (the what-if and why screens)
         self.follow = Follower(self.mirror)
+        self.fates = Fates()  # what became of the nodes that left (the selection's note)
 
     # -- writer side (source threads) ------------------------------------------------------
     def apply(self, batch: ev.Batch) -> bool:
@@ -142,7 +144,7 @@ class Feed:
     def resynced(self, ts: float) -> None:
         """The mirror was replaced behind the feed's back (a subscriber loaded a snapshot)."""
         with self.lock:
-            self._after_snapshot(self._delta, ts)
+            self._after_snapshot(self._delta, ts, "a snapshot replaced the tree (a resync)")
 
     def load(self, snapshot: ev.Snapshot, seq: int, ts: float,
              restore: Callable[[Mirror], None] | None = None) -> None:
@@ -154,9 +156,10 @@ class Feed:
             if restore is not None:
                 restore(self.mirror)
             self.seq, self.last_ts = seq, ts
-            self._after_snapshot(self._delta, ts)
+            self._after_snapshot(self._delta, ts, "a snapshot replaced the tree")
 
-    def _after_snapshot(self, d: Delta, ts: float) -> None:
+    def _after_snapshot(self, d: Delta, ts: float, why: str) -> None:
+        self.fates.wiped(why, self.seq, max(self._nodes, default=0) + 1)
         self._unlink_dropped()
         self.out_of_sync = False
         self.pinned = {n.id for n in self.mirror.nodes.values() if n.pins > 0}
@@ -190,6 +193,7 @@ class Feed:
                 d.structure = True
                 d.flashes[e.child] = Flash.MERGE
                 d.merged[e.parent] = e.child
+                self.fates.merged(e.parent, e.child, batch.seq)
                 if e.dropped is not None:
                     d.blocks.add(e.dropped)
                 self._touched.add(e.child)  # the joined node, heir of the parent's pins
@@ -197,6 +201,7 @@ class Feed:
                 d.structure = True
                 d.flashes[e.node] = Flash.EVICT
                 d.evicted.add(e.node)
+                self.fates.evicted(e.node, batch.seq)
                 d.blocks.update(e.freed)
             case ev.BlockAlloc() | ev.BlockFree():
                 d.blocks.update(e.blocks)
@@ -204,8 +209,10 @@ class Feed:
                 d.blocks.update((e.src, e.dst))
             case ev.Watermark():
                 d.watermarks.append(e)
-            case ev.Snapshot() | ev.Reset():
-                self._after_snapshot(d, batch.ts)
+            case ev.Snapshot():
+                self._after_snapshot(d, batch.ts, "a snapshot replaced the tree")
+            case ev.Reset():
+                self._after_snapshot(d, batch.ts, "the cache was reset")
             case (ev.RequestStart() | ev.RequestFinish() | ev.Counters() | ev.Fault()
                   | ev.Digest() | ev.RequestCached() | ev.Queue()):
                 pass  # the log has them; the panes read them off the mirror

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from types import MappingProxyType
 
+from inspector.fates import Fates
 from inspector.feed import Delta, Feed
 from inspector.layout import Row, block_ranges, human_age
 from radixcache.core import events as ev
@@ -135,7 +136,7 @@ class Builder:
     def build(self, feed: Feed, d: Delta, want: Want) -> Frame:
         """The frame at the feed's current seq (call with ``feed.lock`` held)."""
         m = feed.mirror
-        sel = self._follow(m, d, want.selected)
+        sel = self._follow(m, d, feed.fates, want.selected)
         self._cells(feed, d, sel, want)
         views = {row.node.id: self._view(feed, m, row.node.id) for row in want.window}
         lru = self._lru(feed, m, want)
@@ -151,7 +152,7 @@ class Builder:
                      m.counters, m.fault, m.watermark, m.high, m.low,
                      MappingProxyType(views), tuple(lru), selection, self._changed, m.queue)
 
-    def _follow(self, m: Mirror, d: Delta, wanted: int | None) -> int | None:
+    def _follow(self, m: Mirror, d: Delta, fates: Fates, wanted: int | None) -> int | None:
         """The selected node at this seq: a merged parent's tokens live on in its child; an
         evicted node or a reset clears it, and ``note`` says so."""
         self.note = ""
@@ -160,15 +161,14 @@ class Builder:
         nid = self.selected_id
         if nid is None or nid == 0:
             return None
-        while nid in d.merged:
-            nid = d.merged[nid]
+        while (heir := d.merged.get(nid, fates.heir(nid))) is not None:
+            nid = heir
         if nid in m.nodes:
             if nid != self.selected_id:
                 self.note = f"n{self.selected_id} merged into n{nid}: selection follows"
             self.selected_id = nid
             return nid
-        why = "was evicted" if nid in d.evicted else "is gone (the cache was reset or resynced)"
-        self.note = f"n{nid} {why}: selection cleared"
+        self.note = f"n{nid} {fates.of(nid)}: selection cleared"
         self.selected_id = None
         return None
 

@@ -18,7 +18,7 @@ from inspector.frame import EMPTY, Frame
 from inspector.sources import ReplayPosition, SourceStatus
 from inspector.widgets.command_line import CommandLine
 from inspector.widgets.pane import Paint, PaneWidget
-from inspector.widgets.stats import Rate, figures, header_line
+from inspector.widgets.stats import Rate, header_line, served
 from inspector.widgets.timeline import timeline
 
 W = TypeVar("W", bound=PaneWidget)
@@ -69,9 +69,11 @@ class Painter:
         if d.empty and frame == self.view and not any(w.animating() for w in p.widgets):
             self.view = frame
             self._header_line(frame, out)
+            if note:  # a selection of a node already gone changes no pane, but is said
+                self.commands.note(note)
             return
         self.view = frame
-        self.req_per_s = self.rate.add(frame.now, figures(frame).requests)
+        self.req_per_s = self.rate.add(frame.now, served(frame))
         paint = Paint(frame, d, out.wall, out.status, self.req_per_s, self.flash_s)
         for widget in p.widgets:
             widget.paint(paint)

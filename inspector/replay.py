@@ -155,7 +155,8 @@ class ReplaySource:
             detail += " · damaged file"
         if self.guard.fault is not None:
             detail += f" · {self.guard.fault.line()}"
-        return SourceStatus(ConnState.REPLAY, self.rec.name, self._started, detail)
+        return SourceStatus(ConnState.REPLAY, self.rec.name, self._started, detail,
+                            paused=not self.playing)
 
     def send(self, command: cmd.AnyCommand) -> cmd.AnyReply:
         """A recording cannot be steered."""

@@ -44,7 +44,8 @@ class ConnState(Enum):
 @dataclass(frozen=True, slots=True)
 class SourceStatus:
     """A source's state right now. ``since`` is when ``state`` began (time.time());
-    ``memory_note`` explains missing device figures (``NVML unavailable: ...``)."""
+    ``memory_note`` explains missing device figures (``NVML unavailable: ...``); ``paused``:
+    a replay standing still (the header shows ``❚❚``, not ``▶``)."""
 
     state: ConnState
     endpoint: str
@@ -52,6 +53,7 @@ class SourceStatus:
     detail: str = ""
     busy: bool = False
     memory_note: str = ""
+    paused: bool = False
 
 
 @runtime_checkable
@@ -144,6 +146,10 @@ class DatasetWords:
             return name
         word = detok.decode([token])
         return word if word != "?" or token == self._question else name
+
+    def loading(self) -> bool:
+        """True while the background thread reads the dataset's words (previews show ids)."""
+        return self._loader is not None and not self.ready.is_set()
 
     def load(self) -> threading.Event:
         """Start reading the dataset's words in the background (once); returns ``ready``."""

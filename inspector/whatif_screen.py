@@ -74,14 +74,21 @@ class View(NamedTuple):
     scope: str
     causes: dict[str, int] | None = None  # missed tokens by cause (a live source)
     engine_finished: int = 0  # requests the engine finished, its own count (0: unknown)
+    schedule: str = ""  # the engine's scheduling policy (its counters; "": not said)
+    joined_at: int = 0  # the seq a live inspector joined a warm cache at (0: it did not)
+    joined_nodes: int = 0  # the nodes that cache held then
 
     @classmethod
-    def of(cls, r: RunningCurve, scope: str, causes: dict[str, int] | None = None) -> View:
-        """Copy what ``r`` holds now."""
+    def of(cls, r: RunningCurve, scope: str, causes: dict[str, int] | None = None,
+           joined: tuple[int, int] = (0, 0)) -> View:
+        """Copy what ``r`` holds now; ``joined``: the seq a live inspector joined at and the
+        nodes the engine's tree held then."""
         m = r.mirror
-        done = m.counters.finished if m.counters is not None else 0
+        c = m.counters
+        done = c.finished if c is not None else 0
+        schedule = (c.schedule or "") if c is not None else ""
         return cls(r.curve(), r.capacity_tokens, m.num_blocks, m.block_size, r.measured_hits,
-                   r.measured_prompt, scope, causes, done)
+                   r.measured_prompt, scope, causes, done, schedule, *joined)
 
 
 def headline(v: View) -> str:
@@ -102,10 +109,27 @@ def headline(v: View) -> str:
         f"what if: {v.scope}: {c.requests:,} finished requests, {c.prompt_tokens:,} prompt "
         f"tokens\n"
         f"engine pool {v.num_blocks:,} blocks x {v.block_size} = {cap:,} tokens:"
-        f" curve predicts {100 * predicted:.2f}% (LRU, one request at a time), engine "
-        f"measured {100 * measured:.2f}% (batched)\n"
+        f" arrival-order LRU curve {100 * predicted:.2f}% (one request at a time), engine "
+        f"measured {100 * measured:.2f}% (batched)" + _beaten(v, predicted, measured) + "\n"
         f"maximum {100 * c.max_hits / p:.2f}% (infinite cache); 90% of it at "
-        f"{capacity_for(c, 0.9):,} tokens" + _causes_line(v.causes))
+        f"{capacity_for(c, 0.9):,} tokens" + _cold_line(v) + _causes_line(v.causes))
+
+
+def _beaten(v: View, predicted: float, measured: float) -> str:
+    """Why an engine can measure more than the curve: the curve takes requests in arrival
+    order, a cache-aware schedule does not (it is not a ceiling)."""
+    if measured <= predicted or v.schedule in ("", "fcfs"):
+        return ""
+    return f": {v.schedule} reorders the queue, so it can beat the arrival order"
+
+
+def _cold_line(v: View) -> str:
+    """A late joiner's curve starts from an empty cache, not from the engine's."""
+    if not v.joined_nodes:
+        return ""
+    return (f"\nthe curve starts cold at seq {v.joined_at:,}: the inspector joined when the "
+            f"engine already cached {v.joined_nodes:,} nodes, so the first requests count "
+            "misses the engine did not have")
 
 
 def _causes_line(causes: dict[str, int] | None) -> str:
@@ -180,7 +204,8 @@ class WhatIfScreen(ModalScreen[None]):
                     scope += f", up to where following stopped: {f.error}"
                 elif f.curve_full:
                     scope += f", up to {f.max_tokens:,} distinct tokens"
-                self.view = View.of(f.curve, scope, f.misses.totals())
+                self.view = View.of(f.curve, scope, f.misses.totals(),
+                                    (f.since, f.joined_nodes))
         self.query_one("#whatif-head", Static).update(headline(self.view))
         if self.view.curve.requests:
             self.query_one("#whatif-plot", Static).update(plot(self.view, self.size.width))

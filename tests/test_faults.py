@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import msgspec
@@ -134,7 +133,9 @@ def test_frozen_subscriber_never_blocks_the_engine():
         frozen.setsockopt(zmq.RCVHWM, 50)
         frozen.setsockopt(zmq.SUBSCRIBE, b"")
         frozen.connect(pub.endpoints.events)
-        time.sleep(0.2)
+        # connected once a heartbeat gets through (the slow joiner); read that one, then never
+        assert wait_for(lambda: bool(pub.publish([]) and frozen.poll(20)), timeout=10)
+        frozen.recv()
         for _ in range(20_000):
             pub.publish([ev.Watermark(1, 2, 0.9, 0.8, 0, 0)])
         assert wait_for(lambda: pub.stats().batches == pub.seq, timeout=10)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -39,19 +39,27 @@ def _engine_idle(front: HttpFront) -> tuple[int, int]:
     return m.running, m.waiting
 
 
+def _until(holds: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait until ``holds()`` (polled every 10 ms); fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not holds():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
 def _wait_idle(front: HttpFront) -> None:
-    for _ in range(600):  # the aborts land at the engine's next step
-        if _engine_idle(front) == (0, 0) and front.runner.waiting == 0:
-            return
-        time.sleep(0.05)
+    # the aborts land at the engine's next step
+    _until(lambda: _engine_idle(front) == (0, 0) and front.runner.waiting == 0)
 
 
 def _send_and_leave(front: HttpFront, body: bytes) -> None:
+    engine = front.backend.engine  # type: ignore[attr-defined]
+    before = engine.stats().submitted
     with socket.create_connection((front.host, front.port)) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                   b"application/json\r\nContent-Length: " + str(len(body)).encode()
                   + b"\r\n\r\n" + body)
-        time.sleep(0.2)  # long enough to be admitted
+        _until(lambda: engine.stats().submitted > before)  # admitted: then the client leaves
 
 
 def test_clients_that_leave_free_their_requests(front: HttpFront) -> None:
@@ -85,10 +93,7 @@ def test_abort_request_by_rid(front: HttpFront) -> None:
     t = threading.Thread(target=lambda: got.append(
         httpx.post(f"{front.url}/generate", json=body, timeout=60)))
     t.start()
-    for _ in range(200):
-        if _engine_idle(front)[0] == 1:
-            break
-        time.sleep(0.05)
+    _until(lambda: _engine_idle(front)[0] == 1)
     again = httpx.post(f"{front.url}/generate", json=body, timeout=10)
     assert (again.status_code, again.json()["error"]["param"]) == (400, "rid")
     r = httpx.post(f"{front.url}/abort_request", json={"rid": "r-1"}, timeout=10)
@@ -107,7 +112,7 @@ def test_the_queue_is_bounded_with_retry_after(front: HttpFront) -> None:
         for s in socks:
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
                       b"\r\n{")
-        time.sleep(0.3)
+        _until(lambda: front.runner.waiting == 8)  # the front holds all 8 places
         r = httpx.post(f"{front.url}/v1/completions", json=LONG, timeout=10)
         assert (r.status_code, r.headers["retry-after"]) == (429, "1")
         assert r.json()["error"]["type"] == "rate_limit_error"

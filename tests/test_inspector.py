@@ -260,17 +260,15 @@ async def test_key_press_is_handled_while_a_fast_source_streams() -> None:
     src = FastSource()
     app = InspectorApp(src)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause(0.2)
-        before = src.streamed
+        await wait_until(pilot, lambda: src.streamed >= 1_000)  # the stream runs
         cursor = app.tree_pane.cursor
         await pilot.press("down")
         # handled while the stream runs (liveness, not speed: `radixcache bench tui` measures
-        # the latency target, a timed assertion here would flake on a busy machine)
+        # the latency target; a count of events per moment depends on the machine's speed)
         assert app.tree_pane.cursor == cursor + 1
-        assert src.streamed - before >= 500
         during = src.streamed
-        await pilot.pause(0.2)
-        assert src.streamed > during  # the stream did not stall behind the key
+        await wait_until(pilot, lambda: src.streamed > during)  # it did not stall behind it
+        assert app.tree_pane.cursor == cursor + 1  # and the stream did not move the cursor
 
 
 # -- snapshots -----------------------------------------------------------------------------

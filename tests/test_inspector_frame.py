@@ -125,7 +125,7 @@ async def test_selection_follows_a_merge_and_clears_on_evict_and_reset() -> None
         assert app.blocks.drawn()[Cell.SELECTED] == 1
         src.push([ev.Evict(2, 4, [0])])
         await wait_until(pilot, lambda: app.view.node_count == 0)
-        assert app.messages[-1] == "n2 was evicted: selection cleared"
+        assert app.messages[-1] == "n2 was evicted at seq 3: selection cleared"
         assert (app.tree_pane.border_subtitle, app.view.selection) == ("", None)
         src.push(_two_children())
         await wait_until(pilot, lambda: app.view.node_count == 3)
@@ -133,7 +133,7 @@ async def test_selection_follows_a_merge_and_clears_on_evict_and_reset() -> None
         await wait_until(pilot, lambda: app.view.selection is not None)
         src.push([ev.Reset()])
         await wait_until(pilot, lambda: app.view.node_count == 0)
-        assert app.messages[-1] == "n2 is gone (the cache was reset or resynced): selection cleared"
+        assert app.messages[-1] == "n2 left when the cache was reset at seq 5: selection cleared"
         assert app.blocks.drawn() == {**dict.fromkeys(Cell, 0), Cell.FREE: 64}
 
 
@@ -154,7 +154,7 @@ async def test_the_engines_counters_are_shown_since_start_then_since_reset() -> 
         assert "hit 78.3%" in str(app.panes.header.render())
         assert app.panes.of(StatsPane).border_title == "stats · since engine start"
         assert app.panes.of(StatsPane).rows()[:4] == [
-            ("hit rate", "78.3%"), ("prefill saved", "7,830 tok"), ("requests", "64 (0/s)"),
+            ("hit rate", "78.3%"), ("prefill saved", "7,830 tok"), ("requests", "64 (0 done/s)"),
             ("waiting/running", "2 / 4")]
         src.push([counters(generation=3, paused=True)])
         stats = app.panes.of(StatsPane)

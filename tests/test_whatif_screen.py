@@ -37,7 +37,7 @@ def expected_headline(path: Path, num_blocks: int, block: int, scope: str) -> st
     predicted = int(curve.hits(np.asarray([cap]))[0]) / curve.prompt_tokens
     return (f"what if: {scope}: {curve.requests:,} finished requests, {curve.prompt_tokens:,} "
             f"prompt tokens\nengine pool {num_blocks:,} blocks x {block} = {cap:,} tokens: "
-            f"curve predicts {100 * predicted:.2f}% (LRU, one request at a time), engine "
+            f"arrival-order LRU curve {100 * predicted:.2f}% (one request at a time), engine "
             f"measured {100 * measured:.2f}% (batched)")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar, NamedTuple
 
+from textual import events
 from textual.binding import Binding, BindingType
 from textual.widgets import Input
 
@@ -68,6 +69,11 @@ def complete(text: str) -> str:
     return common + " " if len(hits) == 1 else common
 
 
+# what the command line suggests in replay mode: a recording takes the replay keys and the
+# commands that only read (the live placeholder's workloads would be refused)
+REPLAY_HINT = "p play/pause · . step · , back · < > keyframe · [ ] speed · why REQ · filter KIND"
+
+
 class CommandLine(Input):
     """An ``Input`` with tab completion and an up/down history."""
 
@@ -82,6 +88,17 @@ class CommandLine(Input):
                          id=id)
         self.history: list[str] = []
         self._at = 0
+
+    async def _on_key(self, event: events.Key) -> None:
+        """A ``:`` or ``/`` on an empty line is the key that opened it, not text, so
+        ``::fork 2`` cannot become "unknown command ':fork'"; after the first character they
+        are text (``why 3:4/5``). Decided here, in the order the keys reach the line (a burst
+        of keys waits in its queue while the app already reads the next)."""
+        if event.character in (":", "/") and not self.value:
+            event.stop()
+            event.prevent_default()
+            return
+        await super()._on_key(event)
 
     def remember(self, line: str) -> None:
         """Append to the history (no immediate duplicates) and reset the cursor."""

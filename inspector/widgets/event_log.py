@@ -151,6 +151,17 @@ class EventLog(PaneWidget, can_focus=True):
         self.selected = entries[to] if to < len(entries) else None
         self.refresh()
 
+    def select_newest_request(self) -> None:
+        """Select the newest request event shown (``rfinish``, else ``rstart``), so enter
+        explains a request at once; nothing selected (follow) when none is kept."""
+        entries = self._entries()
+        for kinds in ((ev.RequestFinish,), (ev.RequestStart,)):
+            found = next((e for e in reversed(entries) if isinstance(e.event, kinds)), None)
+            if found is not None:
+                self.selected = found
+                self.refresh()
+                return
+
     def action_follow(self) -> None:
         """Drop the selection: show the newest entries again."""
         self.selected = None

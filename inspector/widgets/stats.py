@@ -23,6 +23,7 @@ _DOT = {ConnState.CONNECTING: ("◌", "#e5c07b"), ConnState.LIVE: ("●", "#98c3
         ConnState.REPLAY: ("▶", "#c792ea"), ConnState.RESYNCING: ("◐", "#e5c07b"),
         ConnState.DISCONNECTED: ("○", "#e06c75")}
 _PAUSED = ("⏸", "#e5c07b")
+_STILL = ("❚❚", "#c792ea")  # a replay standing still: the replay bar's pause glyph
 
 
 class Figures(NamedTuple):
@@ -52,6 +53,13 @@ def figures(frame: Frame) -> Figures:
     s = frame.stats
     return Figures("seen here", s.requests, s.prompt_tokens, s.hit_tokens, s.evictions,
                    s.evicted_tokens, s.cow_copies)
+
+
+def served(frame: Frame) -> int:
+    """Requests finished (the engine's count when it sent one): what the header's req/s
+    rates. Submissions would count a paused engine's queue growing with nothing running."""
+    c = frame.counters
+    return c.finished if c is not None else frame.stats.finished
 
 
 class Rate:
@@ -109,7 +117,7 @@ class StatsPane(PaneWidget):
         rows = [
             ("hit rate", f"{f.hit_rate:.1%}"),
             ("prefill saved", f"{human_count(f.hit_tokens)} tok"),
-            ("requests", f"{f.requests:,} ({self.req_per_s:,.0f}/s)"),
+            ("requests", f"{f.requests:,} ({self.req_per_s:,.0f} done/s)"),
             ("evictions", f"{f.evictions:,} ({human_count(f.evicted_tokens)} tok)"),
             ("COW copies", f"{f.cow_copies:,}"),
             ("splits/merges", f"{s.splits:,} / {s.merges:,} (seen)"),
@@ -144,8 +152,10 @@ def header_line(status: SourceStatus, frame: Frame, req_per_s: float, now: float
     c = frame.counters
     gone = status.state is ConnState.DISCONNECTED  # the last counters say nothing now
     paused = c is not None and c.paused and not gone
-    dot, color = _PAUSED if paused else _DOT[status.state]
+    dot, color = _PAUSED if paused else _STILL if status.paused else _DOT[status.state]
     state = "paused" if paused else status.state.value
+    if status.paused:  # a replay standing still
+        state = f"{status.state.value} paused"
     if paused and c is not None and c.running:  # pause stops admission; these still step
         state = f"admission paused, {c.running:,} running"
     if gone or status.state is ConnState.CONNECTING:

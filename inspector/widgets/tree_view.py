@@ -98,7 +98,7 @@ class TreeView(ScrollView, PaneWidget, can_focus=True):
         self.vocab: TokenText | None = None
         self.flashes: dict[int, tuple[Flash, float]] = {}
         self.collapsed: set[int] = set()
-        self._preview: dict[int, str] = {}
+        self._preview: dict[int, tuple[int, str]] = {}  # node -> (room, its preview)
         self._words_in = False
         self.styled = Styled(self)
 
@@ -219,9 +219,12 @@ class TreeView(ScrollView, PaneWidget, can_focus=True):
             return [Segment(head, dim), Segment("…", dim)]
         count = f"[{human_count(view.num_tokens)}] "
         room = max(PREVIEW_MIN, self.size.width - len(head) - len(count) - RIGHT)
-        text = self._preview.get(nid)
-        if text is None or cell_len(text) > room:
-            text = self._preview[nid] = preview_text(view.head, self.vocab, room)
+        cached = self._preview.get(nid)  # made for this room (a resize changes the room)
+        if cached is not None and cached[0] == room:
+            text = cached[1]
+        else:
+            text = preview_text(view.head, self.vocab, room)
+            self._preview[nid] = (room, text)
         if not view.alive:
             gone = f"[{row.node.num_tokens}] {text}"
             return [Segment(head, dim), Segment(gone, base + self._style("gone"))]

@@ -42,6 +42,7 @@ class Follower:
         self.curve = RunningCurve(mirror)
         self.misses = MissHistory(mirror, max_tokens=max_tokens)
         self.since = mirror.seq  # the curve covers the requests finished after this seq
+        self.joined_nodes = 0  # nodes the tree held at ``since`` (> 0: the curve starts cold)
         self.curve_full = max_tokens <= 0  # MAX_TOKENS distinct tokens: later requests not
         # counted
         self._last_seq = mirror.seq
@@ -110,6 +111,7 @@ class Follower:
             self.curve_full = self.max_tokens <= 0
         if m.seq < self._last_seq or not self._followed:
             self.since = m.seq  # (the join: the seq the inspector's first snapshot is at)
+            self.joined_nodes = len(e.nodes) - 1  # (the root is one of them)
         self.misses.restart(e)
 
 

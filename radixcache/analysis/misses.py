@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from radixcache.wire.mirror import Mirror, MirrorNode
 
 KEEP_REQUESTS = 4_096  # explained requests kept (the event log scrolls back 2,000 events)
+FORGOTTEN_KEPT = 65_536  # requests dropped from the history that it still says so of
 MAX_LINES = 40  # spans ``describe`` lists (a long prompt evicted piece by piece has many)
 
 
@@ -128,6 +129,9 @@ class MissHistory:
         self.max_tokens = max_tokens
         self.ghosts = Ghosts(max_tokens)
         self.whys: OrderedDict[int, Why] = OrderedDict()
+        # the newest requests dropped for room (req -> the seq it was admitted in), so `why`
+        # of one says it fell out of the history, not that it was never seen
+        self.forgotten: OrderedDict[int, int] = OrderedDict()
         self.resets: set[int] = set()
         self.since = 0  # the seq of the snapshot the history starts from
         self._match: tuple[int, int] | None = None  # (node, version) of a match in progress
@@ -231,7 +235,10 @@ class MissHistory:
                                dropped_path=self._dropped, version=version)
         self.whys.move_to_end(e.req)
         while len(self.whys) > KEEP_REQUESTS:
-            self.whys.popitem(last=False)
+            old, why = self.whys.popitem(last=False)
+            self.forgotten[old] = why.seq
+            if len(self.forgotten) > FORGOTTEN_KEPT:
+                self.forgotten.popitem(last=False)
         self._match, self._dropped, self._edge = None, b"", m.version
 
     def restart(self, _: ev.Snapshot) -> None:
@@ -245,6 +252,7 @@ class MissHistory:
             self.all()
             self.ghosts = Ghosts(self.max_tokens)
             self.since = m.seq
+            self.forgotten.clear()
             for req in [r for r, w in self.whys.items() if w.spans is None]:
                 del self.whys[req]  # matched against a history that is gone
             self._edge = m.version
@@ -333,6 +341,9 @@ def describe(history: MissHistory, req: int, error: str | None = None) -> list[L
     if error is not None:
         return [Line(f"request {req}: the miss history stopped following the stream ({error})")]
     why = history.why(req)
+    if why is None and req in history.forgotten:
+        return [Line(f"request {req}: admitted in batch {history.forgotten[req]:,}, it fell "
+                     f"out of the history, which keeps the newest {KEEP_REQUESTS:,} requests")]
     if why is None:
         return [Line(f"request {req}: not seen since seq {history.since} (the history starts "
                      f"where the inspector joined, or last went back; it keeps "

@@ -22,8 +22,10 @@ from collections.abc import Sequence
 
 import msgspec
 
-SCHEMA_VERSION = 5  # 2: Extend; 3: Counters, Fault; 4: tail eviction, Access.end,
-# NodeState.older, Merge.keeps_times; 5: Queue, RequestCached, Counters.schedule
+SCHEMA_VERSION = 6  # 2: Extend; 3: Counters, Fault; 4: tail eviction, Access.end,
+# NodeState.older, Merge.keeps_times; 5: Queue, RequestCached, Counters.schedule;
+# 6: RequestCached may come before the prompt's forward, for its whole blocks, and twice
+# per request (docs/wire-format.md). Readers read every version from 1 up to this one.
 
 
 class Event(msgspec.Struct, tag_field="kind", array_like=True, frozen=True):
@@ -169,10 +171,11 @@ class RequestFinish(Event, tag="rfinish", frozen=True):
 class RequestCached(Event, tag="rcached", frozen=True):
     """The first ``prompt_tokens`` tokens of request ``req``'s prompt are in the tree (schema
     5), so waiting requests can read them now: its whole prompt once its prefill ended (it
-    goes on decoding), or, when requests sharing it are admitted beside it, the prompt's whole
-    blocks before the forward that ends its prefill writes them (the batch is published after
-    that forward; its whole prompt follows in the same batch). The tree events right before it
-    are that insert; the rest of its sequence is inserted at its ``RequestFinish``."""
+    goes on decoding), or (schema 6), when requests sharing it are admitted beside it, the
+    prompt's whole blocks before the forward that ends its prefill writes them (the batch is
+    published after that forward; its whole prompt follows in the same batch, so a request
+    emits one or two, ``prompt_tokens`` growing). The tree events right before it are that
+    insert; the rest of its sequence is inserted at its ``RequestFinish``."""
 
     req: int
     prompt_tokens: int

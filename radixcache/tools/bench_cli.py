@@ -13,7 +13,9 @@ Every figure runs the real console command in a fresh process (``python -m cli.m
 - ``record_from_s``: ``radixcache record --from ENDPOINT --seconds 2`` against a peer whose
   batches keep the recorder busy past the deadline (``radixcache.tools.bench_record_from``);
 - ``compiled``: the commands ran with the project compiled to bytecode beforehand, as an
-  installed package is (``compile_project``); false: each start compiled what it imported.
+  installed package is (``compile_project``); false: each start compiled what it imported;
+- ``over_target``: the figures past their ``TARGETS`` (or never reached: -1), by name; empty
+  when the front door met every target this run.
 """
 
 from __future__ import annotations
@@ -54,6 +56,15 @@ class CliFigures(NamedTuple):
     record_from_s: float
     load_avg_1m: float
     compiled: bool
+    over_target: tuple[str, ...] = ()
+
+
+def over_target(figures: CliFigures) -> tuple[str, ...]:
+    """The figures past their target in ``TARGETS``, or not measured (-1) though targeted
+    (a caller that skipped a step, ``--no-demo``, drops its names)."""
+    values = figures._asdict()
+    return tuple(name for name, target in TARGETS.items()
+                 if values[name] > target or values[name] < 0)
 
 
 def timed(argv: list[str]) -> tuple[float, float]:

@@ -145,9 +145,16 @@ class RecordingReader:
         if isinstance(frame, Damage) or frame[0] != Kind.HEADER:
             raise RecordingError(f"{self.path}: unreadable header")
         try:
-            return _HEADER.decode(frame[1]), frame[2]
+            header = _HEADER.decode(frame[1])
         except msgspec.DecodeError as exc:
             raise RecordingError(f"{self.path}: bad header: {exc}") from None
+        if not 1 <= header.schema_version <= ev.SCHEMA_VERSION:
+            newer = header.schema_version > ev.SCHEMA_VERSION
+            raise RecordingError(
+                f"{self.path}: event schema {header.schema_version} is "
+                + (f"newer than this reader (reads 1 to {ev.SCHEMA_VERSION}); upgrade radixcache"
+                   if newer else f"not one this reader knows (1 to {ev.SCHEMA_VERSION})"))
+        return header, frame[2]
 
     def _read_frame(self, offset: int) -> tuple[Kind, bytes, int] | Damage:
         """(kind, payload, next offset) or the damage at ``offset``."""
