@@ -30,7 +30,7 @@ from cli.options import (
     sized_workload,
 )
 from cli.output import client_curve, console, stopped, unsynced, warn
-from radixcache.serving.policy import Policy
+from radixcache.serving.policy import SchedulePolicy
 from radixcache.traffic.workloads import Workload, WorkloadError
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.export import jsonl_lines, perfetto_json
@@ -71,7 +71,7 @@ def record(
     answers: AnswerMode = typer.Option(AnswerMode.PREFILL, help=ANSWERS_HELP),
     device: str | None = typer.Option(None, help="Headless torch device (default: cuda)."),
     threads: int = typer.Option(1, min=1, max=MAX_THREADS, help="torch CPU threads."),
-    schedule: Policy = typer.Option(Policy.FCFS, help="Headless: " + SCHEDULE_HELP),
+    schedule: SchedulePolicy = typer.Option(SchedulePolicy.FCFS, help="Headless: " + SCHEDULE_HELP),
     keyframe_every: int = typer.Option(50_000, min=1,
                                         help="Events between snapshot keyframes."),
     curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),
