@@ -24,6 +24,7 @@ from radixcache.serving.engine import (
 from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
 from radixcache.serving.model import ModelConfig, SlotCopy, TinyTransformer
 from radixcache.serving.policy import SchedulePolicy
+from radixcache.serving.requests import Request
 
 SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
 SYSTEM = np.random.default_rng(1).integers(0, 100_000, 40).tolist()  # a shared prefix
@@ -185,3 +186,20 @@ def test_a_forward_failing_over_blocks_published_before_it_stops_the_engine_loud
     assert batches[-2].events[-1] == ev.Fault("rc-service-loop", loop.fault.error)
     assert isinstance(a.exception(0), RequestCancelled)  # by ``close``, after the fault
     assert isinstance(b.exception(0), RequestCancelled)
+
+
+def test_a_request_aborted_while_it_is_admitted_is_let_go_with_nothing_held() -> None:
+    """``abort`` takes a waiting request off the queue from another thread; when that happens
+    between the scheduler's choice and the end of its admission, the admission undoes its pin
+    and lease instead of running a request whose handle is already failed."""
+    engine = _engine()
+    done = engine.submit(_prompt(0), 2)
+    _run(engine, [done])
+    h = engine.submit(_prompt(0), 2)
+    req = engine.scheduler.take(h.id or 0)  # what ``abort`` does, before the admission ends
+    assert req is not None
+    inflight: list[Request] = []
+    assert engine.scheduler.admission.admit(req, inflight) is None
+    assert (inflight, req.lease, engine.pinned_blocks()) == ([], None, 0)
+    engine.check()  # no pin, no lease left behind
+    assert sum(n.pins for n in engine.tree.live_nodes()) == 0
