@@ -19,7 +19,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from radixcache.serving.policy import Policy
+from radixcache.serving.policy import SchedulePolicy
 
 if TYPE_CHECKING:
     from radixcache.tools.bench_schedule import PolicyFigures
@@ -42,9 +42,9 @@ def _completed(bar: Progress, task: TaskID, done: int, _total: int) -> None:
     bar.update(task, completed=done)
 
 
-def _policies(words: str) -> list[Policy]:
+def _policies(words: str) -> list[SchedulePolicy]:
     try:
-        out = [Policy.parse(w.strip()) for w in words.split(",") if w.strip()]
+        out = [SchedulePolicy.parse(w.strip()) for w in words.split(",") if w.strip()]
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--schedule") from None
     if not out:
@@ -77,7 +77,7 @@ def bench_schedule(schedule: str, mix: str, rounds: int, interval: float, blocks
     except WorkloadError as err:
         raise typer.BadParameter(str(err), param_hint="--mix") from None
     total = sum(len(w.requests) for w in workloads)
-    figures: dict[Policy, list[PolicyFigures]] = {p: [] for p in policies}
+    figures: dict[SchedulePolicy, list[PolicyFigures]] = {p: [] for p in policies}
     for k, p in enumerate(pass_order(policies, repeat)):
         cfg = EngineConfig(num_blocks=blocks, model=tiny_model(), schedule=p)
         label = f"{p.value:<10}" + (f" {k // len(policies) + 1}/{repeat}" if repeat > 1 else "")

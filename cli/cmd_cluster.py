@@ -26,7 +26,7 @@ from cli.bounds import MAX_BLOCKS
 from cli.cluster_screens import streams_screen
 from cli.options import SCHEDULE_HELP
 from radixcache.serving.cluster import RoutePolicy  # stdlib only: cheap at start-up
-from radixcache.serving.policy import Policy as Schedule
+from radixcache.serving.policy import SchedulePolicy
 from radixcache.wire.endpoints import LOOPBACK_HOSTS
 
 if TYPE_CHECKING:
@@ -305,7 +305,8 @@ def cluster(
     router_arg: list[str] = typer.Option([], "--router-arg", help="More sglang-router flags, "
                                          "split as a shell would (repeatable), e.g. "
                                          "--router-arg='--cache-threshold 0.5'."),
-    schedule: Schedule = typer.Option(Schedule.FCFS, help="Each replica's " + SCHEDULE_HELP),
+    schedule: SchedulePolicy = typer.Option(SchedulePolicy.FCFS,
+                                            help="Each replica's " + SCHEDULE_HELP),
 ) -> None:
     """Start N engine replicas behind sglang-router (127.0.0.1) and open the cluster screen;
     q stops every process it started. Send load with `radixcache load --url ROUTER`.

@@ -20,7 +20,7 @@ from rich.table import Table
 from cli.app import app
 from cli.bounds import MAX_BLOCKS
 from cli.options import SCHEDULE_HELP
-from radixcache.serving.policy import Policy
+from radixcache.serving.policy import SchedulePolicy
 from radixcache.tools.demo import (
     DEFAULT_MIX,
     DemoError,
@@ -32,7 +32,7 @@ from radixcache.tools.demo import (
 from radixcache.traffic.workloads import WorkloadError, build_workload
 
 console = Console(stderr=True)
-DEMO_SCHEDULE = Policy.DFS_WEIGHT  # `bench engine --schedule` measured it best (README)
+DEMO_SCHEDULE = SchedulePolicy.DFS_WEIGHT  # `bench engine --schedule` measured it best (README)
 # q: the demo's engine holds nothing to save. It gets SIGTERM when the inspector starts to
 # close and SIGKILL 0.4 s later: its orderly exit (the step in flight, then the interpreter's
 # teardown of torch) took 0.9-1.4 s at load 5, which `q` within 1 s cannot wait for
@@ -41,7 +41,8 @@ QUIT_GRACE_S = 0.4
 
 @contextlib.contextmanager
 def running_demo(blocks: int, mix: tuple[str, ...], interval_s: float,
-                 schedule: Policy = Policy.FCFS) -> Iterator[tuple[EngineProcess, MixLoop]]:
+                 schedule: SchedulePolicy = SchedulePolicy.FCFS,
+                 ) -> Iterator[tuple[EngineProcess, MixLoop]]:
     """An engine that answers, fed by a running mix loop; both stopped on the way out."""
     with EngineProcess(blocks, schedule=schedule.value) as engine:
         engine.start()
@@ -176,7 +177,7 @@ def demo(
                             "as typed in the inspector's command line."),
     interval: float = typer.Option(0.7, min=0.05, help="Seconds between two workloads."),
     as_json: bool = typer.Option(False, "--json", help="With --no-inspect: one JSON object."),
-    schedule: Policy = typer.Option(DEMO_SCHEDULE, help=SCHEDULE_HELP),
+    schedule: SchedulePolicy = typer.Option(DEMO_SCHEDULE, help=SCHEDULE_HELP),
 ) -> None:
     """Start an engine with a looping mixed workload and open the inspector on it (see
     ``DEMO_HELP``); the engine process is stopped however the demo ends."""

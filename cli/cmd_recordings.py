@@ -31,7 +31,7 @@ from cli.options import (
 )
 from cli.output import client_curve, console, stopped, unsynced, warn
 from radixcache.core.files import descriptor_named, output_kind, write_whole
-from radixcache.serving.policy import Policy
+from radixcache.serving.policy import SchedulePolicy
 from radixcache.traffic.workloads import Workload, WorkloadError
 from radixcache.wire.endpoints import Endpoints
 from radixcache.wire.export import jsonl_lines, perfetto_json
@@ -73,8 +73,9 @@ def record(
     device: str | None = typer.Option(None, help="Headless torch device (default: cuda when "
                                                  "present, else cpu)."),
     threads: int = typer.Option(1, min=1, max=MAX_THREADS, help="torch CPU threads."),
-    schedule: Policy = typer.Option(Policy.DFS_WEIGHT,  # as the demo (cmd_demo.DEMO_SCHEDULE)
-                                    help="Headless: " + SCHEDULE_HELP),
+    schedule: SchedulePolicy = typer.Option(
+        SchedulePolicy.DFS_WEIGHT,  # as the demo (cmd_demo.DEMO_SCHEDULE)
+        help="Headless: " + SCHEDULE_HELP),
     keyframe_every: int = typer.Option(50_000, min=1,
                                         help="Events between snapshot keyframes."),
     curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),

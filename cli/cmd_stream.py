@@ -18,7 +18,7 @@ from rich.console import Console
 from cli.app import RUN, app
 from cli.bounds import MAX_BLOCKS, MAX_THREADS, WEEK_S
 from cli.options import CURVE_HELP, SCHEDULE_HELP, AnswerMode, ModelSize, engine_config
-from radixcache.serving.policy import Policy
+from radixcache.serving.policy import SchedulePolicy
 from radixcache.wire.endpoints import LOOPBACK_HOSTS, BindPolicy, EndpointError, Endpoints
 from radixcache.wire.security import CurveError, create_keys
 
@@ -115,7 +115,7 @@ def serve(
     device: str | None = typer.Option(None, help="torch device (default: cuda when present)."),
     threads: int = typer.Option(1, min=1, max=MAX_THREADS,
                                  help="torch CPU threads (1 is fastest for the tiny model)."),
-    schedule: Policy = typer.Option(Policy.FCFS, help=SCHEDULE_HELP),
+    schedule: SchedulePolicy = typer.Option(SchedulePolicy.FCFS, help=SCHEDULE_HELP),
     digest_every: int = typer.Option(64, min=0,
                                       help="A Digest event every N batches (0: none)."),
     curve_keys: Path | None = typer.Option(None, help=CURVE_HELP + " Every socket bound is a "

@@ -6,7 +6,7 @@ import enum
 import shlex
 from typing import TYPE_CHECKING
 
-from radixcache.serving.policy import Policy
+from radixcache.serving.policy import SchedulePolicy
 
 if TYPE_CHECKING:  # torch (seconds), numpy and the generators: imported when a command runs
     from radixcache.serving.engine import Answers, EngineConfig
@@ -36,7 +36,7 @@ class AnswerMode(enum.StrEnum):
 
 
 def engine_config(model: ModelSize, blocks: int, device: str | None, threads: int,
-                  answers: Answers, schedule: Policy = Policy.FCFS) -> EngineConfig:
+                  answers: Answers, schedule: SchedulePolicy = SchedulePolicy.FCFS) -> EngineConfig:
     """The engine's configuration for these options (sets torch's CPU threads)."""
     import torch
 

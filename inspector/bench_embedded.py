@@ -120,7 +120,7 @@ class FloodService:
         """The inner cache's."""
         return self.inner.reset()
 
-    def set_schedule(self, policy: cmd.Policy) -> None:
+    def set_schedule(self, policy: cmd.SchedulePolicy) -> None:
         """The inner cache's."""
         self.inner.set_schedule(policy)
 

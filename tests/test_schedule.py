@@ -19,7 +19,7 @@ from radixcache.core.nodes import NodeId, RadixNode
 from radixcache.serving.engine import Engine, EngineConfig, RequestHandle, RequestResult
 from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
 from radixcache.serving.model import ModelConfig, SlotCopy
-from radixcache.serving.policy import Candidate, Policy, ordered
+from radixcache.serving.policy import Candidate, SchedulePolicy, ordered
 from radixcache.serving.requests import Request
 from radixcache.serving.running import Planned
 from radixcache.tools.bench_schedule import PolicyFigures, combined, pass_order
@@ -31,7 +31,7 @@ from radixcache.wire.validate import Malformed, check_event
 SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
 
 
-def _engine(policy: Policy, *, blocks: int = 64, step_tokens: int = 64, running: int = 64,
+def _engine(policy: SchedulePolicy, *, blocks: int = 64, step_tokens: int = 64, running: int = 64,
             max_wait: int = 64, beside: bool = True) -> Engine:
     return Engine(EngineConfig(num_blocks=blocks, model=SMALL, schedule=policy,
                                max_step_tokens=step_tokens, max_running=running,
@@ -55,12 +55,12 @@ def test_lpm_and_dfs_weight_orders() -> None:
     at = [c, b, a, b, c]
     cands = [Candidate(i, n, cached) for i, (n, cached) in enumerate(zip(at, [30, 50, 20, 50, 10],
                                                                         strict=True))]
-    assert [x.position for x in ordered(Policy.FCFS, cands)] == [0, 1, 2, 3, 4]
-    assert [x.position for x in ordered(Policy.LPM, cands)] == [1, 3, 0, 2, 4]
-    assert [x.position for x in ordered(Policy.DFS_WEIGHT, cands)] == [1, 3, 2, 0, 4]
-    assert Policy.parse("dfs-weight") is Policy.DFS_WEIGHT
+    assert [x.position for x in ordered(SchedulePolicy.FCFS, cands)] == [0, 1, 2, 3, 4]
+    assert [x.position for x in ordered(SchedulePolicy.LPM, cands)] == [1, 3, 0, 2, 4]
+    assert [x.position for x in ordered(SchedulePolicy.DFS_WEIGHT, cands)] == [1, 3, 2, 0, 4]
+    assert SchedulePolicy.parse("dfs-weight") is SchedulePolicy.DFS_WEIGHT
     with pytest.raises(ValueError, match="unknown schedule 'sjf': choose one of fcfs, lpm, dfs"):
-        Policy.parse("sjf")
+        SchedulePolicy.parse("sjf")
 
 
 def _queue_events(engine: Engine) -> list[ev.Queue]:
@@ -78,7 +78,7 @@ def _sharing_pair(engine: Engine) -> tuple[RequestHandle, RequestHandle]:
 
 
 def test_a_request_waits_for_the_insert_of_the_prefix_a_running_request_computes() -> None:
-    engine = _engine(Policy.LPM, beside=False)
+    engine = _engine(SchedulePolicy.LPM, beside=False)
     a, b = _sharing_pair(engine)
     engine.take_events()
     engine.step()  # A has computed 128 of 210: B is held, and says why
@@ -106,7 +106,7 @@ def test_a_request_waits_for_the_insert_of_the_prefix_a_running_request_computes
     engine.tree.check()
 
 
-def _three(policy: Policy, *, beside: bool = False
+def _three(policy: SchedulePolicy, *, beside: bool = False
            ) -> tuple[list[list[int]], list[list[list[tuple[int, int]]]]]:
     """C (id 0) decoding, then A (1: 200 shared + 10 own tokens) prefilling 64 tokens a step
     and B (2: the same 200 + 10 others) arriving: the three outputs, and every later step's
@@ -136,11 +136,11 @@ def test_a_held_request_waits_for_its_sharers_prefill_forward_only() -> None:
     """The step that ends A's prefill runs it alone first; B, admitted once A's prompt is
     inserted, prefills in the forward of C's decode: two forwards, as many as without the
     hold, and B waits for A's last chunk only, not for a forward with every decode in it."""
-    outputs, steps = _three(Policy.LPM)
+    outputs, steps = _three(SchedulePolicy.LPM)
     assert steps[:4] == [[[(0, 1), (1, 63)]], [[(0, 1), (1, 63)]],
                          [[(1, 21)], [(0, 1), (2, 10)]],  # B reads the 200 tokens A computed
                          [[(0, 1), (1, 1), (2, 1)]]]
-    fcfs_outputs, fcfs_steps = _three(Policy.FCFS)
+    fcfs_outputs, fcfs_steps = _three(SchedulePolicy.FCFS)
     assert fcfs_steps[2] == [[(1, 21), (2, 42)], [(0, 1)]]  # fcfs: B computes them again
     assert outputs == fcfs_outputs
 
@@ -153,14 +153,14 @@ def test_a_request_reads_its_sharers_blocks_in_the_forward_that_writes_them() ->
     copy of those 8 slots, made at its admission when they are not written yet, is made
     again by that forward after each layer's writes. The answers are fcfs's, token for
     token."""
-    outputs, steps = _three(Policy.LPM, beside=True)
+    outputs, steps = _three(SchedulePolicy.LPM, beside=True)
     assert steps[:3] == [[[(0, 1), (1, 63)]], [[(0, 1), (1, 63)]],
                          [[(1, 21), (2, 10)], [(0, 1)]]]  # B computes its own 10 only
-    assert outputs == _three(Policy.FCFS)[0]
+    assert outputs == _three(SchedulePolicy.FCFS)[0]
 
 
 def test_sharing_in_the_forward_publishes_the_prompt_before_it_is_computed() -> None:
-    engine = _engine(Policy.LPM)
+    engine = _engine(SchedulePolicy.LPM)
     a, b = _sharing_pair(engine)
     engine.step()
     engine.step()  # A has computed 128 of 210: 82 left, more than a step's 64: B waits
@@ -181,7 +181,7 @@ def test_sharing_in_the_forward_publishes_the_prompt_before_it_is_computed() -> 
     while not (a.done() and b.done()):
         engine.step()
         engine.check()
-    reference = _engine(Policy.FCFS)
+    reference = _engine(SchedulePolicy.FCFS)
     ra, rb = _sharing_pair(reference)
     while not (ra.done() and rb.done()):
         reference.step()
@@ -194,7 +194,7 @@ def test_a_burst_behind_a_new_system_prompt_is_admitted_in_one_step() -> None:
     the five others are admitted in the same step, reading it in the same forward; nobody
     waits a step for it. Their answers are fcfs's."""
     outputs = []
-    for policy in (Policy.FCFS, Policy.DFS_WEIGHT):
+    for policy in (SchedulePolicy.FCFS, SchedulePolicy.DFS_WEIGHT):
         engine = _engine(policy, blocks=128, step_tokens=512)
         handles = engine.run_workload(build_workload("system", ["6", "64"])).handles
         report = engine.step()
@@ -205,7 +205,7 @@ def test_a_burst_behind_a_new_system_prompt_is_admitted_in_one_step() -> None:
             engine.step()
         engine.tree.check()
         outputs.append([h.result().tokens for h in handles])
-        if policy is Policy.DFS_WEIGHT:
+        if policy is SchedulePolicy.DFS_WEIGHT:
             # the system prompt and the 3 tokens that open a user's turn, 3 into a block
             assert [e.hit_tokens for e in started] == [0, 67, 67, 67, 67, 67]
             assert (engine.scheduler.held, engine.scheduler.shared) == (0, 5)
@@ -213,7 +213,7 @@ def test_a_burst_behind_a_new_system_prompt_is_admitted_in_one_step() -> None:
 
 
 def test_fcfs_computes_the_shared_prefix_twice() -> None:
-    engine = _engine(Policy.FCFS)
+    engine = _engine(SchedulePolicy.FCFS)
     a, b = _sharing_pair(engine)
     while not (a.done() and b.done()):
         engine.step()
@@ -224,7 +224,7 @@ def test_fcfs_computes_the_shared_prefix_twice() -> None:
 def test_a_hold_ends_at_the_aging_bound() -> None:
     """A held request is admitted once it waited ``max_wait_steps`` steps, even though the
     prefix it waits for is still being computed (then it computes it itself)."""
-    engine = _engine(Policy.LPM, max_wait=2, beside=False)
+    engine = _engine(SchedulePolicy.LPM, max_wait=2, beside=False)
     a, b = _sharing_pair(engine)
     engine.step()
     assert engine.scheduler.entries()[0].reason is ev.WaitReason.SHARING
@@ -239,7 +239,7 @@ def _flood(max_wait: int, steps: int) -> tuple[int | None, int]:
     """lpm, one request running at a time: a lone request with nothing cached, then one
     request behind a cached prefix arriving every step (lpm always prefers them). Returns the
     step the lone request started at (None: never) and the step it was queued at."""
-    engine = _engine(Policy.LPM, blocks=256, running=1, max_wait=max_wait)
+    engine = _engine(SchedulePolicy.LPM, blocks=256, running=1, max_wait=max_wait)
     prefix = _words(5, 64)
     first = engine.submit(prefix + _words(6, 4), 1)
     while not first.done():
@@ -260,7 +260,7 @@ def test_nothing_starves_under_a_flood() -> None:
     assert _flood(max_wait=10_000, steps=30)[0] is None  # without aging it would starve
 
 
-def _serve_mix(policy: Policy, beside: bool = True) -> tuple[list[list[int]], int, int]:
+def _serve_mix(policy: SchedulePolicy, beside: bool = True) -> tuple[list[list[int]], int, int]:
     """A mixed workload under ``policy``: every request's output tokens, the hit tokens and
     how many requests were held for sharing or admitted beside their sharer."""
     engine = _engine(policy, blocks=512, step_tokens=96, beside=beside)
@@ -278,8 +278,8 @@ def _serve_mix(policy: Policy, beside: bool = True) -> tuple[list[list[int]], in
 
 
 def test_every_policy_gives_every_request_the_same_answer() -> None:
-    fcfs, fcfs_hits, _ = _serve_mix(Policy.FCFS)
-    for policy in (Policy.LPM, Policy.DFS_WEIGHT):
+    fcfs, fcfs_hits, _ = _serve_mix(SchedulePolicy.FCFS)
+    for policy in (SchedulePolicy.LPM, SchedulePolicy.DFS_WEIGHT):
         for beside in (True, False):
             tokens, hits, shared = _serve_mix(policy, beside)
             assert tokens == fcfs  # every request, token for token (greedy decoding)
@@ -287,23 +287,23 @@ def test_every_policy_gives_every_request_the_same_answer() -> None:
 
 
 def test_the_schedule_command_and_the_heartbeat() -> None:
-    engine = _engine(Policy.FCFS)
+    engine = _engine(SchedulePolicy.FCFS)
     loop = ServiceLoop(engine, BatchSink(lambda _: None), LoopConfig(0, float("inf")))
     assert loop.command_line("schedule dfs-weight") == (
         "schedule dfs-weight: the waiting queue is ordered by it from the next step")
-    assert engine.scheduler.policy is Policy.DFS_WEIGHT
+    assert engine.scheduler.policy is SchedulePolicy.DFS_WEIGHT
     assert engine.counters().schedule == "dfs-weight"
     assert loop.command_line("schedule lpm x") == (
         "error: usage: schedule fcfs|lpm|dfs-weight (e.g. schedule lpm)")
-    assert cmd.decode_command(cmd.encode_command(cmd.SetSchedule(Policy.LPM))) == (
-        cmd.SetSchedule(Policy.LPM))
+    assert cmd.decode_command(cmd.encode_command(cmd.SetSchedule(SchedulePolicy.LPM))) == (
+        cmd.SetSchedule(SchedulePolicy.LPM))
     with pytest.raises(cmd.CommandError, match="not a command"):
         cmd.decode_command(msgspec.msgpack.encode(["schedule", "sjf"]))
     loop.close()
 
 
 def test_pause_says_every_waiting_request_is_paused() -> None:
-    engine = _engine(Policy.LPM, running=1)
+    engine = _engine(SchedulePolicy.LPM, running=1)
     engine.submit(_words(1, 20), 2)
     engine.submit(_words(2, 20), 2)
     engine.step()
@@ -347,7 +347,7 @@ def test_an_early_insert_of_a_prompt_already_cached_copies_its_boundary_block() 
     last block, so its decode lease copies that block's 4 prompt slots (COW). Under fcfs both
     insert at the finish, the second a duplicate of the first: no copy. Same answers."""
     outputs = []
-    for policy in (Policy.FCFS, Policy.LPM):
+    for policy in (SchedulePolicy.FCFS, SchedulePolicy.LPM):
         engine = _engine(policy)
         prompt = _words(9, 20)
         a, b = engine.submit(prompt, 4), engine.submit(prompt, 4)
@@ -360,25 +360,27 @@ def test_an_early_insert_of_a_prompt_already_cached_copies_its_boundary_block() 
     assert (fcows, lcows) == (0, 1)
 
 
-def _figures(policy: Policy, p99: float, rps: float, aged: int, equal: bool) -> PolicyFigures:
+def _figures(policy: SchedulePolicy, p99: float, rps: float, aged: int, equal: bool
+             ) -> PolicyFigures:
     outputs: list[list[int] | None] = [[1, 2]] if equal else [[1, 3]]
     return PolicyFigures(policy, 10, 0, 0.5, 0.6, 7, (1.0, p99), (2.0, 9.0), rps, 1.0, 1.0, 0,
                          0, aged, outputs)
 
 
 def test_repeated_passes_report_medians_and_every_pass() -> None:
-    first = _figures(Policy.FCFS, 4.0, 30.0, 0, True)
-    passes = [_figures(Policy.LPM, 9.0, 31.0, 3, True), _figures(Policy.LPM, 5.0, 29.0, 1, True),
-              _figures(Policy.LPM, 6.0, 40.0, 2, False)]
+    first = _figures(SchedulePolicy.FCFS, 4.0, 30.0, 0, True)
+    passes = [_figures(SchedulePolicy.LPM, 9.0, 31.0, 3, True),
+              _figures(SchedulePolicy.LPM, 5.0, 29.0, 1, True),
+              _figures(SchedulePolicy.LPM, 6.0, 40.0, 2, False)]
     out = combined(passes, first)
     assert (out["queue_wait_ms_p99"], out["requests_per_s"], out["aged"]) == (6.0, 31.0, 2)
     assert out["queue_wait_ms_p99_each"] == [9.0, 5.0, 6.0]
     assert out["requests_per_s_each"] == [31.0, 29.0, 40.0]
     assert (out["passes"], out["outputs_equal"]) == (3, False)  # one pass answered otherwise
     assert combined(passes[:2], first)["aged"] == 1  # two passes: the lower median, a pass's
-    assert pass_order([Policy.FCFS, Policy.DFS_WEIGHT], 3) == [
-        Policy.FCFS, Policy.DFS_WEIGHT, Policy.DFS_WEIGHT, Policy.FCFS, Policy.FCFS,
-        Policy.DFS_WEIGHT]
+    assert pass_order([SchedulePolicy.FCFS, SchedulePolicy.DFS_WEIGHT], 3) == [
+        SchedulePolicy.FCFS, SchedulePolicy.DFS_WEIGHT, SchedulePolicy.DFS_WEIGHT,
+        SchedulePolicy.FCFS, SchedulePolicy.FCFS, SchedulePolicy.DFS_WEIGHT]
 
 
 def test_bench_engine_schedule_json_with_repeated_passes() -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from radixcache.serving.engine import Engine, EngineConfig, RequestHandle
 from radixcache.serving.model import ModelConfig
-from radixcache.serving.policy import Policy
+from radixcache.serving.policy import SchedulePolicy
 
 SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
 
@@ -32,10 +32,10 @@ def _prompt(prefixes: list[list[int]], a: Arrival) -> list[int]:
 
 @given(arrivals=arrivals, lengths=st.lists(st.integers(17, 90), min_size=3, max_size=3),
        blocks=st.integers(24, 80), step_tokens=st.sampled_from([24, 48, 96, 512]),
-       policy=st.sampled_from([Policy.LPM, Policy.DFS_WEIGHT]))
+       policy=st.sampled_from([SchedulePolicy.LPM, SchedulePolicy.DFS_WEIGHT]))
 def test_sharing_in_the_forward_keeps_every_answer_and_every_invariant(
         arrivals: list[Arrival], lengths: list[int], blocks: int, step_tokens: int,
-        policy: Policy) -> None:
+        policy: SchedulePolicy) -> None:
     rng = np.random.default_rng(7)
     prefixes = [rng.integers(0, 4_000, n).tolist() for n in lengths]
     engine = Engine(EngineConfig(num_blocks=blocks, model=SMALL, schedule=policy,

@@ -54,6 +54,8 @@ _LINES: Mapping[type[ev.Event], str] = exhaustive("inspector.event_log", {
 
 def describe(e: ev.AnyEvent) -> str:
     """A short human line for one event (empty where the kind alone says it)."""
+    if isinstance(e, ev.Fault) and e.req is not None:
+        return f"req {e.req} failed: {_short(e.error)}"
     line = _LINES[type(e)]
     return line.format_map({f: _short(getattr(e, f)) for f in e.__struct_fields__}) if line else ""
 

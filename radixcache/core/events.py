@@ -236,10 +236,12 @@ class Counters(Event, tag="counters", frozen=True):
 
 class Fault(Event, tag="fault", frozen=True):
     """A worker thread of the engine died: ``thread`` and the exception as one line. The
-    engine stops serving after it; a subscriber shows it as a banner."""
+    engine stops serving after it; a subscriber shows it as a banner. With ``req`` set, an
+    exception inside a step failed that request only, and the engine stepped on."""
 
     thread: str
     error: str
+    req: int | None = None
 
 
 class WaitReason(enum.Enum):

@@ -158,3 +158,63 @@ class Leases:
         self._open.discard(lease)
         lease.done = True
         return freed
+
+
+class ForwardCopies:
+    """The blocks one step's first forward writes that are in the tree already (a prompt
+    published before it is computed, ``serving.scheduler``), and the boundary copies of them
+    that forward makes again, after each layer's writes (``TinyTransformer.forward``).
+
+    A request whose match ends inside such a block got its boundary copy at allocation, of
+    slots not written yet. With B = 16, block 12 published and written by this forward, and a
+    match ending 8 slots into it (its lease copied them into block 15)::
+
+        block 12  | s0 .. s7 | s8 .. s15 |   written by the forward, layer by layer
+                    └── copied again after each layer: pool slots 192..199 -> 240..247
+        block 15  | c0 .. c7 |  ...       |   the lease's own copy
+
+    A copy of a copied slot reads the first source (the forward makes every copy of a layer
+    at once, after that layer's writes)."""
+
+    def __init__(self, block_size: int) -> None:
+        self.B = block_size
+        self._written: set[int] = set()
+        self._src: list[int] = []
+        self._dst: list[int] = []
+        self._origin: dict[int, int] = {}  # a copied slot's first source
+
+    def __bool__(self) -> bool:
+        """True once any published block is written by this forward."""
+        return bool(self._written)
+
+    def whole(self, tokens: int) -> int:
+        """The tokens of ``tokens`` up to the last whole block (what can be published)."""
+        return tokens // self.B * self.B
+
+    def write(self, match: MatchResult, start: int, end: int) -> None:
+        """The forward writes positions ``[start, end)`` of ``match``'s blocks."""
+        self._written.update(match.block_table[start // self.B : -(-end // self.B)])
+
+    def reads(self, match: MatchResult) -> bool:
+        """Whether ``match`` reads a block this forward writes."""
+        return not self._written.isdisjoint(match.block_table)
+
+    def redo(self, match: MatchResult, lease: Lease) -> None:
+        """When ``match`` ends inside a block this forward writes, the forward makes the
+        lease's boundary copy of it again (the copy made at allocation read unwritten
+        slots)."""
+        B = self.B
+        j, partial = divmod(match.length, B)
+        if not partial or match.block_table[j] not in self._written:
+            return
+        assert lease.inplace is None  # published blocks are claimed whole: it copied
+        src, dst = match.block_table[j] * B, lease.table[j] * B
+        for i in range(partial):
+            origin = self._origin.get(src + i, src + i)
+            self._src.append(origin)
+            self._dst.append(dst + i)
+            self._origin[dst + i] = origin
+
+    def slots(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """(from slots, to slots) of every copy, flat pool slots; None when there is none."""
+        return (tuple(self._src), tuple(self._dst)) if self._src else None

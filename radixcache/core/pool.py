@@ -86,6 +86,11 @@ class KVPool:
         return self.allocator.num_blocks
 
     @property
+    def free_blocks(self) -> int:
+        """Blocks on the free list now."""
+        return self.allocator.free_count
+
+    @property
     def capacity_tokens(self) -> int:
         """Total token slots in the pool."""
         return self.allocator.num_blocks * self.block_size

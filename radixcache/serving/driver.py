@@ -21,7 +21,7 @@ from radixcache.core.pool import KVPool, PoolExhausted
 from radixcache.core.tokens import TokenArray
 from radixcache.core.tree import PromptTooLarge, RadixTree
 from radixcache.serving.memory import MemorySource
-from radixcache.serving.policy import Policy
+from radixcache.serving.policy import SchedulePolicy
 from radixcache.serving.service import ServiceError, Submitted, check_room
 from radixcache.serving.tree_service import TreeService
 from radixcache.traffic.workloads import Vocabulary, Workload, WorkloadRequest
@@ -64,7 +64,7 @@ class TreeDriver(TreeService):
         self.totals.submitted += n
         return Submitted(n, self.paused)
 
-    def set_schedule(self, policy: Policy) -> None:
+    def set_schedule(self, policy: SchedulePolicy) -> None:
         """Refused: the driver serves its queue in order, one request at a time, so there is
         nothing to reorder or share (``ServiceError``)."""
         raise ServiceError(f"schedule {policy.value}: the tree driver has no scheduler (it "

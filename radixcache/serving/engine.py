@@ -14,14 +14,25 @@ the first output's logits), so a full hit recomputes the last prompt token only.
 generated token's K/V are never written: the request holds ``len(prompt) + max_new - 1``
 positions and inserts exactly those tokens.
 
-A step (``step``) asks the ``Scheduler`` (``serving.scheduler``) to admit what fits, in its
-policy's order (``fcfs``, ``lpm``, ``dfs-weight``), then ``Running`` (``serving.running``)
-runs one batched forward of decodes and prefill chunks (a prompt whose prefill ends is
-inserted at once and the requests held for it admitted: ``_release``), then the finished
+A step (``step``) asks the ``Scheduler`` (``serving.scheduler``) for its plan: it admits what
+fits, in its policy's order (``fcfs``, ``lpm``, ``dfs-weight``), and returns one
+``StepPlan`` (``serving.admission``), which ``Running`` (``serving.running``) executes: one
+batched forward of decodes and prefill chunks (a prompt whose prefill ends is inserted at once
+and the requests the plan holds for it admitted, ``Admission.release``), then the finished
 requests are inserted and unpinned. When the request next in order cannot get blocks (the
 pool full of pinned blocks) it unpins its match and retries next step; running requests
 finish and unpin meanwhile. With nothing running, it retries without its match, so every
 request that fits the pool is admitted eventually (no deadlock).
+
+Failures: an exception inside a step fails the requests it concerns and the engine steps on:
+a request's token policy or streaming hook raising fails that request, the model's forward
+raising fails the requests of that forward, the tree refusing a request's admission or insert
+fails that request. Each gets ``RequestFailed`` on its handle, its lease released and its
+match unpinned (``_fail_running``), and a ``Fault`` event naming it; then ``check()`` runs, so
+a failure that left the tree or the pins wrong raises instead. What cannot be undone raises
+(``running.CorruptStep``: a forward that failed while writing blocks already in the tree) and
+the stepping thread dies loudly: ``ServiceLoop``'s guard publishes a ``Fault`` and ``serve``
+exits 1.
 
 Threads: ``submit`` may be called from any thread (the HTTP front's, a workload's
 follow-up from the stepping thread): it takes ``_queue``, the engine's own lock, which guards
@@ -50,12 +61,13 @@ from radixcache.core.pool import KVPool
 from radixcache.core.tree import RadixTree
 from radixcache.serving.memory import MemorySource
 from radixcache.serving.model import TinyTransformer
-from radixcache.serving.policy import Policy
+from radixcache.serving.policy import SchedulePolicy
 from radixcache.serving.requests import Answers as Answers
 from radixcache.serving.requests import EngineConfig as EngineConfig
 from radixcache.serving.requests import EngineError as EngineError
 from radixcache.serving.requests import Request, TokenHook, feed_workload
 from radixcache.serving.requests import RequestCancelled as RequestCancelled
+from radixcache.serving.requests import RequestFailed as RequestFailed
 from radixcache.serving.requests import RequestHandle as RequestHandle
 from radixcache.serving.requests import RequestMetrics as RequestMetrics
 from radixcache.serving.requests import RequestRejected as RequestRejected
@@ -66,7 +78,7 @@ from radixcache.serving.requests import WorkloadRun as WorkloadRun
 from radixcache.serving.requests import fold_answers as fold_answers
 from radixcache.serving.requests import percentiles as percentiles
 from radixcache.serving.running import Running
-from radixcache.serving.scheduler import Scheduler, publish
+from radixcache.serving.scheduler import Scheduler
 from radixcache.serving.service import Submitted, check_room
 from radixcache.serving.stats import Stats as Stats
 from radixcache.serving.tree_service import TreeService
@@ -89,7 +101,7 @@ class Engine(TreeService):
             model=f"tiny transformer (layers={cfg.model.n_layers})",
             device=str(self.model.device), cache=cfg.cache)
         self._queue = threading.Lock()  # request ids and totals, against submitting threads
-        self.scheduler = Scheduler(tree, cfg, self._started, self._emit)
+        self.scheduler = Scheduler(tree, self.pool, cfg, self._started, self._emit)
         self.running = Running(self.model, self.pool.kv, cfg.max_step_tokens)
         self._events: list[ev.AnyEvent] = []
         self._next_id = 0
@@ -187,18 +199,23 @@ class Engine(TreeService):
         lock and publishes the events it recorded (a test may call it from one thread)."""
         t0 = time.perf_counter()
         self._drop_aborted()
-        admitted = self._admit()
-        work = self.running.step(self._release, self.scheduler.held_for,
-                                 self.scheduler.take_copy())
+        plan = self.scheduler.plan(self.running.requests, paused=self.paused)
+        self._start(plan.admitted, plan.rejected)
+        work = self.running.step(plan, self.scheduler.admission)
         for r in work.prefilled:
-            self._cache_prompt(r)
+            self.scheduler.admission.cache_prompt(r, plan.policy)
+        for req, error in work.released.rejected:
+            self._fail(req, error)
+        if work.released.admitted or work.released.rejected:
+            self._emit_queue()
+        self._fail_running(self.running.take_failed())
         finished = self._finish(self.running.take_done())
         self.totals.steps += 1
         self.totals.prefill_tokens += work.prefill_tokens
         if work.forwards:
             self.totals.busy_s += time.perf_counter() - t0
-        return StepReport(admitted + len(work.released), work.sequences, work.prefill_tokens,
-                          work.decode_tokens, work.forwards, finished)
+        return StepReport(len(plan.admitted) + len(work.released.admitted), work.sequences,
+                          work.prefill_tokens, work.decode_tokens, work.forwards, finished)
 
     # -- events --------------------------------------------------------------------------------
     def _emit(self, event: ev.AnyEvent) -> None:
@@ -233,7 +250,7 @@ class Engine(TreeService):
         """(waiting, running) requests now."""
         return len(self.scheduler), len(self.running)
 
-    def set_schedule(self, policy: Policy) -> None:
+    def set_schedule(self, policy: SchedulePolicy) -> None:
         """Order the waiting queue by ``policy`` from the next step on."""
         self.scheduler.set_policy(policy)
 
@@ -247,7 +264,7 @@ class Engine(TreeService):
             aged=self.scheduler.aged,
             waiting_order=q[ev.WaitReason.ORDER], waiting_sharing=q[ev.WaitReason.SHARING],
             waiting_pool=q[ev.WaitReason.POOL], waiting_batch=q[ev.WaitReason.BATCH],
-            waiting_paused=q[ev.WaitReason.PAUSED])
+            waiting_paused=q[ev.WaitReason.PAUSED], failed=self.totals.failed)
 
     def reset(self) -> int:
         """Cancel every waiting and running request (their handles fail with
@@ -310,23 +327,13 @@ class Engine(TreeService):
         return Submitted(n, self.paused)
 
     # -- admitting and finishing (the stepping thread) ----------------------------------------
-    def _admit(self, *, again: bool = False) -> int:
-        done = self.scheduler.admit(self.running.requests, paused=self.paused, again=again)
-        self.running.requests.extend(done.admitted)
-        for req, error in done.rejected:
+    def _start(self, admitted: Sequence[Request],
+               rejected: Sequence[tuple[Request, EngineError]]) -> None:
+        """The plan's admitted requests join the running ones; its refused ones fail."""
+        self.running.requests.extend(admitted)
+        for req, error in rejected:
             self._fail(req, error)
         self._emit_queue()
-        return len(done.admitted)
-
-    def _release(self, prefilled: list[Request]) -> list[Request]:
-        """Mid-step (``Running.step``): cache the prompts of ``prefilled``, then admit the
-        requests held for one of them, which prefill in this step; returns those admitted."""
-        for r in prefilled:
-            self._cache_prompt(r)
-        if self.paused or not self.scheduler.held_for({r.id for r in prefilled}):
-            return []
-        before = len(self.running.requests)
-        return self.running.requests[before:] if self._admit(again=True) else []
 
     def _emit_queue(self) -> None:
         queue = self.scheduler.queue_event()
@@ -340,35 +347,45 @@ class Engine(TreeService):
         self.totals.hit_tokens += req.computed
         self._emit(ev.RequestStart(req.id, len(req.prompt), req.computed))
 
-    def _cache_prompt(self, r: Request) -> None:
-        """Insert ``r``'s prompt as soon as its prefill is done (SGLang's
-        ``cache_unfinished_req``), so that waiting requests sharing it read it while ``r``
-        decodes: they wait one prefill for it, not a whole answer (``serving.scheduler``).
-
-        ``r`` then pins the prompt's node and takes a new lease for its decode positions; the
-        decode blocks the insert freed are free again, so that lease always fits when one
-        block is spare (a boundary copy, when another request cached the same prompt first
-        and continued in its last block, takes one block more). Under ``fcfs`` (today's
-        engine, the baseline), with none spare, with the cache off or nothing left to decode,
-        the prompt is inserted with the answer at the finish."""
-        if not (self.config.cache and self.scheduler.policy.cache_aware) \
-                or len(r.output) >= r.max_new or self.pool.allocator.free_count < 1 \
-                or (r.published and not len(r.prompt) % self.config.block_size):
-            return  # (published whole before its prefill: ``serving.scheduler``)
-        publish(self.tree, r, len(r.prompt))
-        self._emit(ev.RequestCached(r.id, len(r.prompt)))
+    def _fail_running(self, failed: list[Request]) -> None:
+        """Fail the running requests this step failed (``Request.error``): their lease
+        released, their match unpinned, their handle failed with ``RequestFailed`` and a
+        ``Fault`` naming them published; the others step on. Then ``check()``: a failure
+        that left the tree or the pins wrong raises (the stepping thread dies, loudly)."""
+        for r in failed:
+            if r.lease is not None:
+                self.tree.release(r.lease)
+                r.lease = None
+            if r.match is not None:
+                self.tree.unpin(r.match.node)
+            self._fail(r, RequestFailed(f"request {r.id} failed: {r.error}"))
+        if failed:
+            self.check()
 
     def _finish(self, done: list[Request]) -> int:
         now = time.perf_counter()
+        failed = []
         for r in done:
-            self._settle_blocks(r)
+            if not self._settled(r):  # (its finish event follows its insert, as the
+                failed.append(r)  # follower of the stream reads the path there)
+                continue
             self.totals.finished += 1
             self.totals.output_tokens += len(r.output)
             metrics = r.metrics(now)
             self._emit(ev.RequestFinish(r.id, len(r.output), metrics.ttft_ms))
             logits = torch.stack(r.logits) if r.keep_logits else None
             r.handle.settle(RequestResult(list(r.output), metrics, logits), None)
-        return len(done)
+        self._fail_running(failed)
+        return len(done) - len(failed)
+
+    def _settled(self, r: Request) -> bool:
+        """``_settle_blocks``; False (``r.error`` set) when the tree raised."""
+        try:
+            self._settle_blocks(r)
+        except Exception as exc:
+            r.error = f"caching its sequence raised {type(exc).__name__}: {exc}"
+            return False
+        return True
 
     def _settle_blocks(self, r: Request) -> None:
         """Insert the request's sequence (cache on) or free its blocks; then unpin."""
@@ -384,6 +401,9 @@ class Engine(TreeService):
     def _fail(self, req: Request, error: EngineError) -> None:
         if isinstance(error, RequestRejected):
             self.totals.rejected += 1
+        elif isinstance(error, RequestFailed):  # said as a Fault naming it; the engine goes on
+            self.totals.failed += 1
+            self._emit(ev.Fault(threading.current_thread().name, str(error), req=req.id))
         else:
             self.totals.cancelled += 1
         req.handle.settle(None, error)

@@ -39,7 +39,12 @@ from radixcache.serving import openai_out as out
 from radixcache.serving.http_backend import Backend
 from radixcache.serving.http_stream import stream_events
 from radixcache.serving.prometheus import RequestMetrics, RequestTimes
-from radixcache.serving.requests import RequestCancelled, RequestRejected, RequestResult
+from radixcache.serving.requests import (
+    RequestCancelled,
+    RequestFailed,
+    RequestRejected,
+    RequestResult,
+)
 from radixcache.serving.sampling import Piece, RequestPolicy
 from radixcache.traffic.tokenizer import TextTokenizer
 
@@ -155,6 +160,9 @@ class _Run:
             self._record("abort", 0.0)
             raise api.ApiError(503, self.cut_reason or str(exc),
                                kind="service_unavailable") from None
+        except RequestFailed as exc:  # an exception in the engine's step failed it only
+            self._record("abort", 0.0)
+            raise api.ApiError(500, str(exc), kind="server_error") from None
         m, p = result.metrics, self.policy
         self.rest = p.finish()
         self._record("length" if p.stopped is None else "stop", m.queue_ms / 1e3)

@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from radixcache.core.nodes import RadixNode
-from radixcache.wire.commands import Policy
+from radixcache.wire.commands import SchedulePolicy
 
-__all__ = ["Candidate", "Policy", "dfs_weight", "ordered"]
+__all__ = ["Candidate", "SchedulePolicy", "dfs_weight", "ordered"]
 
 
 class Candidate(NamedTuple):
@@ -43,11 +43,11 @@ class Candidate(NamedTuple):
     cached: int
 
 
-def ordered(policy: Policy, cands: Sequence[Candidate]) -> list[Candidate]:
+def ordered(policy: SchedulePolicy, cands: Sequence[Candidate]) -> list[Candidate]:
     """``cands`` (in arrival order) in ``policy``'s admission order."""
-    if policy is Policy.LPM:
+    if policy is SchedulePolicy.LPM:
         return sorted(cands, key=lambda c: -c.cached)  # stable: ties keep arrival order
-    if policy is Policy.DFS_WEIGHT:
+    if policy is SchedulePolicy.DFS_WEIGHT:
         return dfs_weight(cands)
     return list(cands)
 

@@ -17,7 +17,7 @@ import torch
 
 from radixcache.core.tree import Lease, MatchResult
 from radixcache.serving.model import ModelConfig, SeqInput
-from radixcache.serving.policy import Policy
+from radixcache.serving.policy import SchedulePolicy
 from radixcache.traffic.workloads import Workload, WorkloadRequest
 
 TokenArray = npt.NDArray[np.uint32]
@@ -47,6 +47,12 @@ class RequestRejected(EngineError):
 
 class RequestCancelled(EngineError):
     """The request was dropped by ``reset()`` or ``close()`` before it finished."""
+
+
+class RequestFailed(EngineError):
+    """An exception inside the engine's step failed this request only: its token policy (the
+    sampler), its streaming hook, or the model's forward over its batch. Its pins and blocks
+    were released and the engine stepped on with the others (``engine`` module doc)."""
 
 
 class Answers(Enum):
@@ -97,7 +103,7 @@ class EngineConfig:
     record_events: bool = True
     answers: Answers = Answers.DECODE  # how workloads' forced answers are computed
     device: str | None = None
-    schedule: Policy = Policy.FCFS
+    schedule: SchedulePolicy = SchedulePolicy.FCFS
     max_wait_steps: int = 64
     share_min_tokens: int = 32
     share_in_forward: bool = True
@@ -182,6 +188,7 @@ class Request:
     aged_at: int | None = None  # the step it reached ``max_wait_steps`` waiting, if it did
     held: bool = False  # was held for a running request's insert at least once
     published: bool = False  # its prompt's blocks went in the tree before its prefill ran
+    error: str | None = None  # why a step failed it (then the engine fails its handle)
 
     def __post_init__(self) -> None:
         self.key = self.prompt[:-1].astype("<u4").tobytes()

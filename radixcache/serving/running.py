@@ -8,39 +8,38 @@ keys to the longest context, so decodes padded to a long prefill chunk, or 29 sh
 padded to one 2,000-token context (16.4 ms against 2.1 ms for two forwards, tiny model, one
 CPU thread), cost more than another forward. Then the prefills run in one forward and the
 decodes in as few as keep each one's waste in bounds, shortest contexts first
-(``_by_context``). ``Running`` knows the model and the pool's K/V, never the tree: the engine
-settles what finished (insert, unpin) and counts it.
+(``_by_context``). ``Running`` knows the model and the pool's K/V, never the tree: the plan's
+releases go through the ``Admission`` it is handed, and the engine settles what finished
+(insert, unpin) and counts it.
 
-A step given ``release`` calls it right after the forward that ended prefills, with those
-requests: the engine caches their prompts and admits the waiting requests that were held for
-them (``serving.scheduler``), and their prefill chunks run in the same step, with what is left
-of ``max_step_tokens`` (in the decodes' forward when that adds no padding, else in one more),
-so a held request waits for its sharer's prefill forward, not for the rest of the step and the
-next one::
+A step executes the scheduler's ``StepPlan`` (``serving.admission``): its first forward runs
+every prefill chunk and makes ``plan.copies`` after each layer's writes. Right after the
+forward that ended prefills, ``Admission.release`` caches their prompts and admits the waiting
+requests the plan holds for them (``plan.releases``), and their prefill chunks run in the same
+step, with what is left of ``max_step_tokens`` (in the decodes' forward when that adds no
+padding, else in one more), so a held request waits for its sharer's prefill forward, not for
+the rest of the step and the next one::
 
-    step:  prefills ──▶ release(prefilled): insert, admit held ──▶ decodes + their prefills
+    step(plan):  prefills ──▶ release(prefilled): insert, admit held ──▶ decodes + their prefills
 
-A step given ``awaited`` asks it, before any forward, whether a waiting request is held for a
-prefill that ends in this step; then that first forward runs the prefills alone, and the
-decodes go with the released requests' prefills: as many forwards as before (the released
-chunks needed one of their own), and the held requests wait for a prefill forward, not for one
-with every running request's decode in it.
+When a prefill that ``plan.releases`` names ends in this step, the first forward runs the
+prefills alone, and the decodes go with the released requests' prefills: as many forwards as
+before (the released chunks needed one of their own), and the held requests wait for a
+prefill forward, not for one with every running request's decode in it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
+from radixcache.serving.admission import Admission, Released, StepPlan
 from radixcache.serving.model import SeqInput, SlotCopy, TinyTransformer
 from radixcache.serving.requests import Request
 
 Planned = list[tuple[Request, SeqInput]]
-Release = Callable[[list[Request]], list[Request]]
-Awaited = Callable[[set[int]], bool]  # whether a waiting request is held for one of these
 
 
 class Work(NamedTuple):
@@ -51,7 +50,7 @@ class Work(NamedTuple):
     decode_tokens: int
     forwards: int
     prefilled: list[Request]  # their prefill ended after the release (if any): not cached yet
-    released: list[Request]  # admitted by the release, mid-step
+    released: Released  # admitted (or refused) by the release, mid-step
 
 
 def _choose(r: Request, logits: torch.Tensor, greedy: int) -> int:
@@ -73,30 +72,31 @@ class Running:
     def __len__(self) -> int:
         return len(self.requests)
 
-    def step(self, release: Release | None = None, awaited: Awaited | None = None,
-             copy: SlotCopy | None = None) -> Work:
-        """Plan this step's decodes and prefill chunks, run the forward(s), append each
-        request's next token (a prefill's only once its last chunk ran); see the module doc
-        for ``release`` and ``awaited``. ``copy``: slot copies the first forward (the one with
-        every prefill chunk) runs after each layer's writes (``TinyTransformer.forward``)."""
+    def step(self, plan: StepPlan, admission: Admission) -> Work:
+        """Execute ``plan`` (see the module doc): lay out this step's decodes and prefill
+        chunks, run the forward(s), append each request's next token (a prefill's only once
+        its last chunk ran). ``admission`` releases the held requests after the first
+        forward; the ones it admits join ``requests``."""
         decodes, prefills = self._plan()
         work = decodes + prefills
         prefilled: list[Request] = []
-        released: list[Request] = []
+        released = Released()
         late: Planned = []
         groups = [work] if work else []
         if _wasteful(work, self.split):
             groups = ([prefills] if prefills else []) + _by_context(decodes, self.split)
-        elif decodes and prefills and release and awaited and awaited(_ending(prefills)):
+        elif decodes and prefills and plan.releasing(_ending(prefills)):
             groups = [prefills, decodes]  # the held requests' prefills join the decodes
         forwards = 0
         while groups:
-            self._forward(groups.pop(0), prefilled, copy if not forwards else None)
+            self._forward(groups.pop(0), prefilled, plan.copies if not forwards else None)
             forwards += 1
-            if forwards == 1 and release is not None and prefilled:
-                released = release(prefilled)
+            if forwards == 1 and prefilled:
+                released = admission.release(plan, prefilled, self.requests)
+                self.requests.extend(released.admitted)
                 prefilled = []
-                late = self._chunks(released, self.max_step_tokens - _tokens(work))
+                late = self._chunks(list(released.admitted),
+                                    self.max_step_tokens - _tokens(work))
                 if late and groups and not _wasteful(groups[0] + late, self.split):
                     groups[0] = groups[0] + late  # with the decodes: one forward, not two
                 elif late:
@@ -144,10 +144,28 @@ class Running:
             budget -= n
         return prefills
 
+    def take_failed(self) -> list[Request]:
+        """Remove and return the requests a step failed (``Request.error`` set)."""
+        failed = [r for r in self.requests if r.error is not None]
+        if failed:
+            self.requests = [r for r in self.requests if r.error is None]
+        return failed
+
     def _forward(self, group: Planned, prefilled: list[Request],
                  copy: SlotCopy | None = None) -> None:
-        """Run the model over ``group`` and advance its requests."""
-        logits = self.model.forward([s for _, s in group], self.kv, copy)
+        """Run the model over ``group`` and advance its requests. A forward that raises fails
+        every request of ``group`` (their K/V writes went to slots only they hold), unless
+        one of them published its prompt before computing it: then blocks the tree holds
+        are half written, and ``CorruptStep`` says so (the engine cannot go on)."""
+        try:
+            logits = self.model.forward([s for _, s in group], self.kv, copy)
+        except Exception as exc:  # the requests of this forward fail, the engine steps on
+            if any(r.published and r.computed < len(r.prompt) for r, _ in group):
+                raise CorruptStep(f"the model's forward failed while it wrote blocks already"
+                                  f" in the tree: {_one_line(exc)}") from exc
+            for r, _ in group:
+                r.error = f"the model's forward over its batch raised {_one_line(exc)}"
+            return
         self._advance(group, logits, prefilled)
 
     @staticmethod
@@ -158,18 +176,40 @@ class Running:
         greedy = logits.argmax(-1).tolist() if free else []
         for i, (r, s) in enumerate(group):
             r.computed = s.start + len(s.tokens)
-            if not r.output:
+            first = not r.output
+            if first:
                 if r.computed < len(r.prompt):
                     continue  # an inner prefill chunk: no token yet
                 r.first_token_at = now
+            n = len(r.output)
+            try:
+                _next_token(r, logits[i], greedy[i] if free else 0)
+            except Exception as exc:  # its sampler or its hook: it fails, the others go on
+                r.error = f"choosing or streaming its token {n} raised {_one_line(exc)}"
+                continue
+            if first:
                 prefilled.append(r)
-            r.output.append(_choose(r, logits[i], greedy[i] if free else 0))
-            if r.on_token is not None:
-                r.on_token(r.output[-1])
-            if r.policy is not None and r.policy.stops_at(r.output[-1]):
-                r.max_new = len(r.output)  # finishes this step, cached as if it had run out
-            if r.keep_logits:
-                r.logits.append(logits[i].detach().to("cpu", copy=True))
+
+
+class CorruptStep(RuntimeError):
+    """A step failed in a way that left the cache wrong (blocks in the tree half written): the
+    engine must stop, loudly, rather than serve from them."""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}".rstrip(": ")
+
+
+def _next_token(r: Request, logits: torch.Tensor, greedy: int) -> None:
+    """Append ``r``'s next token (forced, its policy's, else ``greedy``) and tell its hook."""
+    r.output.append(_choose(r, logits, greedy))
+    if r.on_token is not None:
+        r.on_token(r.output[-1])
+    if r.policy is not None and r.policy.stops_at(r.output[-1]):
+        r.max_new = len(r.output)  # finishes this step, cached as if it had run out
+    if r.keep_logits:
+        r.logits.append(logits.detach().to("cpu", copy=True))
 
 
 def prefill_ends(requests: list[Request], r: Request, max_step_tokens: int) -> bool:

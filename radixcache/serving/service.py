@@ -90,7 +90,7 @@ class CacheService(Protocol):
         generation; returns how many requests were cancelled."""
         ...
 
-    def set_schedule(self, policy: cmd.Policy) -> None:
+    def set_schedule(self, policy: cmd.SchedulePolicy) -> None:
         """Order the waiting queue by ``policy`` from the next step on; ``ServiceError`` when
         the service has no scheduler."""
         ...

@@ -27,6 +27,7 @@ class Totals:
     finished: int = 0
     rejected: int = 0
     cancelled: int = 0
+    failed: int = 0  # by an exception inside a step (``RequestFailed``)
     steps: int = 0
     prompt_tokens: int = 0  # of admitted requests
     hit_tokens: int = 0  # served from the cache
@@ -75,6 +76,7 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True):
     waiting_pool: int = 0
     waiting_batch: int = 0
     waiting_paused: int = 0
+    failed: int = 0  # requests an exception inside a step failed (the engine stepped on)
 
     @property
     def hit_rate(self) -> float:

@@ -23,7 +23,7 @@ from radixcache.analysis.misses import Cause
 from radixcache.core import events as ev
 from radixcache.serving.engine import Engine, EngineConfig, RequestResult, percentiles
 from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
-from radixcache.serving.policy import Policy
+from radixcache.serving.policy import SchedulePolicy
 from radixcache.serving.requests import WorkloadRun
 from radixcache.tools.demo import MAX_QUEUED
 from radixcache.traffic.workloads import Workload, build_workload
@@ -35,7 +35,7 @@ Progress = Callable[[int, int], None]
 class PolicyFigures(NamedTuple):
     """One pass of the mix under one policy."""
 
-    policy: Policy
+    policy: SchedulePolicy
     requests: int
     failed: int
     hit_rate: float  # measured: hit tokens over prompt tokens of the finished requests
@@ -157,14 +157,14 @@ def combined(passes: list[PolicyFigures], first: PolicyFigures) -> dict[str, obj
     return out
 
 
-def pass_order(policies: Sequence[Policy], repeat: int) -> list[Policy]:
+def pass_order(policies: Sequence[SchedulePolicy], repeat: int) -> list[SchedulePolicy]:
     """The policies' passes, ``repeat`` rounds, each round starting one policy later: what the
     machine does over the run (other load, its clock) falls on every policy alike."""
     n = len(policies)
     return [policies[(r + i) % n] for r in range(repeat) for i in range(n)]
 
 
-def report(figures: dict[Policy, list[PolicyFigures]], mix: Sequence[str], rounds: int,
+def report(figures: dict[SchedulePolicy, list[PolicyFigures]], mix: Sequence[str], rounds: int,
            blocks: int) -> dict[str, object]:
     """The JSON report: the mix, then each policy's ``combined`` keys under its name (outputs
     compared with the first policy's first pass)."""

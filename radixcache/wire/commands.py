@@ -68,7 +68,7 @@ class Stats(Command, tag="stats"):
     """Reply with the engine's counters."""
 
 
-class Policy(enum.StrEnum):
+class SchedulePolicy(enum.StrEnum):
     """A scheduling policy, as ``schedule`` and ``--schedule`` name it (``serving.policy``
     orders the waiting queue by it)."""
 
@@ -80,10 +80,10 @@ class Policy(enum.StrEnum):
     def cache_aware(self) -> bool:
         """True for the policies that match waiting requests against the tree (and hold a
         request for a running request's insert)."""
-        return self is not Policy.FCFS
+        return self is not SchedulePolicy.FCFS
 
     @classmethod
-    def parse(cls, word: str) -> Policy:
+    def parse(cls, word: str) -> SchedulePolicy:
         """The policy named ``word``; ``ValueError`` naming the choices otherwise."""
         try:
             return cls(word)
@@ -95,7 +95,7 @@ class Policy(enum.StrEnum):
 class SetSchedule(Command, tag="schedule"):
     """Order the waiting queue by ``policy`` from the next step on."""
 
-    policy: Policy
+    policy: SchedulePolicy
 
 
 class TakeSnapshot(Command, tag="snapshot"):
@@ -213,7 +213,7 @@ def _schedule(rest: list[str]) -> AnyCommand:
     if len(rest) != 1:
         raise CommandError(f"usage: {CONTROLS['schedule'].usage_line()}")
     try:
-        return SetSchedule(Policy.parse(rest[0]))
+        return SetSchedule(SchedulePolicy.parse(rest[0]))
     except ValueError as exc:
         raise CommandError(str(exc)) from None
 

@@ -224,7 +224,8 @@ class Mirror:
         self.counters = e
 
     def _fault(self, e: ev.Fault) -> None:
-        self.fault = e
+        if e.req is None:  # a thread died (a failed request is only logged)
+            self.fault = e
 
     def _request(self, e: ev.Queue | ev.RequestCached) -> None:  # (rcached: the events
         self.queue = e if isinstance(e, ev.Queue) else self.queue  # before it did its insert)

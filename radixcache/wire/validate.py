@@ -266,6 +266,8 @@ def _snapshot(e: ev.Snapshot, n: int) -> None:
 
 def _text(e: ev.Digest | ev.Fault, n: int) -> None:
     text = e.value if isinstance(e, ev.Digest) else e.thread + e.error
+    if isinstance(e, ev.Fault) and e.req is not None:
+        _int(e.req, "fault request")
     if len(text) > MAX_TEXT:
         raise Malformed(f"{type(e).__name__} text of {len(text):,} characters")
 
