@@ -57,7 +57,7 @@ class EngineBackend:
     @property
     def vocab_size(self) -> int:
         """The model's vocabulary size."""
-        return self.engine.config.model.vocab_size
+        return self.engine.model.vocab_size
 
     @property
     def max_context(self) -> int:

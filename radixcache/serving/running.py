@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from radixcache.serving.model import SeqInput, SlotCopy, TinyTransformer
+from radixcache.serving.model import Model, SeqInput, SlotCopy
 from radixcache.serving.requests import Request
 
 Planned = list[tuple[Request, SeqInput]]
@@ -65,7 +65,7 @@ class Running:
     """The admitted requests, in admission order (see the module doc). Not thread-safe: the
     engine's stepping thread owns it."""
 
-    def __init__(self, model: TinyTransformer, kv: torch.Tensor, max_step_tokens: int) -> None:
+    def __init__(self, model: Model, kv: torch.Tensor, max_step_tokens: int) -> None:
         self.model, self.kv, self.max_step_tokens = model, kv, max_step_tokens
         self.split = split_pairs(kv.device)
         self.requests: list[Request] = []
@@ -78,7 +78,7 @@ class Running:
         """Plan this step's decodes and prefill chunks, run the forward(s), append each
         request's next token (a prefill's only once its last chunk ran); see the module doc
         for ``release`` and ``awaited``. ``copy``: slot copies the first forward (the one with
-        every prefill chunk) runs after each layer's writes (``TinyTransformer.forward``)."""
+        every prefill chunk) runs after each layer's writes (``PagedDecoder.forward``)."""
         decodes, prefills = self._plan()
         work = decodes + prefills
         prefilled: list[Request] = []
