@@ -65,14 +65,16 @@ def _json(path: Path) -> dict[str, object]:
 
 
 def _int(cfg: dict[str, object], key: str, default: int | None = None) -> int:
-    v = cfg.get(key, default)
+    v = cfg.get(key)
+    v = default if v is None else v  # transformers writes null for an unset field
     if not isinstance(v, int) or isinstance(v, bool) or v < 1:
         raise CheckpointError(f"config.json: {key} must be a positive integer, got {v!r}")
     return v
 
 
 def _float(cfg: dict[str, object], key: str, default: float) -> float:
-    v = cfg.get(key, default)
+    v = cfg.get(key)
+    v = default if v is None else v
     if not isinstance(v, int | float) or isinstance(v, bool):
         raise CheckpointError(f"config.json: {key} must be a number, got {v!r}")
     return float(v)
@@ -136,7 +138,7 @@ def read_spec(folder: Path, dtype: str, device: torch.device) -> LlamaSpec:
     arch = _refuse_unsupported(cfg)
     hidden, heads = _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
     kv_heads = _int(cfg, "num_key_value_heads", heads)
-    head_dim = _int(cfg, "head_dim", hidden // heads) if cfg.get("head_dim") else hidden // heads
+    head_dim = _int(cfg, "head_dim", hidden // heads)
     if heads % kv_heads or head_dim % 2:
         raise CheckpointError(f"config.json: {heads} heads over {kv_heads} KV heads of "
                               f"{head_dim} (heads must be a multiple, head_dim even)")

@@ -1,0 +1,91 @@
+"""A model folder's own tokenizer and chat template (``serve --model DIR``).
+
+``DIR/tokenizer.json`` is read with Hugging Face ``tokenizers`` (as ``TextTokenizer`` reads the
+shipped one); the chat template is ``tokenizer_config.json``'s ``chat_template`` (or
+``DIR/chat_template.jinja``). A chat's ids are what transformers' ``apply_chat_template(...,
+add_generation_prompt=True)`` returns for the same messages: with transformers installed it is
+that very call on the folder's tokenizer (loaded from the folder, never from a hub); without
+it, the template is rendered with jinja2 as transformers configures it (``trim_blocks``,
+``lstrip_blocks``, ``raise_exception``) and the text encoded with its special tokens
+recognized, which is what transformers did before it marked control tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import cast
+
+from radixcache.traffic.tokenizer import TextTokenizer
+
+Messages = list[dict[str, str]]
+
+
+def _token_text(v: object) -> str:
+    """A special token as tokenizer_config.json writes it: a string or ``{"content": ...}``."""
+    if isinstance(v, dict):
+        v = v.get("content")
+    return v if isinstance(v, str) else ""
+
+
+class FolderTokenizer(TextTokenizer):
+    """The tokenizer of a Hugging Face model folder (thread-safe as ``TextTokenizer``)."""
+
+    def __init__(self, directory: Path) -> None:
+        if not (directory / "tokenizer.json").is_file():
+            raise ValueError(f"{directory}: no tokenizer.json (a fast tokenizer is needed)")
+        super().__init__(directory)
+        cfg_path = directory / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        template = cfg.get("chat_template")
+        jinja = directory / "chat_template.jinja"
+        if not isinstance(template, str) and jinja.is_file():
+            template = jinja.read_text()
+        self.chat_template: str | None = template if isinstance(template, str) else None
+        self.bos_token = _token_text(cfg.get("bos_token"))
+        self.eos_token = _token_text(cfg.get("eos_token"))
+        self._apply: Callable[[Messages], list[int]] | None = None
+
+    def chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """The folder's chat template over ``(role, content)`` messages, generation prompt
+        included, as transformers tokenizes it. Raises ``ValueError`` without a template."""
+        if self.chat_template is None:
+            raise ValueError(f"{self.path}: the tokenizer has no chat template")
+        msgs = [{"role": r, "content": c} for r, c in messages]
+        if self._apply is None:
+            self._apply = self._transformers() or self._jinja()
+        return self._apply(msgs)
+
+    def _transformers(self) -> Callable[[Messages], list[int]] | None:
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            return None
+        tok = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
+
+        def apply(msgs: Messages) -> list[int]:
+            ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                          return_dict=False)
+            return [int(i) for i in cast("list[int]", ids)]
+
+        return apply
+
+    def _jinja(self) -> Callable[[Messages], list[int]]:
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def fail(message: str) -> None:
+            raise ValueError(f"chat template: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[loopcontrols])
+        env.globals["raise_exception"] = fail
+        compiled = env.from_string(str(self.chat_template))
+
+        def apply(msgs: Messages) -> list[int]:
+            text = compiled.render(messages=msgs, add_generation_prompt=True,
+                                   bos_token=self.bos_token, eos_token=self.eos_token)
+            return self.encode(text)
+
+        return apply
