@@ -184,3 +184,24 @@ def test_the_folders_chat_template_gives_transformers_ids(saved: Saved) -> None:
     assert tok.decode(tok.chat(msgs)) == ("<s><|im_start|>system you serve the cache<|im_end|>"
                                           "<|im_start|>user hello world what is a radix tree"
                                           "<|im_end|><|im_start|>assistant ")
+
+
+def test_the_cli_names_a_folder_and_sizes_the_pool_from_memory(saved: Saved) -> None:
+    """``--model DIR --kv-memory 1MiB``: 2 layers x 2 KV heads x head dim x 4 bytes x 2 (K
+    and V) x 16 slots a block (Qwen3's head_dim is 32, the others' 16)."""
+    from cli.options import engine_config, kv_memory_bytes
+    from radixcache.serving.engine import Answers
+
+    cfg = engine_config(str(saved.folder), 64, "cpu", 1, Answers.DECODE, kv_memory="1MiB")
+    assert cfg.checkpoint == Checkpoint(str(saved.folder), "auto")
+    head_dim = 32 if saved.folder.name.startswith("qwen3") else 16
+    assert cfg.num_blocks == 2**20 // (2 * 2 * head_dim * 4 * 2 * 16)
+    engine = Engine(cfg)
+    assert engine.pool.bytes_per_block() * cfg.num_blocks <= 2**20
+    assert engine.pool.kv.dtype == torch.float32  # auto on the CPU
+    with pytest.raises(ValueError, match=r"^--model 'nowhere': not tiny, default or a model "
+                                         r"folder$"):
+        engine_config("nowhere", 64, "cpu", 1, Answers.DECODE)
+    with pytest.raises(ValueError, match=r"needs a device that reports free memory"):
+        kv_memory_bytes("0.5", None)
+    assert kv_memory_bytes("2GiB", None) == 2 * 2**30

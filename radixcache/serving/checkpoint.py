@@ -22,6 +22,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +36,9 @@ from radixcache.serving.llama import (
 )
 from radixcache.serving.model import ModelConfig, TinyTransformer, resolve_device
 from radixcache.serving.paged import Model
+
+if TYPE_CHECKING:  # tokenizers is the http extra's: imported only for a checkpoint
+    from radixcache.traffic.folder_tokenizer import FolderTokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = ("auto", *DTYPES)
@@ -249,3 +253,19 @@ def build_model(config: ModelConfig, checkpoint: Checkpoint | None,
     if checkpoint is None:
         return TinyTransformer(config, device)
     return load(checkpoint, device)
+
+
+def folder_tokenizer(checkpoint: Checkpoint | None) -> FolderTokenizer | None:
+    """The checkpoint folder's tokenizer (None for the seeded model). Raises ``CheckpointError``
+    when the folder has no tokenizer.json or ``tokenizers`` is not installed."""
+    if checkpoint is None:
+        return None
+    try:
+        from radixcache.traffic.folder_tokenizer import FolderTokenizer
+    except ImportError as e:
+        raise CheckpointError(f"a model folder needs {e.name} (pip install "
+                              "'radixcache[models]')") from None
+    try:
+        return FolderTokenizer(Path(checkpoint.path))
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None

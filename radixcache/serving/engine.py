@@ -48,7 +48,7 @@ from radixcache.core import tokens as tk
 from radixcache.core.invariants import InvariantError
 from radixcache.core.pool import KVPool
 from radixcache.core.tree import RadixTree
-from radixcache.serving.checkpoint import build_model
+from radixcache.serving.checkpoint import build_model, folder_tokenizer
 from radixcache.serving.memory import MemorySource
 from radixcache.serving.policy import Policy
 from radixcache.serving.requests import Answers as Answers
@@ -83,6 +83,7 @@ class Engine(TreeService):
                  memory: MemorySource | None = None) -> None:
         self.config = cfg = config or EngineConfig()
         self.model = build_model(cfg.model, cfg.checkpoint, cfg.device)
+        self.text = folder_tokenizer(cfg.checkpoint)  # None: the seeded model's ids are its own
         self.pool = KVPool(cfg.num_blocks, cfg.block_size, self.model.kv_shape(), self.model.device)
         tree = RadixTree(self.pool, high=cfg.high, low=cfg.low, record_events=cfg.record_events)
         TreeService.__init__(
@@ -150,6 +151,10 @@ class Engine(TreeService):
         """Submit the first ``limit`` (default all) requests of ``workload``; a request with
         ``after = i`` is submitted when request ``i`` is done (from the thread finishing it).
         Returns at once; ``run.wait()`` waits for all."""
+        if self.text is not None:  # a checkpoint: the workload's words in the model's ids
+            from radixcache.traffic.folder_tokenizer import retokenized
+
+            workload = retokenized(workload, self.text)
         return feed_workload(self.submit, workload, limit)
 
     def close(self) -> None:

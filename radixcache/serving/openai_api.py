@@ -11,8 +11,8 @@ Honoured: ``temperature`` / ``top_p`` / ``top_k`` / ``seed`` (greedy when the te
 or absent, so the default stays deterministic), ``stop`` (strings) and ``stop_token_ids``,
 ``logprobs`` / ``top_logprobs`` (SGLang: ``return_logprob`` / ``top_logprobs_num``), ``echo``,
 ``stream`` with ``stream_options.include_usage`` and ``continuous_usage_stats`` (vLLM's: every
-chunk carries the usage so far), ``ignore_eos`` (the model has no end of
-sequence: answers always run to ``max_tokens`` or a stop), ``user`` and ``metadata`` (carried,
+chunk carries the usage so far), ``ignore_eos`` (a checkpoint's answers end at its end of
+sequence unless it is set; the seeded model has none), ``user`` and ``metadata`` (carried,
 not used). Refused unless at their no-op value: the fields in ``_NOOP`` (``n``, ``best_of``,
 ``suffix``, ``response_format``, ``tools``, penalties, ...). Any other field: 400. Every refusal
 is an ``ApiError`` that the front turns into OpenAI's error body with its status code.
@@ -195,7 +195,8 @@ def sampling(body: Mapping[str, object], vocab: int, logprobs: int | None,
     if top_p == 0:
         raise ApiError(400, "'top_p' must be in (0, 1]", param="top_p")
     return Sampling(_number(body, "temperature", 0.0, 0.0, 2.0), top_p, max(top_k, 0),
-                    seed, logprobs, stop, stop_ids)  # type: ignore[arg-type]
+                    seed, logprobs, stop, stop_ids,  # type: ignore[arg-type]
+                    _get(body, "ignore_eos", bool, default=False))  # type: ignore[arg-type]
 
 
 def _encode(ctx: Context, text: str, name: str, encode: Callable[[str], list[int]]) -> list[int]:

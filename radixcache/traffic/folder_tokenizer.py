@@ -8,16 +8,25 @@ that very call on the folder's tokenizer (loaded from the folder, never from a h
 it, the template is rendered with jinja2 as transformers configures it (``trim_blocks``,
 ``lstrip_blocks``, ``raise_exception``) and the text encoded with its special tokens
 recognized, which is what transformers did before it marked control tokens.
+
+The built-in workloads (``chat``, ``system``, ...) speak their own word ids; ``retokenized``
+maps them into the model's ids word by word, so ``demo --model DIR`` shows that model's cache
+with its own text.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
+import numpy as np
+
+from radixcache.traffic.sharegpt import TokenArray
 from radixcache.traffic.tokenizer import TextTokenizer
+from radixcache.traffic.workload_types import Workload
 
 Messages = list[dict[str, str]]
 
@@ -89,3 +98,39 @@ class FolderTokenizer(TextTokenizer):
             return self.encode(text)
 
         return apply
+
+
+class _ModelText:
+    """A workload's preview text in the model's own words (``TokenText``)."""
+
+    def __init__(self, tok: FolderTokenizer) -> None:
+        self.tok = tok
+
+    def text(self, tokens: Sequence[int] | TokenArray) -> str:
+        """The folder tokenizer's decoding of ``tokens``."""
+        return self.tok.decode([int(t) for t in tokens])
+
+
+def retokenized(workload: Workload, tok: FolderTokenizer) -> Workload:
+    """``workload`` in the model's ids: each of its tokens becomes the ids of its word (with a
+    leading space) in ``tok``, one mapping per distinct token, so a prompt that extends
+    another (a chat's next turn, a shared system prompt) still extends it token for token and
+    the cache sees the workload's sharing unchanged; forced answers are mapped the same way
+    (``max_new_tokens`` is their new length). Previews read in the model's text."""
+    ids: dict[int, TokenArray] = {}
+
+    def mapped(tokens: TokenArray) -> TokenArray:
+        out = []
+        for t in tokens.tolist():
+            if t not in ids:
+                ids[t] = np.asarray(tok.encode_plain(" " + workload.text([t])), dtype=np.uint32)
+            out.append(ids[t])
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.uint32)
+
+    requests = []
+    for r in workload.requests:
+        forced = None if r.forced_output is None else mapped(r.forced_output)
+        n = r.max_new_tokens if forced is None else len(forced)
+        requests.append(r._replace(prompt=mapped(r.prompt), forced_output=forced,
+                                   max_new_tokens=n))
+    return replace(workload, requests=requests, vocab=_ModelText(tok))
