@@ -198,6 +198,10 @@ def test_the_cli_names_a_folder_and_sizes_the_pool_from_memory(saved: Saved) -> 
     assert cfg.num_blocks == 2**20 // (2 * 2 * head_dim * 4 * 2 * 16)
     engine = Engine(cfg)
     assert engine.pool.bytes_per_block() * cfg.num_blocks <= 2**20
+    stats = engine.stats()
+    assert (stats.kv_bytes_per_block, stats.kv_bytes_per_token) == (
+        2 * 2 * head_dim * 4 * 2 * 16, 2 * 2 * head_dim * 4 * 2)
+    assert stats.model == saved.folder.name
     assert engine.pool.kv.dtype == torch.float32  # auto on the CPU
     with pytest.raises(ValueError, match=r"^--model 'nowhere': not tiny, default or a model "
                                          r"folder$"):
