@@ -63,6 +63,10 @@ def start_http(server: Server, host: str, port: int | None) -> HttpFront | None:
         server.close()
         err_console.print("error: --http needs the engine (a model), not a model-free tree")
         raise typer.Exit(2)
+    if server.service.config.checkpoint is not None and server.service.text is None:
+        server.close()
+        err_console.print("error: --http with --model needs the folder's tokenizer.json")
+        raise typer.Exit(2)
     try:
         from radixcache.serving.http import EngineBackend, HttpFront
     except ImportError as exc:

@@ -256,9 +256,10 @@ def build_model(config: ModelConfig, checkpoint: Checkpoint | None,
 
 
 def folder_tokenizer(checkpoint: Checkpoint | None) -> FolderTokenizer | None:
-    """The checkpoint folder's tokenizer (None for the seeded model). Raises ``CheckpointError``
-    when the folder has no tokenizer.json or ``tokenizers`` is not installed."""
-    if checkpoint is None:
+    """The checkpoint folder's tokenizer (None for the seeded model, or a folder without
+    tokenizer.json: it serves ids only). Raises ``CheckpointError`` when ``tokenizers`` is not
+    installed."""
+    if checkpoint is None or not (Path(checkpoint.path) / "tokenizer.json").is_file():
         return None
     try:
         from radixcache.traffic.folder_tokenizer import FolderTokenizer
