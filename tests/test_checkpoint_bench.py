@@ -28,5 +28,5 @@ def test_bench_model_reports_both_sides_per_turn(tmp_path: Path) -> None:
     assert all(max(r.forced_output) < 49152 and len(r.forced_output) <= 3 for r in w.requests
                if r.forced_output is not None)
     assert dict.fromkeys(phases) == dict.fromkeys(
-        ["engine, batch 1", "transformers, batch 1", "engine, whole workload",
+        ["batch 1, alternated", "engine, whole workload",
          "transformers, padded batches"])

@@ -119,3 +119,17 @@ def test_a_workload_runs_in_the_models_ids(served: tuple[HttpFront, Any, Path]) 
     for (i, _), r in zip(follow, [results[i] for i, _ in follow], strict=True):
         assert not isinstance(r, Exception), i
         assert r.metrics.hit_tokens > 0
+
+
+def test_a_text_prompt_counts_as_the_clients_tokenizer_counts_it(
+        served: tuple[HttpFront, Any, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    front, _, folder = served
+    text = "how does a block of the cache serve a token"
+    want = AutoTokenizer.from_pretrained(str(folder))(text)["input_ids"]
+    r = _http.post(f"{front.url}/v1/completions",
+                   json={"model": folder.name, "prompt": text, "max_tokens": 2}).json()
+    assert r["usage"]["prompt_tokens"] == len(want)
+    ids = _http.post(f"{front.url}/tokenize", json={"prompt": text}).json()
+    assert ids["tokens"] == want

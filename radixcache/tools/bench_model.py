@@ -9,7 +9,8 @@ the multi-turn chat workload twice on each side, on the same prompts and answer 
     the whole workload                  engine: continuous batching, every request queued
                                         transformers: generate in left-padded batches of 16
 
-Figures per turn: TTFT p50/p99, prefill tokens/s (prompt tokens computed / TTFT) and decode
+The batch-1 requests alternate between the two sides, request by request. Figures per turn:
+TTFT p50/p99, prefill tokens/s (prompt tokens computed / TTFT) and decode
 tokens/s at batch 1; requests/s on the whole workload. The workload's ids fold into the
 vocabulary (``id % vocab``, which keeps every prompt a prefix of the next turn's) and answers
 are cut to ``max_tokens`` (the next turn's prompt keeps the whole answer, as a client sends
@@ -29,6 +30,7 @@ import torch
 
 from radixcache.serving.checkpoint import Checkpoint
 from radixcache.serving.engine import Engine, EngineConfig, RequestResult, percentiles
+from radixcache.traffic.workload_types import WorkloadRequest
 from radixcache.traffic.workloads import Workload, build_workload
 
 SMOLLM2_135M: dict[str, Any] = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
@@ -75,20 +77,14 @@ def _turn(tag: str) -> int:
     return int(last[1:]) if last.startswith("t") and last[1:].isdigit() else 0
 
 
-def engine_batch1(w: Workload, cfg: EngineConfig, progress: Progress) -> list[Timing]:
-    """Each request alone, in order, on one engine (its cache kept across requests)."""
-    engine = Engine(cfg)
-    out = []
-    for i, r in enumerate(w.requests):
-        h = engine.submit(r.prompt, r.max_new_tokens, r.forced_output)
-        while not h.done():
-            engine.step()
-        m = h.result(0).metrics
-        out.append(Timing(_turn(r.tag), m.prompt_tokens, m.prefill_tokens, m.ttft_ms,
-                          m.decode_tokens_per_s))
-        progress("engine, batch 1", i + 1, len(w.requests))
-    engine.close()
-    return out
+def _engine_one(engine: Engine, r: WorkloadRequest) -> Timing:
+    """One request alone on ``engine`` (its cache kept across requests)."""
+    h = engine.submit(r.prompt, r.max_new_tokens, r.forced_output)
+    while not h.done():
+        engine.step()
+    m = h.result(0).metrics
+    return Timing(_turn(r.tag), m.prompt_tokens, m.prefill_tokens, m.ttft_ms,
+                  m.decode_tokens_per_s)
 
 
 def engine_all(w: Workload, cfg: EngineConfig) -> float:
@@ -128,19 +124,29 @@ def _generate(hf: Any, ids: torch.Tensor, n: int, mask: torch.Tensor | None = No
                     pad_token_id=0, logits_processor=procs)
 
 
-def hf_batch1(hf: Any, w: Workload, progress: Progress) -> list[Timing]:
-    """Each request alone through ``generate`` (its own KV cache, nothing reused)."""
-    out = []
+def _hf_one(hf: Any, r: WorkloadRequest) -> Timing:
+    """One request alone through ``generate`` (its own KV cache, nothing reused)."""
+    ids = torch.from_numpy(r.prompt.astype(np.int64))[None]
+    stamps = _Stamps()
+    t0 = time.perf_counter()
+    _generate(hf, ids, r.max_new_tokens, stamps=stamps)
+    first, last = stamps.at[0], stamps.at[-1]
+    rate = (len(stamps.at) - 1) / (last - first) if last > first else 0.0
+    return Timing(_turn(r.tag), len(r.prompt), len(r.prompt), (first - t0) * 1e3, rate)
+
+
+def batch1(hf: Any, w: Workload, cfg: EngineConfig,
+           progress: Progress) -> tuple[list[Timing], list[Timing]]:
+    """Every request at batch 1 on both sides, alternated request by request (so a machine
+    that gets busier or quieter weighs on both alike): (engine's, transformers')."""
+    engine = Engine(cfg)
+    ours, theirs = [], []
     for i, r in enumerate(w.requests):
-        ids = torch.from_numpy(r.prompt.astype(np.int64))[None]
-        stamps = _Stamps()
-        t0 = time.perf_counter()
-        _generate(hf, ids, r.max_new_tokens, stamps=stamps)
-        first, last = stamps.at[0], stamps.at[-1]
-        rate = (len(stamps.at) - 1) / (last - first) if last > first else 0.0
-        out.append(Timing(_turn(r.tag), len(r.prompt), len(r.prompt), (first - t0) * 1e3, rate))
-        progress("transformers, batch 1", i + 1, len(w.requests))
-    return out
+        ours.append(_engine_one(engine, r))
+        theirs.append(_hf_one(hf, r))
+        progress("batch 1, alternated", i + 1, len(w.requests))
+    engine.close()
+    return ours, theirs
 
 
 def hf_padded(hf: Any, w: Workload, batch: int, progress: Progress) -> float:
@@ -186,7 +192,7 @@ def run_bench(folder: Path, conversations: int, max_tokens: int, progress: Progr
     cfg = EngineConfig(num_blocks=blocks, device="cpu", record_events=False,
                        checkpoint=Checkpoint(str(folder), "float32"))
     w = chat_workload(conversations, max_tokens, hf.config.vocab_size)
-    ours, theirs = engine_batch1(w, cfg, progress), hf_batch1(hf, w, progress)
+    ours, theirs = batch1(hf, w, cfg, progress)
     progress("engine, whole workload", 0, 1)
     ours_all = engine_all(w, cfg)
     progress("engine, whole workload", 1, 1)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import cast
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from radixcache.traffic.sharegpt import TokenArray
 from radixcache.traffic.tokenizer import TextTokenizer
@@ -55,6 +56,20 @@ class FolderTokenizer(TextTokenizer):
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
         self._apply: Callable[[Messages], list[int]] | None = None
+        self._framed = Tokenizer.from_file(str(directory / "tokenizer.json"))
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of a completion prompt as transformers' ``tokenizer(text)`` gives them: the
+        markers recognized and the tokenizer's own framing added (Llama 3's BOS, when its
+        post-processor has one), so usage counts equal the client's."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # as the shipped tokenizer refuses it
+            raise ValueError(f"a lone surrogate at character {exc.start} is not text") from None
+        return list(self._framed.encode_batch([text], add_special_tokens=True)[0].ids)
+
+    def _special_ids(self, text: str) -> list[int]:
+        return super().encode(text)
 
     def chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         """The folder's chat template over ``(role, content)`` messages, generation prompt
@@ -95,7 +110,7 @@ class FolderTokenizer(TextTokenizer):
         def apply(msgs: Messages) -> list[int]:
             text = compiled.render(messages=msgs, add_generation_prompt=True,
                                    bos_token=self.bos_token, eos_token=self.eos_token)
-            return self.encode(text)
+            return self._special_ids(text)  # the template frames it: no framing added
 
         return apply
 
