@@ -133,3 +133,11 @@ def test_a_text_prompt_counts_as_the_clients_tokenizer_counts_it(
     assert r["usage"]["prompt_tokens"] == len(want)
     ids = _http.post(f"{front.url}/tokenize", json={"prompt": text}).json()
     assert ids["tokens"] == want
+
+
+def test_server_info_says_the_bytes_of_a_block_and_of_a_token(
+        served: tuple[HttpFront, Any, Path]) -> None:
+    front, _, _ = served
+    info = _http.get(f"{front.url}/get_server_info").json()
+    per_block = 2 * 2 * 16 * 4 * 2 * 16  # layers x KV heads x head dim x float32 x K,V x slots
+    assert (info["kv_bytes_per_block"], info["kv_bytes_per_token"]) == (per_block, per_block // 16)

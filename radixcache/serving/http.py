@@ -193,6 +193,8 @@ class HttpFront:
         return JSONResponse({**self._paths(), "version": _server_version(),
                              "max_total_num_tokens": self.backend.max_context,
                              "max_running_requests": self.limits.max_waiting,
+                             "kv_bytes_per_block": self.backend.kv_bytes_per_block,
+                             "kv_bytes_per_token": self.backend.kv_bytes_per_block // c.block_size,
                              **c._asdict()})
 
     def _paths(self) -> dict[str, str]:
