@@ -209,3 +209,39 @@ def test_the_cli_names_a_folder_and_sizes_the_pool_from_memory(saved: Saved) -> 
     with pytest.raises(ValueError, match=r"needs a device that reports free memory"):
         kv_memory_bytes("0.5", None)
     assert kv_memory_bytes("2GiB", None) == 2 * 2**30
+
+
+_LLAMA = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "num_hidden_layers": 1, "intermediate_size": 128,
+          "vocab_size": 32}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True},
+     r"^Qwen2ForCausalLM: sliding-window attention is not supported$"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+     r"^config.json: rope_type 'yarn' is not supported \(supported: default, llama3\)$"),
+    ({"hidden_act": "gelu"}, r"^config.json: hidden_act 'gelu' is not supported \(only silu\)$"),
+    ({"num_key_value_heads": 3},
+     r"^config.json: 4 heads over 3 KV heads of 16 \(heads must be a multiple, head_dim even\)$"),
+    ({}, r"no \*.safetensors file \(only safetensors are read\)$"),
+])
+def test_a_folder_the_decoder_cannot_compute_is_refused_in_one_line(
+        tmp_path: Path, change: dict[str, object], message: str) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**_LLAMA, **change}))
+    with pytest.raises(CheckpointError, match=message):
+        load(Checkpoint(str(tmp_path)), "cpu")
+
+
+def test_an_untied_checkpoint_without_its_lm_head_is_refused(saved: Saved,
+                                                             tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(saved.folder / "model.safetensors"))
+    weights.pop("lm_head.weight", None)
+    save_file(weights, str(tmp_path / "model.safetensors"))
+    cfg = json.loads((saved.folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    with pytest.raises(CheckpointError, match=r"untied embeddings \(tie_word_embeddings false\) "
+                                              r"but the safetensors hold no lm_head.weight$"):
+        load(Checkpoint(str(tmp_path)), "cpu")
