@@ -141,3 +141,19 @@ def test_server_info_says_the_bytes_of_a_block_and_of_a_token(
     info = _http.get(f"{front.url}/get_server_info").json()
     per_block = 2 * 2 * 16 * 4 * 2 * 16  # layers x KV heads x head dim x float32 x K,V x slots
     assert (info["kv_bytes_per_block"], info["kv_bytes_per_token"]) == (per_block, per_block // 16)
+
+
+def test_serve_refuses_a_folder_it_cannot_serve_in_one_line(tmp_path: Path) -> None:
+    """Before anything binds: exit 2, one line naming the architecture and the supported ones."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "config.json").write_text('{"architectures": ["MistralForCausalLM"]}')
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    p = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--model", str(tmp_path),
+                        "--http", "0", "--port", "5"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert (p.returncode, p.stderr) == (2, "error: architecture 'MistralForCausalLM' is not "
+                                           "supported (supported: LlamaForCausalLM, "
+                                           "Qwen2ForCausalLM, Qwen3ForCausalLM)\n")
