@@ -245,3 +245,19 @@ def test_an_untied_checkpoint_without_its_lm_head_is_refused(saved: Saved,
     with pytest.raises(CheckpointError, match=r"untied embeddings \(tie_word_embeddings false\) "
                                               r"but the safetensors hold no lm_head.weight$"):
         load(Checkpoint(str(tmp_path)), "cpu")
+
+
+def test_bfloat16_serves_within_its_precision_of_transformers_bfloat16(saved: Saved) -> None:
+    """``--dtype bfloat16``: weights and pool in bfloat16; the paged prefill's logits within a
+    few bfloat16 steps of transformers' own bfloat16 forward (0.078 seen on logits up to ~5)."""
+    from transformers import AutoModelForCausalLM
+
+    model = load(Checkpoint(str(saved.folder), "bfloat16"), "cpu")
+    assert model.kv_shape().dtype == torch.bfloat16
+    hf = AutoModelForCausalLM.from_pretrained(str(saved.folder), dtype=torch.bfloat16)
+    prompt = _words(5, 30)
+    pool = KVPool(4, 16, model.kv_shape(), model.device)
+    got = model.forward_all([SeqInput(prompt, 0, [3, 1])], pool.kv)[0].float()
+    with torch.no_grad():
+        want = hf(torch.tensor([prompt])).logits[0].float()
+    torch.testing.assert_close(got, want, atol=0.25, rtol=0.02)
