@@ -51,10 +51,14 @@ def bench_model(
     threads: int = typer.Option(1, min=1, max=MAX_THREADS, help="torch CPU threads (both)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
 ) -> None:
-    """A random checkpoint with SmolLM2-135M's shapes (config written locally) on the radix
-    cache against transformers' generate on the same prompts: TTFT p50/p99, prefill and decode
-    tokens/s per turn at batch 1, requests/s on the whole workload (transformers in padded
-    batches of 16). Needs transformers.
+    """A random checkpoint with SmolLM2-135M's shapes on the radix cache against
+    transformers' generate, on the multi-turn chat workload: TTFT, prefill and decode tokens/s
+    per turn, requests/s.
+
+    The config is written locally (nothing downloaded); the same prompts on both sides:
+    TTFT p50/p99 and prefill/decode tokens/s per turn at batch 1 (requests alternated), and
+    requests/s on the whole workload (transformers in padded batches of 16). Needs
+    transformers.
 
     Example: radixcache bench model --conversations 4 --max-tokens 16
     """
