@@ -24,7 +24,7 @@ from rich.table import Table
 from cli.app import RUN, CliError, app, bench_app
 from cli.bounds import MAX_BLOCKS
 from cli.cluster_screens import streams_screen
-from cli.options import SCHEDULE_HELP
+from cli.options import DTYPE_HELP, MODEL_HELP, SCHEDULE_HELP, ModelSize, model_args
 from radixcache.serving.cluster import RoutePolicy  # stdlib only: cheap at start-up
 from radixcache.serving.policy import SchedulePolicy
 from radixcache.wire.endpoints import LOOPBACK_HOSTS
@@ -66,6 +66,10 @@ def start_http(server: Server, host: str, port: int | None) -> HttpFront | None:
         server.close()
         err_console.print("error: --http needs the engine (a model), not a model-free tree")
         raise typer.Exit(2)
+    if server.service.config.checkpoint is not None and server.service.text is None:
+        server.close()
+        err_console.print("error: --http with --model needs the folder's tokenizer.json")
+        raise typer.Exit(2)
     try:
         from radixcache.serving.http import EngineBackend, HttpFront
     except ImportError as exc:
@@ -74,7 +78,10 @@ def start_http(server: Server, host: str, port: int | None) -> HttpFront | None:
                           markup=False)
         raise typer.Exit(2) from None
     try:
-        front = HttpFront(EngineBackend(server.service, server.loop), host, port)
+        engine, backend = server.service, EngineBackend(server.service, server.loop)
+        front = (HttpFront(backend, host, port) if engine.text is None else  # a model folder:
+                 HttpFront(backend, host, port, model=engine.model.name,  # its name, tokenizer
+                           tokenizer=engine.text, eos_ids=engine.model.eos_ids))  # and eos
     except (OSError, ValueError) as exc:
         server.close()
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -307,6 +314,8 @@ def cluster(
                                          "--router-arg='--cache-threshold 0.5'."),
     schedule: SchedulePolicy = typer.Option(SchedulePolicy.FCFS,
                                             help="Each replica's " + SCHEDULE_HELP),
+    model: str = typer.Option(ModelSize.TINY.value, help="Each replica's model. " + MODEL_HELP),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
 ) -> None:
     """Start N engine replicas behind sglang-router (127.0.0.1) and open the cluster screen;
     q stops every process it started. Send load with `radixcache load --url ROUTER`.
@@ -323,7 +332,8 @@ def cluster(
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--router-arg") from None
     config = ClusterConfig(replicas, policy, blocks, http_base, zmq_base, router_port,
-                           router_args=extra, schedule=schedule.value)
+                           router_args=extra, schedule=schedule.value,
+                           model_args=model_args(model, dtype))
     try:
         with console.status(f"starting {replicas} replicas and sglang-router ..."):
             c = Cluster(config).start()

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from cli.app import bench_app
 from cli.bounds import MAX_BLOCKS
+from cli.options import DTYPE_HELP
 from radixcache.tools.demo import DEFAULT_MIX
 from radixcache.traffic.workloads import WorkloadError, build_workload
 
@@ -66,6 +67,9 @@ def bench_engine(
                                    "workloads (the demo's pace)."),
     repeat: int = typer.Option(1, min=1, max=100, help="With --schedule: passes of each "
                                "policy, alternated; each figure is their median."),
+    model: str | None = typer.Option(None, help="A local Hugging Face model folder to serve "
+                                     "instead of the seeded model (without --schedule)."),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
 ) -> None:
     """Serve one workload with the cache on, then off; compare prefill work, TTFT, decode rate.
     With --schedule: the demo's mix under each scheduling policy (hit rate against the
@@ -76,14 +80,15 @@ def bench_engine(
         bench_schedule(schedule, mix, rounds, interval,
                        blocks if _given("--blocks") else 2048, as_json, repeat)
     else:
-        _cache_on_off(workload, requests, blocks, step_tokens, as_json)
+        _cache_on_off(workload, requests, blocks, step_tokens, as_json, model, dtype)
 
 
 def _cache_on_off(workload: str, requests: int | None, blocks: int, step_tokens: int,
-                  as_json: bool) -> None:
+                  as_json: bool, model: str | None = None, dtype: str = "auto") -> None:
     """The workload with the cache on, then off (``bench engine`` without --schedule)."""
     import torch
 
+    from radixcache.serving.checkpoint import Checkpoint
     from radixcache.serving.engine import EngineConfig
     from radixcache.tools.bench_engine import report as make_report
     from radixcache.tools.bench_engine import serve_pass
@@ -97,7 +102,8 @@ def _cache_on_off(workload: str, requests: int | None, blocks: int, step_tokens:
     figures = []
     for cache in (True, False):
         cfg = EngineConfig(num_blocks=blocks, cache=cache, max_step_tokens=step_tokens,
-                           record_events=False)
+                           record_events=False,
+                           checkpoint=None if model is None else Checkpoint(model, dtype))
         columns = (TextColumn(f"cache {'on' if cache else 'off'}"), BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=True) as bar:

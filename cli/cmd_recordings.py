@@ -23,10 +23,12 @@ from cli.app import CliError, app
 from cli.bounds import MAX_BLOCKS, MAX_THREADS, WEEK_S
 from cli.options import (
     CURVE_HELP,
+    DTYPE_HELP,
+    MODEL_HELP,
     SCHEDULE_HELP,
     AnswerMode,
     ModelSize,
-    engine_config,
+    checked_engine,
     sized_workload,
 )
 from cli.output import client_curve, console, stopped, unsynced, warn
@@ -67,8 +69,8 @@ def record(
     blocks: int = typer.Option(RECORD_BLOCKS, min=16, max=MAX_BLOCKS,
                                help="Headless: KV pool blocks of 16 tokens "
                                                    "(small enough that the workload evicts)."),
-    model: ModelSize = typer.Option(ModelSize.TINY, help="Headless model: tiny is 1 layer, "
-                                                         "d_model 32, 1 K/V head of 16."),
+    model: str = typer.Option(ModelSize.TINY.value, help="Headless model. " + MODEL_HELP),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
     answers: AnswerMode = typer.Option(AnswerMode.PREFILL, help=ANSWERS_HELP),
     device: str | None = typer.Option(None, help="Headless torch device (default: cuda when "
                                                  "present, else cpu)."),
@@ -89,14 +91,14 @@ def record(
         with _on_sigterm() as term:
             _record_live(from_, out, seconds, keyframe_every, client_curve(curve_keys), term)
         return
-    from radixcache.serving.engine import Answers, Engine
+    from radixcache.serving.engine import Answers
 
     w = _first_requests(workload, workload_args, requests)
     n = len(w.requests)
-    engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value),
-                                  schedule))
+    engine = checked_engine(model, blocks, device, threads, Answers(answers.value), schedule,
+                            dtype=dtype)
     header: dict[str, str | int | float] = {
-        "num_blocks": blocks, "block_size": 16, "model": model.value, "answers": answers.value,
+        "num_blocks": blocks, "block_size": 16, "model": model, "answers": answers.value,
         "workload": f"{workload} {workload_args}".strip(), "requests": n,
         "schedule": schedule.value, "device": str(engine.model.device)}
     t0 = time.perf_counter()

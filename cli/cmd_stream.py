@@ -17,7 +17,16 @@ from rich.console import Console
 
 from cli.app import RUN, app
 from cli.bounds import MAX_BLOCKS, MAX_THREADS, WEEK_S
-from cli.options import CURVE_HELP, SCHEDULE_HELP, AnswerMode, ModelSize, engine_config
+from cli.options import (
+    CURVE_HELP,
+    DTYPE_HELP,
+    KV_MEMORY_HELP,
+    MODEL_HELP,
+    SCHEDULE_HELP,
+    AnswerMode,
+    ModelSize,
+    checked_engine,
+)
 from radixcache.serving.policy import SchedulePolicy
 from radixcache.wire.endpoints import LOOPBACK_HOSTS, BindPolicy, EndpointError, Endpoints
 from radixcache.wire.security import CurveError, create_keys
@@ -108,8 +117,9 @@ def serve(
     blocks: int = typer.Option(2048, min=16, max=MAX_BLOCKS,
                                 help="KV pool blocks of 16 tokens (2048: --loop evicts "
                                           "within a minute on a CPU)."),
-    model: ModelSize = typer.Option(ModelSize.TINY, help="tiny: 1 layer, d_model 32 (fast on a "
-                                                         "CPU); default: the 2-layer model."),
+    model: str = typer.Option(ModelSize.TINY.value, help=MODEL_HELP),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    kv_memory: str | None = typer.Option(None, help=KV_MEMORY_HELP),
     answers: AnswerMode = typer.Option(AnswerMode.DECODE, help="decode forced answers token by "
                                        "token, or fold them into the prefill."),
     device: str | None = typer.Option(None, help="torch device (default: cuda when present)."),
@@ -135,15 +145,15 @@ def serve(
 
     With --http, SIGTERM or Ctrl-C drains the HTTP front first (see --drain-s)."""
     from cli.cmd_cluster import start_http
-    from radixcache.serving.engine import Answers, Engine
+    from radixcache.serving.engine import Answers
     from radixcache.serving.loop import DEFAULT_PROGRAM, LoopConfig
     from radixcache.serving.server import ServerConfig
 
     at = _http_host(http, endpoint_host, allow_remote)
-    engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value),
-                                  schedule))
+    engine = checked_engine(model, blocks, device, threads, Answers(answers.value), schedule,
+                            dtype=dtype, kv_memory=kv_memory)
     config = ServerConfig(LoopConfig(digest_every, program=DEFAULT_PROGRAM if loop else ()),
-                          block_size=16, num_blocks=blocks)
+                          block_size=16, num_blocks=engine.config.num_blocks)
     server = _bind(engine, config, _endpoints(port, endpoint_host, ipc), allow_remote,
                    _kv_endpoints(kv_events, endpoint_host, port), curve_keys)
     server.start()

@@ -90,6 +90,10 @@ COMMANDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
         "Serve one workload with the cache on, then off; compare prefill work, TTFT, decode "
         "rate. With --schedule: the demo's mix under each scheduling policy (hit rate against "
         "the what-if curve, in-flight misses, queue wait, TTFT, throughput, equal outputs)."),
+    "bench model": ("cli.cmd_bench_model", "",
+        "A random checkpoint with SmolLM2-135M's shapes on the radix cache against "
+        "transformers' generate, on the multi-turn chat workload: TTFT, prefill and decode "
+        "tokens/s per turn, requests/s."),
     "bench tui": ("cli.cmd_inspect", "",
         "The inspector headless on a big tree fed 50,000 events/s: frame cost while scrolling "
         "and while nodes change, key latency, events ingested/s, memory pane redraws/s, command "

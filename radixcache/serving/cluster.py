@@ -83,6 +83,7 @@ class ClusterConfig(NamedTuple):
     startup_s: float = 60.0
     router_args: tuple[str, ...] = ()  # more sglang-router flags (e.g. --cache-threshold 0.5)
     schedule: str = "fcfs"  # each replica's scheduling policy (``serve --schedule``)
+    model_args: tuple[str, ...] = ()  # each replica's model (``serve --model DIR --dtype D``)
 
 
 class Replica(NamedTuple):
@@ -225,7 +226,8 @@ class Cluster:
     def _spawn_replica(self, r: Replica) -> _Proc:
         argv = [sys.executable, "-m", "cli.main", "serve", "--endpoint-host", "127.0.0.1",
                 "--port", str(r.zmq_port), "--http", str(r.http_port),
-                "--blocks", str(self.config.blocks), "--schedule", self.config.schedule]
+                "--blocks", str(self.config.blocks), "--schedule", self.config.schedule,
+                *self.config.model_args]
         return self._spawn(f"replica {r.rank}", argv)
 
     def _spawn(self, name: str, argv: list[str]) -> _Proc:

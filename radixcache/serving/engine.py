@@ -59,8 +59,8 @@ from radixcache.core import tokens as tk
 from radixcache.core.invariants import InvariantError
 from radixcache.core.pool import KVPool
 from radixcache.core.tree import RadixTree
+from radixcache.serving.checkpoint import build_model, folder_tokenizer
 from radixcache.serving.memory import MemorySource
-from radixcache.serving.model import TinyTransformer
 from radixcache.serving.policy import SchedulePolicy
 from radixcache.serving.requests import Answers as Answers
 from radixcache.serving.requests import EngineConfig as EngineConfig
@@ -86,19 +86,21 @@ from radixcache.traffic.workloads import Workload
 
 
 class Engine(TreeService):
-    """Serves requests on a ``TinyTransformer`` whose K/V live in a ``KVPool`` indexed by a
+    """Serves requests on a model (``serving.paged.Model``: the seeded ``TinyTransformer`` or a
+    checkpoint's ``LlamaDecoder``) whose K/V live in a ``KVPool`` indexed by a
     ``RadixTree`` (``engine.tree``). ``start()`` runs the scheduler thread; ``step()`` runs
     one scheduling step synchronously (tests). ``close()`` when done."""
 
     def __init__(self, config: EngineConfig | None = None, *,
                  memory: MemorySource | None = None) -> None:
         self.config = cfg = config or EngineConfig()
-        self.model = TinyTransformer(cfg.model, cfg.device)
-        self.pool = KVPool(cfg.num_blocks, cfg.block_size, cfg.model.kv_shape(), self.model.device)
+        self.model = build_model(cfg.model, cfg.checkpoint, cfg.device)
+        self.text = folder_tokenizer(cfg.checkpoint)  # None: the seeded model's ids are its own
+        self.pool = KVPool(cfg.num_blocks, cfg.block_size, self.model.kv_shape(), self.model.device)
         tree = RadixTree(self.pool, high=cfg.high, low=cfg.low, record_events=cfg.record_events)
         TreeService.__init__(
             self, tree, memory if memory is not None else MemorySource(device=self.model.device),
-            model=f"tiny transformer (layers={cfg.model.n_layers})",
+            model=self.model.name,
             device=str(self.model.device), cache=cfg.cache)
         self._queue = threading.Lock()  # request ids and totals, against submitting threads
         self.scheduler = Scheduler(tree, self.pool, cfg, self._started, self._emit)
@@ -130,7 +132,7 @@ class Engine(TreeService):
         ``policy`` chooses the tokens instead of the greedy argmax and may end the request
         early (then it finishes as if it had run out of ``max_new_tokens``).
         """
-        vocab = self.config.model.id_space  # ids past the vocabulary fold into it (model.py)
+        vocab = self.model.id_space  # the tiny model folds ids past its vocabulary (model.py)
         prompt = tk.validated_array(prompt_tokens, vocab, "prompt")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -161,6 +163,10 @@ class Engine(TreeService):
         """Submit the first ``limit`` (default all) requests of ``workload``; a request with
         ``after = i`` is submitted when request ``i`` is done (from the thread finishing it).
         Returns at once; ``run.wait()`` waits for all."""
+        if self.text is not None:  # a checkpoint: the workload's words in the model's ids
+            from radixcache.traffic.folder_tokenizer import retokenized
+
+            workload = retokenized(workload, self.text)
         return feed_workload(self.submit, workload, limit)
 
     def close(self) -> None:

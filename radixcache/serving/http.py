@@ -119,15 +119,17 @@ class HttpFront:
 
     def __init__(self, backend: Backend, host: str = "127.0.0.1", port: int = 0, *,
                  model: str = DEFAULT_MODEL, limits: Limits | None = None,
-                 tokenizer: TextTokenizer | None = None) -> None:
+                 tokenizer: TextTokenizer | None = None,
+                 eos_ids: frozenset[int] = frozenset()) -> None:
         self.backend, self.model = backend, model
         self.limits = limits if limits is not None else Limits()
         self.tokenizer = tokenizer if tokenizer is not None else shipped()
-        if backend.vocab_size != self.tokenizer.vocab_size:
-            raise ValueError(f"the model's vocabulary ({backend.vocab_size}) is not the "
-                             f"tokenizer's ({self.tokenizer.vocab_size})")
+        if backend.vocab_size < self.tokenizer.vocab_size:  # a checkpoint's may be padded
+            raise ValueError(f"the model's vocabulary ({backend.vocab_size}) is smaller than "
+                             f"the tokenizer's ({self.tokenizer.vocab_size})")
         self.stats = RequestMetrics(backend.counters, model)
         self.runner = Runner(backend, self.tokenizer, self.stats, self.limits, model)
+        self.runner.eos_ids = eos_ids  # answers end there unless a request sets ignore_eos
         self.started = time.time()
         self._sock = _bound_socket(host, port)  # here: a bad port fails in the caller
         self.host, self.port = host, int(self._sock.getsockname()[1])
@@ -255,6 +257,8 @@ class HttpFront:
         return JSONResponse({**self._paths(), "version": _server_version(),
                              "max_total_num_tokens": self.backend.max_context,
                              "max_running_requests": self.limits.max_waiting,
+                             "kv_bytes_per_block": self.backend.kv_bytes_per_block,
+                             "kv_bytes_per_token": self.backend.kv_bytes_per_block // c.block_size,
                              **c._asdict()})
 
     def _paths(self) -> dict[str, str]:

@@ -39,6 +39,11 @@ class Backend(Protocol):
         """Positions the whole pool holds (prompt + output of one request at most)."""
         ...
 
+    @property
+    def kv_bytes_per_block(self) -> int:
+        """K and V bytes of one pool block, every layer (the model's shape and dtype)."""
+        ...
+
     def submit(self, prompt: Sequence[int], max_new_tokens: int, on_token: TokenHook | None,
                policy: TokenPolicy | None) -> RequestHandle:
         """Queue one request (thread-safe); ``ValueError`` for a malformed one."""
@@ -74,7 +79,12 @@ class EngineBackend:
     @property
     def vocab_size(self) -> int:
         """The model's vocabulary size."""
-        return self.engine.config.model.vocab_size
+        return self.engine.model.vocab_size
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        """The pool's bytes per block (fixed at start)."""
+        return self.engine.pool.bytes_per_block()
 
     @property
     def max_context(self) -> int:

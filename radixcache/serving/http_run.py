@@ -111,7 +111,8 @@ class _Run:
         self.runner, self.ask = runner, ask
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Piece | None] = asyncio.Queue()
-        self.policy = RequestPolicy(ask.sampling, runner.tokenizer, self._piece)
+        self.policy = RequestPolicy(ask.sampling, runner.tokenizer, self._piece,
+                                    eos_ids=runner.eos_ids)
         self.ids: list[int] = []
         self.t0 = time.perf_counter()
         self.first = self.last = 0.0
@@ -208,6 +209,7 @@ class Runner:
                  stats: RequestMetrics, limits: Limits, model: str) -> None:
         self.backend, self.tokenizer, self.stats = backend, tokenizer, stats
         self.limits, self.model = limits, model
+        self.eos_ids: frozenset[int] = frozenset()  # the model's (HttpFront sets them)
         # on the event loop only: requests in flight, and the drain's state
         self.waiting = 0
         self.draining = False  # set by ``stop_admitting``

@@ -8,12 +8,9 @@ bit-identical on one device. Everything runs under ``torch.inference_mode``.
 One forward serves a continuous batch: prefill chunks and one-token decodes mixed, laid
 out as ``serving.batch`` draws it (new tokens packed, attention padded).
 
-Per layer: q, k, v of the packed tokens; k, v are *scattered* into the pool at their slots
-(``kv[layer]`` viewed as ``(2, num_blocks * B, H, D)``); then the batch's slot copies, if
-any, run (a boundary block copied from a block this forward writes); then K/V of every
-context position are *gathered* back through the block table, so attention only ever reads
-the pool.
-All index tensors of a batch travel to the device in one transfer (``ForwardBatch``).
+The forward over the pool (scatter the new K/V, the boundary slot copies, gather the
+context through the block table, attend) is ``serving.paged``'s, shared with the checkpoint
+models (``serving.llama``); this module gives only the tiny model's layer math.
 """
 
 from __future__ import annotations
@@ -23,15 +20,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
 from radixcache.core.pool import KVShape
 from radixcache.serving.batch import ForwardBatch as ForwardBatch
 from radixcache.serving.batch import SeqInput as SeqInput
 from radixcache.serving.batch import TokenIds as TokenIds
-from radixcache.serving.batch import as_numpy, host_indices
+from radixcache.serving.batch import as_numpy
+from radixcache.serving.paged import DecoderShape, PagedDecoder, Rope, rms_norm, rope_tables, rotate
+from radixcache.serving.paged import Model as Model
+from radixcache.serving.paged import SlotCopy as SlotCopy
 
 TEXT_VOCAB = 4096  # traffic.tokenizer's vocabulary (a test holds them equal)
 TRACE_IDS = 100_014  # traffic.sharegpt's VOCAB_SIZE: word ids and the trace's markers
@@ -75,22 +73,6 @@ class ModelConfig:
         return KVShape(self.n_layers, self.n_kv_heads, self.head_dim, self.dtype)
 
 
-SlotCopy = tuple[Sequence[int], Sequence[int]]  # (from slots, to slots), flat pool slots
-
-
-def _copy_slots(copy: SlotCopy, slots: int) -> list[npt.NDArray[np.int64]]:
-    """``copy``'s slot arrays, checked: equal lengths, inside the pool, no slot written twice
-    and none both read and written."""
-    src, dst = (np.asarray(c, dtype=np.int64) for c in copy)
-    if src.shape != dst.shape or src.ndim != 1 or not src.size:
-        raise ValueError(f"slot copy of {src.shape} from and {dst.shape} to slots")
-    if min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= slots:
-        raise ValueError(f"slot copy outside the pool's {slots} slots")
-    if np.unique(dst).size != dst.size or np.intersect1d(src, dst).size:
-        raise ValueError("slot copy writes a slot twice or reads a slot it writes")
-    return [src, dst]
-
-
 class Generated(NamedTuple):
     """Result of ``prefill_and_decode``: the greedy tokens and the logits each was taken from."""
 
@@ -111,52 +93,26 @@ class _Layer:
     w_down: torch.Tensor  # (d_ff, d_model)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE, rotate-half form: x is (T, heads, D), cos/sin are (T, 1, D/2)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Masked GQA attention. q (S, N, Hq, D); k, v (S, C, Hkv, D); mask (S, N, C) bool.
-
-    Query head ``h`` reads KV head ``h // (Hq // Hkv)``. Returns (S, N, Hq * D).
-    """
-    s_n, n, hq, d = q.shape
-    hkv = k.shape[2]
-    qg = q.view(s_n, n, hkv, hq // hkv, d).permute(0, 2, 3, 1, 4)  # (S, Hkv, G, N, D)
-    kt = k.permute(0, 2, 3, 1).unsqueeze(2)  # (S, Hkv, 1, D, C)
-    vt = v.permute(0, 2, 1, 3).unsqueeze(2)  # (S, Hkv, 1, C, D)
-    scores = (qg @ kt) * (1.0 / math.sqrt(d))
-    scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
-    out = torch.softmax(scores, dim=-1) @ vt  # (S, Hkv, G, N, D)
-    return out.permute(0, 3, 1, 2, 4).reshape(s_n, n, hq * d)
-
-
-class TinyTransformer:
-    """The model. Holds weights only; the K/V live in the pool tensor passed to ``forward``."""
+class TinyTransformer(PagedDecoder):
+    """The model. Holds weights only; the K/V live in the pool tensor passed to ``forward``
+    (``PagedDecoder``: the paged forward every model shares)."""
 
     def __init__(self, config: ModelConfig | None = None, device: str | torch.device | None = None):
         self.config = cfg = config or ModelConfig()
-        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if dev.type == "cuda" and dev.index is None:  # tensors report "cuda:0", never "cuda"
-            dev = torch.device("cuda", torch.cuda.current_device())
-        self.device = dev
+        self._device = dev = resolve_device(device)
+        self.shape = DecoderShape(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                                  cfg.vocab_size, cfg.id_space, cfg.dtype)
         gen = torch.Generator().manual_seed(cfg.seed)
 
         def init(rows: int, cols: int, std: float) -> torch.Tensor:
             w = torch.randn((rows, cols), generator=gen, dtype=torch.float32) * std
-            return w.to(self.device, cfg.dtype)
+            return w.to(dev, cfg.dtype)
 
         def ones(n: int) -> torch.Tensor:
-            return torch.ones(n, device=self.device, dtype=cfg.dtype)
+            return torch.ones(n, device=dev, dtype=cfg.dtype)
 
         d, hd, out_std = cfg.d_model, cfg.head_dim, 1.0 / math.sqrt(2 * cfg.n_layers)
-        self.embed = init(cfg.vocab_size, d, d**-0.5)
+        self.embed_table = init(cfg.vocab_size, d, d**-0.5)
         self.layers = [
             _Layer(
                 attn_norm=ones(d),
@@ -173,155 +129,60 @@ class TinyTransformer:
         ]
         self.final_norm = ones(d)
         exponents = torch.arange(0, hd, 2, dtype=torch.float32) / hd
-        self.inv_freq = (cfg.rope_theta**-exponents).to(self.device)
+        self.inv_freq = (cfg.rope_theta**-exponents).to(dev)
 
-    # -- building blocks -----------------------------------------------------------------------
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
-        dt = self.config.dtype
-        return freqs.cos()[:, None].to(dt), freqs.sin()[:, None].to(dt)
+    @property
+    def name(self) -> str:
+        """``tiny transformer (layers=N)``."""
+        return f"tiny transformer (layers={self.config.n_layers})"
 
-    def _qkv(
-        self, layer: _Layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cfg, t = self.config, x.shape[0]
-        h = _rms_norm(x, layer.attn_norm, cfg.norm_eps)
-        q = (h @ layer.wq).view(t, cfg.n_heads, cfg.head_dim)
-        k = (h @ layer.wk).view(t, cfg.n_kv_heads, cfg.head_dim)
-        v = (h @ layer.wv).view(t, cfg.n_kv_heads, cfg.head_dim)
-        return _rotate(q, *rope), _rotate(k, *rope), v
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """None: the seeded model has no end of sequence (answers run to their length)."""
+        return frozenset()
 
-    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        h = _rms_norm(x, layer.mlp_norm, self.config.norm_eps)
-        return (torch.nn.functional.silu(h @ layer.w_gate) * (h @ layer.w_up)) @ layer.w_down
+    # -- the layer math (PagedDecoder) -----------------------------------------------------------
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the tied embedding."""
+        return self.embed_table[ids]
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return _rms_norm(x, self.final_norm, self.config.norm_eps) @ self.embed.T
+    def rope(self, positions: torch.Tensor) -> Rope:
+        """Plain RoPE at ``rope_theta``."""
+        return rope_tables(self.inv_freq, positions, self.config.dtype)
 
-    def _check_kv(self, kv: torch.Tensor) -> None:
-        cfg = self.config
-        want = (cfg.n_layers, 2, cfg.n_kv_heads, cfg.head_dim)
-        got = (kv.shape[0], kv.shape[1], kv.shape[4], kv.shape[5]) if kv.dim() == 6 else ()
-        if got != want or kv.dtype != cfg.dtype or kv.device != self.device:
-            raise ValueError(
-                f"kv {tuple(kv.shape)} {kv.dtype} on {kv.device} does not fit the model "
-                f"(L, 2, blocks, B, H, D) = ({want[0]}, 2, *, *, {want[2]}, {want[3]}) "
-                f"{cfg.dtype} on {self.device}"
-            )
-        if not kv.is_contiguous():
-            raise ValueError("kv must be contiguous (writes go through a flat view)")
+    def qkv(self, layer: int, x: torch.Tensor,
+            rope: Rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Pre-norm projections, RoPE on q and k."""
+        cfg, t, w = self.config, x.shape[0], self.layers[layer]
+        h = rms_norm(x, w.attn_norm, cfg.norm_eps)
+        q = (h @ w.wq).view(t, cfg.n_heads, cfg.head_dim)
+        k = (h @ w.wk).view(t, cfg.n_kv_heads, cfg.head_dim)
+        v = (h @ w.wv).view(t, cfg.n_kv_heads, cfg.head_dim)
+        return rotate(q, *rope), rotate(k, *rope), v
 
-    # -- public --------------------------------------------------------------------------------
-    def prepare(self, batch: Sequence[SeqInput], kv: torch.Tensor,
-                copy: SlotCopy | None = None) -> ForwardBatch:
-        """Validate a batch against the pool tensor and move its indices to the device at once.
+    def layer_out(self, layer: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Residual attention output, then the residual SiLU-gated MLP."""
+        w = self.layers[layer]
+        x = x + attn @ w.wo
+        h = rms_norm(x, w.mlp_norm, self.config.norm_eps)
+        return x + (torch.nn.functional.silu(h @ w.w_gate) * (h @ w.w_up)) @ w.w_down
 
-        ``copy = (from_slots, to_slots)``: flat pool slots every layer copies right after its
-        writes, before any read (so a copy may read what the batch writes).
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm, then the tied embedding."""
+        return rms_norm(x, self.final_norm, self.config.norm_eps) @ self.embed_table.T
 
-        Raises ``ValueError`` for an empty batch, a sequence without new tokens, a token id
-        outside ``[0, id_space)``, a block table too short for its context or naming a block
-        outside the pool, two new tokens that would write one slot, or a ``kv`` whose shape,
-        dtype or device does not fit the model.
-        """
-        self._check_kv(kv)
-        arrays, counts = host_indices(batch, kv.shape[3], kv.shape[2], self.config.id_space)
-        arrays[0] = arrays[0] % self.config.vocab_size  # trace ids fold into the vocabulary
-        if copy is not None:
-            arrays += _copy_slots(copy, kv.shape[2] * kv.shape[3])
-        flat = torch.from_numpy(np.concatenate([a.reshape(-1) for a in arrays]))
-        if self.device.type == "cuda":
-            flat = flat.pin_memory()
-        flat = flat.to(self.device, non_blocking=True)
-        tok, pos, write, pad, qpos, ctx, last, *copied = torch.split(flat,
-                                                                     [a.size for a in arrays])
-        return ForwardBatch(
-            tokens=tok,
-            positions=pos,
-            write_slots=write,
-            pad_index=pad,
-            query_pos=qpos.view(arrays[4].shape),
-            ctx_slots=ctx,
-            last_index=last,
-            new_counts=counts,
-            copy_from=copied[0] if copied else None,
-            copy_to=copied[1] if copied else None,
-        )
 
-    def _batch(self, batch: Sequence[SeqInput] | ForwardBatch, kv: torch.Tensor,
-               copy: SlotCopy | None = None) -> ForwardBatch:
-        if isinstance(batch, ForwardBatch):
-            self._check_kv(kv)
-            return batch
-        return self.prepare(batch, kv, copy)
-
-    def _hidden(self, fb: ForwardBatch, kv: torch.Tensor) -> torch.Tensor:
-        """Run every layer over the packed new tokens, writing their K/V into ``kv``."""
-        cfg = self.config
-        s_n, n_max, c_max = fb.num_seqs, fb.max_new, fb.max_ctx
-        flat = kv.view(cfg.n_layers, 2, -1, cfg.n_kv_heads, cfg.head_dim)  # (L, 2, NB*B, H, D)
-        arange_c = torch.arange(c_max, device=self.device)
-        mask = arange_c[None, None, :] <= fb.query_pos[:, :, None]  # (S, Nmax, C)
-        rope = self._rope(fb.positions)
-        x = self.embed[fb.tokens]
-        q_pad = x.new_zeros((s_n * n_max, cfg.n_heads, cfg.head_dim))
-        for li, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, rope)
-            flat[li, 0].index_copy_(0, fb.write_slots, k)
-            flat[li, 1].index_copy_(0, fb.write_slots, v)
-            if fb.copy_to is not None:
-                flat[li][:, fb.copy_to] = flat[li][:, fb.copy_from]
-            ctx = flat[li][:, fb.ctx_slots].view(2, s_n, c_max, cfg.n_kv_heads, cfg.head_dim)
-            q_pad.index_copy_(0, fb.pad_index, q)
-            o = _attend(q_pad.view(s_n, n_max, cfg.n_heads, cfg.head_dim), ctx[0], ctx[1], mask)
-            x = x + o.view(s_n * n_max, -1)[fb.pad_index] @ layer.wo
-            x = x + self._mlp(layer, x)
-        return x
-
-    @torch.inference_mode()
-    def forward(self, batch: Sequence[SeqInput] | ForwardBatch, kv: torch.Tensor,
-                copy: SlotCopy | None = None) -> torch.Tensor:
-        """Compute the new tokens of every sequence; return the last new token's logits.
-
-        Writes K/V of all new tokens into ``kv`` (the pool tensor, ``(L, 2, NB, B, H, D)``) at
-        ``block_table[p // B]`` slot ``p % B``; reads every earlier position of a sequence only
-        from ``kv`` through its block table. All writes of a layer happen before its reads, so
-        a sequence may read blocks another sequence of the same batch writes, and ``copy``
-        (see ``prepare``) may copy them. Returns ``(len(batch), vocab)`` logits in batch order.
-        """
-        fb = self._batch(batch, kv, copy)
-        return self._logits(self._hidden(fb, kv)[fb.last_index])
-
-    @torch.inference_mode()
-    def forward_all(
-        self, batch: Sequence[SeqInput] | ForwardBatch, kv: torch.Tensor
-    ) -> list[torch.Tensor]:
-        """As ``forward``, but return the logits of every new token: one ``(n_i, vocab)`` each."""
-        fb = self._batch(batch, kv)
-        return list(torch.split(self._logits(self._hidden(fb, kv)), list(fb.new_counts)))
-
-    @torch.inference_mode()
-    def reference_logits(self, tokens: TokenIds) -> torch.Tensor:
-        """Logits ``(len(tokens), vocab)`` of one sequence computed densely from scratch.
-
-        No pool and no block table: K/V are the ones just computed, with a causal mask. This
-        is the recompute baseline that paged forwards with cache hits must match.
-        """
-        ids = torch.from_numpy(as_numpy(tokens) % self.config.vocab_size).to(self.device)
-        t, cfg = ids.shape[0], self.config
-        pos = torch.arange(t, device=self.device)
-        rope, mask = self._rope(pos), (pos[None, :] <= pos[:, None])[None]
-        x = self.embed[ids]
-        for layer in self.layers:
-            q, k, v = self._qkv(layer, x, rope)
-            o = _attend(q[None], k[None], v[None], mask)
-            x = x + o.view(t, cfg.n_heads * cfg.head_dim) @ layer.wo
-            x = x + self._mlp(layer, x)
-        return self._logits(x)
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device``, else CUDA when there is one, else the CPU; ``cuda`` gets its index (tensors
+    report ``cuda:0``, never ``cuda``)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 def prefill_and_decode(
-    model: TinyTransformer,
+    model: Model,
     pool_kv: torch.Tensor,
     tokens: TokenIds,
     block_table: Sequence[int],

@@ -13,8 +13,8 @@ checked here. Honoured: ``temperature`` / ``top_p`` / ``top_k`` / ``seed`` (gree
 temperature is under ``GREEDY_BELOW`` or absent, so the default stays deterministic), ``stop``
 (strings) and ``stop_token_ids``, ``logprobs`` / ``top_logprobs`` (SGLang: ``return_logprob``
 / ``top_logprobs_num``), ``echo``, ``stream`` with ``stream_options.include_usage`` and
-``continuous_usage_stats`` (vLLM's: every chunk carries the usage so far), ``ignore_eos`` (the
-model has no end of sequence: answers always run to ``max_tokens`` or a stop),
+``continuous_usage_stats`` (vLLM's: every chunk carries the usage so far), ``ignore_eos`` (a
+checkpoint's answers end at its end of sequence unless it is set; the seeded model has none),
 ``split_special_tokens`` (a prompt's marker text as plain text; chat messages always are),
 ``user`` and ``metadata`` (carried, not used). Refused unless at their no-op value: the fields
 in ``NOOP`` (``n``, ``best_of``, ``suffix``, ``response_format``, ``tools``, penalties, ...).
@@ -215,7 +215,7 @@ def sampling(body: b.SamplingFields, vocab: int, logprobs: int | None,
     temperature = body.temperature or 0.0
     return Sampling(temperature if temperature >= GREEDY_BELOW else 0.0,
                     body.top_p if body.top_p is not None else 1.0, max(body.top_k or 0, 0),
-                    seed, logprobs, stops, stop_ids)
+                    seed, logprobs, stops, stop_ids, bool(body.ignore_eos))
 
 
 def _encode(ctx: Context, text: str, name: str, encode: Callable[[str], list[int]]) -> list[int]:

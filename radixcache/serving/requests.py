@@ -16,6 +16,7 @@ import numpy.typing as npt
 import torch
 
 from radixcache.core.tree import Lease, MatchResult
+from radixcache.serving.checkpoint import Checkpoint
 from radixcache.serving.model import ModelConfig, SeqInput
 from radixcache.serving.policy import SchedulePolicy
 from radixcache.traffic.workloads import Workload, WorkloadRequest
@@ -90,7 +91,8 @@ class EngineConfig:
     insert only when they share at least ``share_min_tokens`` uncached tokens
     (``serving.scheduler``); ``share_in_forward``: instead of waiting, such a request is
     admitted at once and reads the shared blocks in the forward that writes them, when that
-    forward ends the sharer's prefill (False: it always waits for the insert)."""
+    forward ends the sharer's prefill (False: it always waits for the insert). ``checkpoint``:
+    serve that local folder's model (``serving.checkpoint``) instead of the seeded ``model``."""
 
     num_blocks: int = 4096
     block_size: int = 16
@@ -107,6 +109,7 @@ class EngineConfig:
     max_wait_steps: int = 64
     share_min_tokens: int = 32
     share_in_forward: bool = True
+    checkpoint: Checkpoint | None = None  # a Hugging Face folder to serve instead of ``model``
 
 
 class RequestMetrics(NamedTuple):

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import torch
 
 from radixcache.serving.admission import Admission, Released, StepPlan
-from radixcache.serving.model import SeqInput, SlotCopy, TinyTransformer
+from radixcache.serving.model import Model, SeqInput, SlotCopy
 from radixcache.serving.requests import Request
 
 Planned = list[tuple[Request, SeqInput]]
@@ -64,7 +64,7 @@ class Running:
     """The admitted requests, in admission order (see the module doc). Not thread-safe: the
     engine's stepping thread owns it."""
 
-    def __init__(self, model: TinyTransformer, kv: torch.Tensor, max_step_tokens: int) -> None:
+    def __init__(self, model: Model, kv: torch.Tensor, max_step_tokens: int) -> None:
         self.model, self.kv, self.max_step_tokens = model, kv, max_step_tokens
         self.split = split_pairs(kv.device)
         self.requests: list[Request] = []

@@ -47,6 +47,7 @@ class Sampling(NamedTuple):
     logprobs: int | None = None  # None: none; n: the chosen token's and the top n
     stop: tuple[str, ...] = ()
     stop_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False  # run past the model's end of sequence (vLLM's, SGLang's)
 
 
 class TokenLogprob(NamedTuple):
@@ -80,6 +81,7 @@ class RequestPolicy:
     _pending: list[TokenLogprob] = field(default_factory=list)
     _generator: torch.Generator | None = None
     _stream: TextStream | None = None
+    eos_ids: frozenset[int] = frozenset()  # the model's end of sequence (none: the tiny one)
 
     def __post_init__(self) -> None:
         self._stream = self.tokenizer.stream()
@@ -106,7 +108,8 @@ class RequestPolicy:
 
     def stops_at(self, token: int) -> bool:
         """Decode ``token``; True (and the text cut) at a stop id or string."""
-        if token in self.sampling.stop_ids:
+        if token in self.sampling.stop_ids or (token in self.eos_ids
+                                               and not self.sampling.ignore_eos):
             self.stopped = token
             return self._emit(final=True)
         assert self._stream is not None

@@ -77,6 +77,8 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True):
     waiting_batch: int = 0
     waiting_paused: int = 0
     failed: int = 0  # requests an exception inside a step failed (the engine stepped on)
+    kv_bytes_per_block: int = 0  # K and V of one block, every layer (the model's shape x dtype)
+    kv_bytes_per_token: int = 0  # the same for one token slot
 
     @property
     def hit_rate(self) -> float:

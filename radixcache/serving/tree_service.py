@@ -106,7 +106,9 @@ class TreeService:
             cow_copies=s.cow_copies - b.cow_copies,
             evicted_nodes=s.evicted_nodes - b.evicted_nodes,
             evicted_tokens=s.evicted_tokens - b.evicted_tokens,
-            cache=cache, model=model, device=device)
+            cache=cache, model=model, device=device,
+            kv_bytes_per_block=self.tree.pool.bytes_per_block(),
+            kv_bytes_per_token=self.tree.pool.bytes_per_block() // self.tree.pool.block_size)
 
     def counters(self) -> ev.Counters:
         """The heartbeat's counters (``stats().counters()``)."""
