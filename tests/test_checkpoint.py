@@ -19,7 +19,7 @@ from radixcache.core.pool import KVPool
 from radixcache.serving.checkpoint import Checkpoint, CheckpointError, load
 from radixcache.serving.engine import Engine, EngineConfig, RequestResult
 from radixcache.serving.model import SeqInput
-from radixcache.serving.policy import Policy
+from radixcache.serving.policy import SchedulePolicy
 from radixcache.serving.sampling import RequestPolicy, Sampling
 from radixcache.traffic.folder_tokenizer import FolderTokenizer
 from tests.helpers.checkpoints import ARCHS, PROMPT, VOCAB, build
@@ -145,7 +145,7 @@ def test_a_batch_sharing_a_prefix_in_one_forward_equals_serving_each_alone(saved
     blocks in the forward that writes them. Each answer equals serving it alone."""
     shared = _words(4, 40)
     prompts = [shared + _words(10 + i, n) for i, n in enumerate((3, 17, 1, 30))]
-    engine = _engine(saved, device, schedule=Policy.DFS_WEIGHT, max_step_tokens=512)
+    engine = _engine(saved, device, schedule=SchedulePolicy.DFS_WEIGHT, max_step_tokens=512)
     handles = [engine.submit(p, 5, keep_logits=True) for p in prompts]
     report = engine.step()
     assert (report.admitted, report.forwards, engine.scheduler.shared) == (4, 1, 3)
