@@ -54,22 +54,32 @@ def answers(fig: WhatIfFigures) -> list[str]:
     return lines
 
 
+def _point(fig: WhatIfFigures, i: int) -> str:
+    """``exact``, or an estimate's bound (``±0.12`` points; ``est.`` without one)."""
+    if fig.exact is None or fig.exact[i]:
+        return "exact"
+    b = fig.bound_points[i] if fig.bound_points is not None else None
+    return "est." if b is None else f"±{b:.2f}"
+
+
 def curve_table(fig: WhatIfFigures, rows: int = 14) -> Table:
     caps, rates, miss, gib = fig.capacities_tokens, fig.hit_rate, fig.misses, fig.capacities_gib
     how = "sampled" if fig.sample_rate is not None else "exact"
     t = Table(title=f"radixcache whatif {fig.source} (LRU, {how})")
-    for col in ("capacity tokens", "blocks", "GiB", "hit rate", "compulsory", "capacity",
-                "alignment"):
-        t.add_column(col, justify="right")
+    cols = ["capacity tokens", "blocks", "GiB", "hit rate", "point", "compulsory", "capacity",
+            "alignment"] + ["cost"] * (fig.cost is not None)
+    for col in cols:
+        t.add_column(col, justify="right", no_wrap=True)
     align = miss.alignment
     step = max(1, len(caps) // rows)
     picks = sorted(set(range(0, len(caps), step)) | {len(caps) - 1})
     for i in picks:
         t.add_row(
             f"{caps[i]:,}", f"{caps[i] // fig.block_size:,}",
-            f"{gib[i]:.2f}" if gib is not None else "-", pct(rates[i]),
+            f"{gib[i]:.2f}" if gib is not None else "-", pct(rates[i]), _point(fig, i),
             f"{miss.compulsory[i]:,}", f"{miss.capacity[i]:,}",
-            f"{align[i]:,}" if align is not None else "-")
+            f"{align[i]:,}" if align is not None else "-",
+            *([f"{fig.cost[i]:,.2f}"] if fig.cost is not None else []))
     return t
 
 
@@ -124,8 +134,32 @@ def plot_file(path: Path, fig: WhatIfFigures) -> None:
         raise CliError(f"--plot {exc}") from exc
 
 
+def write_csv(path: Path, fig: WhatIfFigures) -> None:
+    """``--csv``: every capacity (``figures.as_csv``), written beside and renamed over
+    ``path`` so that a failed write never leaves a truncated file; a path that is there and
+    not a regular file is refused."""
+    import os
+    import tempfile
+
+    from radixcache.analysis.figures import as_csv
+
+    if path.exists() and not path.is_file():
+        raise CliError(f"--csv {path}: not a regular file (refused)")
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or Path("."))
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(as_csv(fig))
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise CliError(f"--csv {path}: {exc.strerror or exc}") from exc
+
+
 def print_human(fig: WhatIfFigures) -> None:
-    out = Console()
+    probe = Console()  # piped: as wide as the widest line, so that no number is cut
+    out = probe if probe.is_terminal else Console(width=400)
     for line in answers(fig):
         out.print(line)
     out.print(terminal_plot(fig, out.width, out.is_terminal))

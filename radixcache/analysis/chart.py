@@ -84,6 +84,20 @@ def _pool(ax: Axes, fig: Fig) -> None:
                          f"({pool.of_max:.0%} of max)")
 
 
+def _band(ax: Axes, fig: Fig, caps: np.ndarray, rates: np.ndarray) -> None:
+    """The estimated points' error band (``bound_points``), and where the exact part ends."""
+    if fig.exact is None or all(fig.exact):
+        return
+    keep = [i for i, c in enumerate(fig.capacities_tokens) if c > 0]
+    bound = np.asarray([(fig.bound_points or [None] * len(fig.exact))[i] or 0.0 for i in keep])
+    est = ~np.asarray([fig.exact[i] for i in keep])
+    ax.fill_between(caps, 100 * rates - bound, 100 * rates + bound, where=est, color=COLORS[0],
+                    alpha=0.25, lw=0, label="estimated (SHARDS sample): 95% bound")
+    if fig.exact_up_to_tokens:
+        ax.axvline(fig.exact_up_to_tokens, color="#999", lw=0.8, ls="-.",
+                   label=f"exact up to {si(fig.exact_up_to_tokens)} tokens")
+
+
 def draw(path: Path, fig: Fig) -> None:
     """Write the chart of ``fig`` to ``path`` (.svg or .png); ``ChartError`` if it cannot."""
     check(path)
@@ -103,6 +117,7 @@ def draw(path: Path, fig: Fig) -> None:
                if c > 0]
         ax.plot([c for c, _ in pts], [r for _, r in pts], "o", color=COLORS[i % len(COLORS)],
                 label=f"{name.upper()} (replayed)")
+    _band(ax, fig, caps, rates)
     _marks(ax, fig, caps, rates)
     _pool(ax, fig)
     ax.set_xscale("log")
