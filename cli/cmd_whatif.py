@@ -20,7 +20,7 @@ from radixcache.traffic.traces import TraceError
 
 if TYPE_CHECKING:
     from radixcache.analysis.figures import WhatIfFigures
-    from radixcache.analysis.replay import Policy
+    from radixcache.analysis.policies import EvictionPolicy
     from radixcache.analysis.whatif import WhatIfConfig
     from radixcache.serving.cluster import Policy as Router
 
@@ -39,16 +39,23 @@ def _ints(text: str, what: str) -> list[int]:
     return vals
 
 
-def _policies(text: str) -> tuple[Policy, ...]:
-    from radixcache.analysis.replay import Policy
+def _policies(text: str) -> tuple[EvictionPolicy, ...]:
+    from radixcache.analysis.policies import EvictionPolicy
 
     if text in ("", "none"):
         return ()
     try:
-        return tuple(Policy(p.strip()) for p in text.split(","))
+        got = tuple(EvictionPolicy(p.strip()) for p in text.split(","))
     except ValueError:
-        names = ", ".join(p.value for p in Policy)
-        raise typer.BadParameter(f"--policies: choose from {names} (or none)") from None
+        names = ", ".join(p.value for p in EvictionPolicy)
+        raise typer.BadParameter(f"choose from {names} (or none)", param_hint="--policy"
+                                 ) from None
+    try:
+        import libcachesim  # noqa: F401
+    except ImportError:
+        raise typer.BadParameter("needs libCacheSim: pip install 'radixcache[policies]'",
+                                 param_hint="--policy") from None
+    return got
 
 
 def _routers(text: str) -> list[Router]:
@@ -126,8 +133,10 @@ def whatif(
     csv: Path = typer.Option(None, "--csv", help="Also write every capacity to FILE.csv."),
     pool_blocks: int = typer.Option(None, "--pool-blocks", min=1, max=MAX_BLOCKS, help=(
         "Your pool, in blocks of the curve's block size (default: a recording's own).")),
-    policies: str = typer.Option("none", "--policies", help=(
-        "Also replay these at --samples sizes: lru, fifo, lfu (each costs --samples replays).")),
+    policies: str = typer.Option("none", "--policy", "--policies", help=(
+        "Also replay these (libCacheSim) at --samples sizes, comma-separated: lru, fifo, "
+        "lfu, arc, lirs, s3fifo, sieve, tinylfu, clock, twoq, slru, "
+        "clockpro.")),
     alignment: bool = typer.Option(False, "--alignment", help=(
         "Token sources: also the block-1 curve (a 2nd pass), for the alignment misses.")),
     sample: float = typer.Option(1.0, "--sample", min=1e-6, max=1.0, help=(

@@ -149,7 +149,7 @@ def test_plots_svg_and_png(tmp_path, capsys):
               "--plot", str(tmp_path / "c.svg")], capsys)
     svg = (tmp_path / "c.svg").read_text()
     for text in ("What-if: t.jsonl, block 1", "capacity (tokens, log scale)", "token hit rate",
-                 "capacity (blocks of 1 tokens)", "LRU (one pass, exact)", "FIFO (replayed)",
+                 "capacity (blocks of 1 tokens)", "LRU (one pass, exact)", "FIFO (libCacheSim)",
                  "maximum 38.1% (infinite cache)", "50% of max at 4 tokens", "knee at ",
                  "your pool: 4 blocks = 4 tokens (50% of max)"):
         assert text in svg, text

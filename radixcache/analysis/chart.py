@@ -1,8 +1,8 @@
 """The what-if chart a planner puts in a report, drawn with matplotlib (the ``plot`` extra),
 which writes SVG and PNG itself: hit rate against log capacity in tokens, with blocks (or GiB,
 given bytes per token) on the top axis, the knee, the capacities for 50/90/99% of the maximum,
-the maximum, the pool when one is known, and other policies' replayed points; legend outside
-the data, a short title.
+the maximum, the pool when one is known, other policies' curves (libCacheSim) and a sampled
+curve's error band; legend outside the data, a short title.
 
 The input is the figures of ``radixcache whatif`` (``answers.summary``)."""
 
@@ -115,8 +115,8 @@ def draw(path: Path, fig: Fig) -> None:
     for i, (name, p) in enumerate(fig.policies.items(), 1):
         pts = [(c, 100 * r) for c, r in zip(p.capacities_tokens, p.hit_rate, strict=True)
                if c > 0]
-        ax.plot([c for c, _ in pts], [r for _, r in pts], "o", color=COLORS[i % len(COLORS)],
-                label=f"{name.upper()} (replayed)")
+        ax.plot([c for c, _ in pts], [r for _, r in pts], "o-", color=COLORS[i % len(COLORS)],
+                lw=1, ms=4, label=f"{name.upper()} (libCacheSim)")
     _band(ax, fig, caps, rates)
     _marks(ax, fig, caps, rates)
     _pool(ax, fig)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from radixcache.analysis.replay import Policy, ReplayCache, replay
+from radixcache.analysis.policies import EvictionPolicy, min_blocks, replay_hits, with_paths
 from radixcache.analysis.stackdist import Curve, StackDistances
 from radixcache.core import events as ev
 from radixcache.traffic.mooncake import head, line_of, read_hash_runs, read_mooncake
@@ -43,7 +43,7 @@ class WhatIfConfig:
     block_size: int = 16
     hash_block_size: int = MOONCAKE_BLOCK
     limit: int | None = None
-    policies: tuple[Policy, ...] = ()  # each costs ``samples`` replays: only when asked
+    policies: tuple[EvictionPolicy, ...] = ()  # libCacheSim's, ``samples`` replays each
     samples: int = 6
     alignment: bool = False  # the block-1 curve (a second pass) for the alignment misses
     sample: float = 1.0  # SHARDS rate for hash-id traces (1: exact)
@@ -55,7 +55,7 @@ class WhatIfConfig:
 class PolicyPoints:
     """One policy's hit tokens at sampled capacities (units)."""
 
-    policy: Policy
+    policy: EvictionPolicy
     capacities_units: list[int] = field(default_factory=list)
     hits: list[int] = field(default_factory=list)
 
@@ -250,18 +250,24 @@ def sample_units(curve: Curve, samples: int) -> list[int]:
     return [int(u) for u in grid]
 
 
-def replay_points(
-    src: Source, policy: Policy, units: list[int], progress: Progress | None = None
-) -> PolicyPoints:
-    """One direct replay of ``policy`` per capacity in ``units``."""
-    pts = PolicyPoints(policy)
-    for u in units:
-        cache = ReplayCache(u, src.width(), src.block_tokens, policy)
-        pts.capacities_units.append(u)
-        pts.hits.append(replay(src.accesses(), cache))
-        if progress is not None:
-            progress(1)
-    return pts
+def replay_points(src: Source, policies: Iterable[EvictionPolicy], units: list[int],
+                  progress: Progress | None = None) -> list[PolicyPoints]:
+    """Each policy replayed by libCacheSim at each capacity in ``units`` from its smallest
+    (``policies``), over the requests read once and shared by every replay."""
+    policies = list(policies)
+    if not policies:
+        return []
+    trace = list(with_paths(src.accesses(), src.width()))
+    out = []
+    for policy in policies:
+        pts = PolicyPoints(policy)
+        for u in (u for u in units if u >= min_blocks(policy)):
+            pts.capacities_units.append(u)
+            pts.hits.append(replay_hits(trace, policy, u, src.block_tokens))
+            if progress is not None:
+                progress(1)
+        out.append(pts)
+    return out
 
 
 def analyse(cfg: WhatIfConfig, progress: Progress | None = None) -> WhatIf:
@@ -276,7 +282,7 @@ def analyse(cfg: WhatIfConfig, progress: Progress | None = None) -> WhatIf:
     if cfg.alignment and src.has_tokens:
         token_curve = curve if cfg.block_size == 1 else one_pass(src.accesses(1), src.width(1), 1)
     units = sample_units(curve, cfg.samples)
-    points = [replay_points(src, p, units) for p in cfg.policies]
+    points = replay_points(src, cfg.policies, units)
     return WhatIf(cfg.source, src.format, curve, token_curve, points, time.perf_counter() - t0,
                   src.notes, src.pool_tokens())
 

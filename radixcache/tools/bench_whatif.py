@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from radixcache.analysis.answers import FRACTIONS, capacity_for
-from radixcache.analysis.replay import Policy, ReplayCache, replay
+from radixcache.analysis.replay import ReplayCache, replay
 from radixcache.analysis.stackdist import Curve
 from radixcache.analysis.whatif import one_pass
 from radixcache.tools.bench_whatif_scale import peak_rss_mb as _peak_rss_mb
@@ -58,7 +58,7 @@ def _check_caps(curve: Curve, checks: int, floor_tokens: int) -> list[int]:
 
 def _direct(acc: Sequence[Access], curve: Curve, caps: list[int], width: int) -> Figures:
     b = curve.block_tokens
-    replayed = [replay(acc, ReplayCache(c // b, width, b, Policy.LRU)) for c in caps]
+    replayed = [replay(acc, ReplayCache(c // b, width, b)) for c in caps]
     predicted = [int(h) for h in curve.hits(np.asarray(caps) // b)]
     return {"capacities_tokens": caps, "curve_hits": predicted, "replay_hits": replayed,
             "equal": replayed == predicted}
