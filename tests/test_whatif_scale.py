@@ -177,14 +177,22 @@ def test_the_scale_section_has_its_keys():
     process and from the file agree)."""
     from radixcache.tools.bench_whatif_scale import run_scale
 
-    fig = run_scale(3000, 0, 0.5)
-    assert set(fig) == {"requests", "seed", "sample_rate", "load_average", "distinct_blocks",
+    fig = run_scale(3000, 0, [0.5])
+    assert set(fig) == {"requests", "seed", "sample_rates", "load_average", "distinct_blocks",
                         "in_process", "write_seconds", "file"}
     for where in ("in_process", "file"):
         part = fig[where]
-        assert set(part) == {"exact", "sample", "time_ratio"}
+        assert set(part) == {"exact", "rates"} and set(part["rates"]) == {"0.5"}
         assert {"seconds", "peak_rss_mb", "max_hit_rate", "jit_seconds"} <= set(part["exact"])
-        assert {"max_abs_error_points", "max_abs_error_points_all",
-                "resolved_from_tokens"} <= set(part["sample"])
-        assert part["exact"]["requests"] == part["sample"]["requests"] == 3000
+        ways = part["rates"]["0.5"]
+        assert set(ways) == {"hybrid", "sample_alone"}
+        for est in ways.values():
+            assert list(est)[-4:] == ["max_abs_error_points_all",
+                                      "max_abs_error_points_resolved", "resolved_from_tokens",
+                                      "time_ratio"]
+            assert est["requests"] == part["exact"]["requests"] == 3000
+        # exact to 400/R = 800 blocks, the sample above: within a point at every size, where
+        # the sample alone is not (seeded: 0.24 against 8.5 points)
+        assert ways["hybrid"]["max_abs_error_points_all"] < 1.0
+        assert ways["sample_alone"]["max_abs_error_points_all"] > 2.0
     assert fig["in_process"]["exact"]["max_hit_rate"] == fig["file"]["exact"]["max_hit_rate"]

@@ -187,10 +187,10 @@ def mooncake(requests: int, seed: int, checks: int) -> Figures:
 
 def run_bench(
     requests: int, limit: int | None, checks: int, seed: int, new: NewTask, advance: Advance,
-    scale: tuple[int, float] | None = None,
+    scale: tuple[int, list[float]] | None = None,
 ) -> Figures:
     """The ``--json`` object (keys: ``sharegpt``, ``follow``, ``mooncake``, and ``scale``
-    when ``scale`` = (requests, sample rate) is given: ``bench_whatif_scale``)."""
+    when ``scale`` = (requests, sample rates) is given: ``bench_whatif_scale``)."""
     fig: Figures = {"sharegpt": sharegpt(limit, checks, new, advance)}
     fig["follow"] = follow_sharegpt(limit, new, advance)
     task = new(f"Mooncake format, {requests:,} requests", None)
@@ -199,7 +199,7 @@ def run_bench(
     if scale is not None:
         from radixcache.tools.bench_whatif_scale import run_scale
 
-        task = new(f"scale: {scale[0]:,} requests, 4 passes", None)
+        task = new(f"scale: {scale[0]:,} requests, {2 + 4 * len(scale[1])} passes", None)
         fig["scale"] = run_scale(scale[0], seed, scale[1])
         advance(task, scale[0])
     return fig
