@@ -23,34 +23,57 @@ def pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
+def _est(exact: bool | None) -> str:
+    return "" if exact is None or exact else " (est.)"
+
+
 def answers(fig: WhatIfFigures) -> list[str]:
-    cf = fig.capacity_for
+    """The headline answers; each says ``(est.)`` where it rests on an estimated point."""
+    cf, cx = fig.capacity_for, fig.capacity_for_exact or {}
     lines = [
         f"{fig.requests:,} requests, {fig.prompt_tokens:,} prompt tokens, "
         f"block {fig.block_size} ({fig.format}) in {fig.seconds:.2f} s",
-        f"maximum hit rate {pct(fig.max_hit_rate)} (infinite cache)",
+        f"maximum hit rate {pct(fig.max_hit_rate)} (infinite cache)"
+        + _est(not fig.exact or fig.exact[-1]),
         "capacity for 50% / 90% / 99% of it: "
-        + " / ".join(f"{cf[f]:,} tokens" for f in ("0.5", "0.9", "0.99")),
-        f"knee at {fig.knee_tokens:,} tokens",
+        + " / ".join(f"{cf[f]:,} tokens{_est(cx.get(f))}" for f in ("0.5", "0.9", "0.99")),
+        f"knee at {fig.knee_tokens:,} tokens{_est(fig.knee_exact)}",
     ]
     pool = fig.pool
     if pool is not None:
         who = "your pool" if pool.given_by == "option" else "the recording's pool"
         lines.append(
             f"{who} of {pool.blocks:,} blocks ({pool.tokens:,} tokens) reaches "
-            f"{pct(pool.of_max)} of the maximum; 2x reaches {pct(pool.of_max_2x)}")
+            f"{pct(pool.of_max)} of the maximum; 2x reaches {pct(pool.of_max_2x)}"
+            + _est(pool.exact))
     if fig.sample_rate is not None:
-        lines.append(f"estimated from a {pct(fig.sample_rate)} sample of the blocks (SHARDS)")
-        low = fig.sample_resolves_from_tokens or 0
-        rough = [f"{int(100 * float(f))}%" for f in ("0.5", "0.9", "0.99") if cf[f] < low]
-        parts = [f"its capacit{'ies' if len(rough) > 1 else 'y'} for {' / '.join(rough)}"]
-        parts = (parts if rough else []) + ["its knee"] * (fig.knee_tokens < low)
-        many = len(rough) > 1 or len(parts) > 1
-        if parts:
-            lines.append(f"the sample resolves the curve only from {low:,} tokens up, so "
-                         f"{' and '.join(parts)} " + ("lie below that and are rough: run "
-                         "without --sample for them" if many else "lies below that and is "
-                         "rough: run without --sample for it"))
+        lines += _sample_lines(fig)
+    return lines
+
+
+def _sample_lines(fig: WhatIfFigures) -> list[str]:
+    """What a ``--sample`` answer rests on: the exact part and the estimated one, or (the
+    sample alone) where it is rough."""
+    rate = pct(fig.sample_rate or 0.0)
+    if fig.exact_up_to_tokens is not None:
+        return [f"exact up to {fig.exact_up_to_tokens:,} tokens (an exact pass over the top "
+                f"of the stack); estimated above from a {rate} sample of the blocks (SHARDS), "
+                f"each with its 95% bound (the table's point column)"]
+    if fig.exact is not None and all(fig.exact):
+        return [f"exact at every capacity: the exact pass held every block, the {rate} "
+                f"sample was not needed"]
+    cf = fig.capacity_for
+    lines = [f"estimated from a {rate} sample of the blocks (SHARDS)"]
+    low = fig.sample_resolves_from_tokens or 0
+    rough = [f"{int(100 * float(f))}%" for f in ("0.5", "0.9", "0.99") if cf[f] < low]
+    parts = [f"its capacit{'ies' if len(rough) > 1 else 'y'} for {' / '.join(rough)}"]
+    parts = (parts if rough else []) + ["its knee"] * (fig.knee_tokens < low)
+    many = len(rough) > 1 or len(parts) > 1
+    if parts:
+        lines.append(f"the sample resolves the curve only from {low:,} tokens up, so "
+                     f"{' and '.join(parts)} " + ("lie below that and are rough: run "
+                     "without --exact-depth 0 for them" if many else "lies below that and "
+                     "is rough: run without --exact-depth 0 for it"))
     return lines
 
 

@@ -179,7 +179,7 @@ def _exactness(fig: WhatIfFigures, c: Curve) -> None:
     p = max(c.prompt_tokens, 1)
     fig.exact = [bool(e) for e in c.exact(units)]
     fig.bound_points = [None if b < 0 else 100 * float(b) / p for b in c.bounds(units)]
-    if c.exact_units < 2**62:
+    if c.exact_cum is not None:  # joined: exact below, the sample above
         fig.exact_up_to_tokens = c.exact_units * c.block_tokens
     b = c.block_tokens
     fig.knee_exact = fig.knee_tokens // b <= c.exact_units
