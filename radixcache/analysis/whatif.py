@@ -195,7 +195,10 @@ def kernels_cached(cfg: WhatIfConfig) -> bool:
     except TraceError:
         return True  # refused later, with its reason
     where = os.environ.get("NUMBA_CACHE_DIR")
-    for mod in ("radixcache.analysis.hashstack", "radixcache.traffic.mooncake_scan"):
+    mods = ["radixcache.analysis.hashstack", "radixcache.traffic.mooncake_scan"]
+    if cfg.sample < 1 and cfg.exact_depth != 0:
+        mods.append("radixcache.analysis.boundstack")
+    for mod in mods:
         spec = importlib.util.find_spec(mod)
         if spec is None or spec.origin is None:
             return False
