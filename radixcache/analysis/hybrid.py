@@ -13,7 +13,8 @@ reuse and are in the sample or not. So three passes share one read of the trace:
 - ``SUBSAMPLES`` disjoint sub-samples of it (by the next bits of each block's mixed id), each
   at R / SUBSAMPLES, whose increments above ``depth`` spread as the estimate's do: the bound of
   a point is Student's t (95%, two-sided) times their standard deviation over
-  sqrt(SUBSAMPLES) (batch means).
+  sqrt(SUBSAMPLES) (batch means), and no less than 3 sampled references' worth (the rule of
+  three: where no sub-sample saw any, their spread says nothing).
 
 With no block evicted past ``depth`` (a trace of fewer distinct blocks) the curve is exact at
 every size, whatever R. ::
@@ -111,5 +112,9 @@ class HybridPass:
             c = sub.curve()
             inc.append(c.hits(np.maximum(units, self.depth)) - c.hits(d)[0])
         spread = np.std(np.asarray(inc, np.float64), axis=0, ddof=1)
-        out: np.ndarray = np.ceil(T95 * spread / np.sqrt(len(self.subs))).astype(np.int64)
+        # no less than the rule of three: where no sub-sample saw a reference, up to 3 sampled
+        # ones (each standing for 1/R references of a block) stay likely (95%)
+        floor = 3 * self.block_tokens / self.sample.rate
+        out: np.ndarray = np.ceil(np.maximum(T95 * spread / np.sqrt(len(self.subs)), floor)
+                                  ).astype(np.int64)
         return out
