@@ -187,3 +187,30 @@ def test_a_line_without_an_end_is_refused_by_its_offset(tmp_path, capsys, reader
 
         with pytest.raises(TraceError, match=r"nul.jsonl:2 \(at byte 73\): longer than 16 MiB"):
             trace_workload(str(path), 10)
+
+
+def test_the_first_compile_says_so(trace, tmp_path, monkeypatch, capsys):
+    """numba compiles the kernels on the first run (30-60 s) and caches them on disk; a run
+    that will compile says so on stderr, one that finds the cache says nothing."""
+    import importlib.util
+    from importlib.machinery import ModuleSpec
+
+    import radixcache.analysis.whatif as whatif
+    from radixcache.analysis.whatif import WhatIfConfig, kernels_cached
+
+    src = tmp_path / "pkg" / "hashstack.py"
+    src.parent.mkdir()
+    src.write_text("")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "none"))
+    fake = ModuleSpec("m", None, origin=str(src))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: fake)
+    cfg = WhatIfConfig(str(trace))
+    assert not kernels_cached(cfg)
+    (src.parent / "__pycache__").mkdir()
+    (src.parent / "__pycache__" / "hashstack._run-99.py311.nbi").write_text("")
+    assert kernels_cached(cfg) and kernels_cached(WhatIfConfig("sharegpt"))
+    monkeypatch.undo()
+    monkeypatch.setattr(whatif, "kernels_cached", lambda cfg: False)
+    code, _, err = run_cli(["whatif", str(trace), "--json"], capsys)
+    assert code == 0 and err == ("note: compiling the trace kernels (numba; once: cached on "
+                                 "disk), 30-60 s\n")
