@@ -164,13 +164,20 @@ def test_whatif_sample_on_the_command_line(tmp_path, capsys):
     assert low == ["0.5"] and fig["knee_tokens"] > 102_400  # this small trace: 50% only
     assert ("the sample resolves the curve only from 102,400 tokens up, so its capacity for "
             "50% lies below that and is rough: run without --exact-depth 0 for it") in said
-    # as whatif answers by default: exact to 400/R = 800 blocks, each answer saying which
+    # joined: exact to 800 blocks, the sample above, each answer saying which
     with pytest.raises(SystemExit) as exc:
-        main(["whatif", str(path), "--sample", "0.5"])
+        main(["whatif", str(path), "--sample", "0.5", "--exact-depth", "800"])
     said = " ".join(capsys.readouterr().out.split())
     assert ("exact up to 409,600 tokens (an exact pass over the top of the stack); estimated "
             "above from a 50.00% sample of the blocks (SHARDS)") in said
     assert f"knee at {fig['knee_tokens']:,} tokens (est.)" not in said  # the join moved it
+    # by default (exact to 65,536 blocks at least) this small trace is answered exactly
+    with pytest.raises(SystemExit) as exc:
+        main(["whatif", str(path), "--sample", "0.5"])
+    out = capsys.readouterr()
+    assert out.err == ("note: the exact pass held every block (at most 65,536): every capacity "
+                       "is exact, the 0.5 sample was not needed\n")
+    assert "(est.)" not in out.out and "±" not in out.out
     with pytest.raises(SystemExit) as exc:
         main(["whatif", str(path), "--limit", "10", "--json"])
     assert json.loads(capsys.readouterr().out)["requests"] == 10
@@ -198,8 +205,8 @@ def test_the_scale_section_has_its_keys():
                                       "max_abs_error_points_resolved", "resolved_from_tokens",
                                       "time_ratio"]
             assert est["requests"] == part["exact"]["requests"] == 3000
-        # exact to 400/R = 800 blocks, the sample above: within a point at every size, where
-        # the sample alone is not (seeded: 0.24 against 2.78 points)
-        assert ways["hybrid"]["max_abs_error_points_all"] < 1.0
+        # the exact pass holds this whole trace (65,536 blocks at least): exact at every size,
+        # where the sample alone is not (seeded: 2.78 points)
+        assert ways["hybrid"]["max_abs_error_points_all"] == 0.0
         assert ways["sample_alone"]["max_abs_error_points_all"] > 2.0
     assert fig["in_process"]["exact"]["max_hit_rate"] == fig["file"]["exact"]["max_hit_rate"]

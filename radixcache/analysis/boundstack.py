@@ -239,7 +239,8 @@ class BoundedStack:
             size = len(self.fen) - 1
             self.fen = np.concatenate((self.fen, np.zeros(size, np.int32)))
             self.fen[2 * size] = self.st[2]
-        want = min(self.depth + 1, self.held + len(ids) + 1)
+        # every distance below the most blocks ever held: with none evicted, all of them
+        want = min(self.depth + max(self.depth, SLACK) + longest, self.held + len(ids)) + 1
         if len(self.hist) < want:
             self.hist = np.concatenate((self.hist, np.zeros(want - len(self.hist), np.int64)))
         most = min(self.depth + max(self.depth, SLACK), self.held + len(ids)) + longest

@@ -219,6 +219,11 @@ def _sample_notes(stack: object, rate: float) -> list[str]:
         if not stack.exact.evicted:
             return [f"the exact pass held every block (at most {stack.depth:,}): every "
                     f"capacity is exact, the {rate:g} sample was not needed"]
+        from radixcache.analysis.hybrid import MIN_SUB_BLOCKS
+
+        if not stack.subs or min(s.distinct for s in stack.subs) < MIN_SUB_BLOCKS:
+            return [f"the {rate:g} sample holds {stack.sample.distinct:,} blocks: too few for "
+                    f"an error bound on the estimates above {stack.depth:,} blocks"]
         return []
     if not isinstance(stack, HashStack) or not stack.keep:
         return []
