@@ -56,6 +56,12 @@ def test_bounded_pass_with_sparse_ids_and_nothing_evicted():
     whole = bounded(RUNS, len(EXACT.cum) + 10)
     assert whole.evicted == 0
     assert np.array_equal(whole.curve().cum[: len(EXACT.cum)], EXACT.cum)
+    # a depth below the distinct blocks that still evicts nothing (it cuts at 2x): every
+    # distance it held is recorded, not only those below the depth
+    distinct = len(EXACT.cum) - 2
+    held = bounded(RUNS, distinct - 100)
+    assert held.evicted == 0
+    assert np.array_equal(held.curve().cum[: len(EXACT.cum)], EXACT.cum)
 
 
 def test_hybrid_is_exact_below_its_depth_and_close_above():
