@@ -143,7 +143,8 @@ def whatif(
         "Mooncake format: follow this fraction of the blocks (SHARDS; 1: exact) above an "
         "exact pass of the first --exact-depth blocks.")),
     exact_depth: int = typer.Option(None, "--exact-depth", min=0, max=2**30, help=(
-        "With --sample: blocks of stack depth answered exactly (default 400/R; 0: the "
+        "With --sample: blocks of stack depth answered exactly (default 400/R, at least "
+        "65536; 0: the "
         "sample alone).")),
     samples: int = typer.Option(6, "--samples", min=1, max=64,
                                 help="Capacities each policy is replayed at."),
