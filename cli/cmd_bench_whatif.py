@@ -13,6 +13,17 @@ from rich.table import Table
 from cli.app import bench_app
 
 
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        rates = []
+    if not rates or any(not 1e-6 <= r < 1 for r in rates):
+        raise typer.BadParameter("want rates in [1e-6, 1), comma-separated",
+                                 param_hint="--sample")
+    return rates
+
+
 @bench_app.command("whatif")
 def bench_whatif(
     requests: int = typer.Option(1_000_000, "--requests", min=1,
@@ -25,8 +36,8 @@ def bench_whatif(
                               help="Also the scale section: a generated trace of N requests, "
                                    "exact and sampled, in process and from a file (10M: "
                                    "minutes)."),
-    sample: float = typer.Option(0.01, "--sample", min=1e-6, max=1.0,
-                                 help="The scale section's sampling rate."),
+    sample: str = typer.Option("0.01", "--sample",
+                               help="The scale section's sampling rates, comma-separated."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The ShareGPT curve at block 16 against one `bench tree` replay, its exactness against
@@ -34,7 +45,7 @@ def bench_whatif(
     generated 1M-request Mooncake-format trace.
 
     Example: [bold]radixcache bench whatif --requests 100000 --json[/bold]
-    At scale: [bold]radixcache bench whatif --scale 10000000 --sample 0.01 --json[/bold]
+    At scale: [bold]radixcache bench whatif --scale 10000000 --sample 0.01,0.1 --json[/bold]
     """
     from radixcache.tools.bench_whatif import run_bench
 
@@ -45,7 +56,7 @@ def bench_whatif(
         fig = run_bench(requests, limit or None, checks, seed,
                         lambda label, total: bar.add_task(label, total=total),
                         lambda task, n: bar.advance(TaskID(task), n),
-                        (scale, sample) if scale else None)
+                        (scale, _rates(sample)) if scale else None)
     if as_json:
         typer.echo(json.dumps(fig))
         return

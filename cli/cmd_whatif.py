@@ -14,13 +14,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli.app import CliError, app
-from cli.whatif_view import check_plot, plot_file, print_human
+from cli.whatif_view import check_plot, plot_file, print_human, write_csv
 from radixcache.core.blockrule import MAX_BLOCK_TOKENS
 from radixcache.traffic.traces import TraceError
 
 if TYPE_CHECKING:
     from radixcache.analysis.figures import WhatIfFigures
-    from radixcache.analysis.replay import Policy
+    from radixcache.analysis.policies import EvictionPolicy
     from radixcache.analysis.whatif import WhatIfConfig
     from radixcache.serving.cluster import RoutePolicy as Router
 
@@ -39,16 +39,23 @@ def _ints(text: str, what: str) -> list[int]:
     return vals
 
 
-def _policies(text: str) -> tuple[Policy, ...]:
-    from radixcache.analysis.replay import Policy
+def _policies(text: str) -> tuple[EvictionPolicy, ...]:
+    from radixcache.analysis.policies import EvictionPolicy
 
     if text in ("", "none"):
         return ()
     try:
-        return tuple(Policy(p.strip()) for p in text.split(","))
+        got = tuple(EvictionPolicy(p.strip()) for p in text.split(","))
     except ValueError:
-        names = ", ".join(p.value for p in Policy)
-        raise typer.BadParameter(f"--policies: choose from {names} (or none)") from None
+        names = ", ".join(p.value for p in EvictionPolicy)
+        raise typer.BadParameter(f"choose from {names} (or none)", param_hint="--policy"
+                                 ) from None
+    try:
+        import libcachesim  # noqa: F401
+    except ImportError:
+        raise typer.BadParameter("needs libCacheSim: pip install 'radixcache[policies]'",
+                                 param_hint="--policy") from None
+    return got
 
 
 def _routers(text: str) -> list[Router]:
@@ -64,29 +71,41 @@ def _routers(text: str) -> list[Router]:
 
 
 def _bytes_per_token(kv_bytes: int | None, model: str | None) -> int | None:
-    from radixcache.analysis.answers import MODEL_BYTES_PER_TOKEN
+    """``--bytes-per-token``, or ``--model``'s: a known name or a model folder's config.json
+    (``answers.config_bytes_per_token``)."""
+    from radixcache.analysis.answers import MODEL_BYTES_PER_TOKEN, config_bytes_per_token
 
     if model is None:
         return kv_bytes
-    if model not in MODEL_BYTES_PER_TOKEN:
-        raise typer.BadParameter(f"--model: choose from {', '.join(MODEL_BYTES_PER_TOKEN)}")
-    return MODEL_BYTES_PER_TOKEN[model]
+    if model in MODEL_BYTES_PER_TOKEN:
+        return MODEL_BYTES_PER_TOKEN[model]
+    if Path(model).is_dir():
+        try:
+            return config_bytes_per_token(Path(model))
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--model") from None
+    raise typer.BadParameter(f"choose from {', '.join(MODEL_BYTES_PER_TOKEN)}, or give a "
+                             f"model folder (its config.json)", param_hint="--model")
 
 
 def _compute(
     cfg: WhatIfConfig, err: Console, *, at: list[int], pool_blocks: int | None,
-    bpt: int | None, routers: list[Router], replicas: int,
+    bpt: int | None, price: float | None, routers: list[Router], replicas: int,
 ) -> tuple[WhatIfFigures, list[str]]:
     """The ``--json`` figures (with ``routing`` when ``replicas``) and the source's notes."""
     from radixcache.analysis.answers import summary
-    from radixcache.analysis.whatif import analyse
+    from radixcache.analysis.whatif import analyse, kernels_cached
+
+    if not kernels_cached(cfg):
+        typer.echo("note: compiling the trace kernels (numba; once: cached on disk), "
+                   "30-60 s", err=True)
 
     with Progress(TextColumn("{task.description}"), BarColumn(),
                   TextColumn("{task.completed:,}"), TimeElapsedColumn(), console=err,
                   transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task("requests (one pass)", total=None)
         result = analyse(cfg, lambda n: bar.advance(task, n))
-    fig = summary(result, at, pool_blocks, bpt)
+    fig = summary(result, at, pool_blocks, bpt, price)
     if replicas and pool_blocks is not None:
         from radixcache.analysis.routing import compare
 
@@ -104,18 +123,29 @@ def whatif(
                                         help="Tokens per hash id of a Mooncake-format trace."),
     limit: int = typer.Option(0, "--limit", min=0, help="Only the first N requests (0: all)."),
     at: str = typer.Option("", "--at", help="Extra capacities (tokens), comma-separated."),
-    kv_bytes: int = typer.Option(None, "--kv-bytes-per-token", min=1, max=2**30,
-                                 help="K+V bytes per token, for the GiB column."),
-    model: str = typer.Option(None, "--model",
-                              help="Bytes per token of: llama-3-8b, llama-3-70b, qwen2.5-7b."),
+    kv_bytes: int = typer.Option(None, "--bytes-per-token", "--kv-bytes-per-token", min=1,
+                                 max=2**30, help="K+V bytes per token, for the bytes column."),
+    model: str = typer.Option(None, "--model", help=(
+        "Bytes per token of llama-3-8b, llama-3-70b, qwen2.5-7b, or a model folder "
+        "(config.json: 2 x layers x KV heads x head dim x dtype bytes).")),
+    price: float = typer.Option(None, "--price-per-gib", min=0.0, max=1e12, help=(
+        "Cost of a GiB of KV cache, for a cost column (needs bytes per token).")),
+    csv: Path = typer.Option(None, "--csv", help="Also write every capacity to FILE.csv."),
     pool_blocks: int = typer.Option(None, "--pool-blocks", min=1, max=MAX_BLOCKS, help=(
         "Your pool, in blocks of the curve's block size (default: a recording's own).")),
-    policies: str = typer.Option("none", "--policies", help=(
-        "Also replay these at --samples sizes: lru, fifo, lfu (each costs --samples replays).")),
+    policies: str = typer.Option("none", "--policy", "--policies", help=(
+        "Also replay these (libCacheSim) at --samples sizes, comma-separated: lru, fifo, "
+        "lfu, arc, lirs, s3fifo, sieve, tinylfu, clock, twoq, slru, "
+        "clockpro.")),
     alignment: bool = typer.Option(False, "--alignment", help=(
         "Token sources: also the block-1 curve (a 2nd pass), for the alignment misses.")),
     sample: float = typer.Option(1.0, "--sample", min=1e-6, max=1.0, help=(
-        "Mooncake format: follow this fraction of the blocks (SHARDS; 1: exact).")),
+        "Mooncake format: follow this fraction of the blocks (SHARDS; 1: exact) above an "
+        "exact pass of the first --exact-depth blocks.")),
+    exact_depth: int = typer.Option(None, "--exact-depth", min=0, max=2**30, help=(
+        "With --sample: blocks of stack depth answered exactly (default 400/R, at least "
+        "65536; 0: the "
+        "sample alone).")),
     samples: int = typer.Option(6, "--samples", min=1, max=64,
                                 help="Capacities each policy is replayed at."),
     plot: Path = typer.Option(None, "--plot", help="Write the chart: FILE.svg or FILE.png."),
@@ -141,26 +171,36 @@ def whatif(
         return
 
     cfg = WhatIfConfig(source, block_size, hash_block_size, limit or None,
-                       _policies(policies), samples, alignment, sample)
-    _checked_curve(cfg, _ints(at, "--at"), _bytes_per_token(kv_bytes, model), plot,
+                       _policies(policies), samples, alignment, sample, exact_depth)
+    bpt = _bytes_per_token(kv_bytes, model)
+    if price is not None and bpt is None:
+        raise typer.BadParameter("needs --bytes-per-token or --model", param_hint="--price-per-gib")
+    _checked_curve(cfg, _ints(at, "--at"), (bpt, price), (plot, csv),
                    (replicas, router, pool_blocks), as_json)
 
 
-def _checked_curve(cfg: WhatIfConfig, at_caps: list[int], bpt: int | None, plot: Path | None,
-                   routing: tuple[int, str, int | None], as_json: bool) -> None:
+def _checked_curve(cfg: WhatIfConfig, at_caps: list[int], sizes: tuple[int | None, float | None],
+                   files: tuple[Path | None, Path | None], routing: tuple[int, str, int | None],
+                   as_json: bool) -> None:
     """Every option checked (a usage error, exit 2, before any work), then the curve."""
     replicas, router, pool_blocks = routing
+    bpt, price = sizes
+    plot, csv = files
     check_plot(plot)
+    if cfg.exact_depth is not None and cfg.sample >= 1:
+        raise typer.BadParameter("needs --sample (the exact pass is every depth without one)",
+                                 param_hint="--exact-depth")
     routers = _routers(router) if replicas else []
     if replicas and pool_blocks is None:
         raise typer.BadParameter("--replicas needs --pool-blocks (each replica's pool)",
                                  param_hint="--replicas")
     _check_source(cfg)
-    _curve(cfg, plot, as_json, partial(_compute, at=at_caps, pool_blocks=pool_blocks, bpt=bpt,
-                                       routers=routers, replicas=replicas))
+    _curve(cfg, (plot, csv), as_json, partial(
+        _compute, at=at_caps, pool_blocks=pool_blocks, bpt=bpt, price=price, routers=routers,
+        replicas=replicas))
 
 
-def _curve(cfg: WhatIfConfig, plot: Path | None, as_json: bool,
+def _curve(cfg: WhatIfConfig, files: tuple[Path | None, Path | None], as_json: bool,
            compute: Callable[[WhatIfConfig, Console], tuple[WhatIfFigures, list[str]]]) -> None:
     """Compute the curve and show it: the answers and the table, or ``--json``; a bad trace
     is one line naming the line (exit 1). The plot is written last: a file that cannot be
@@ -178,7 +218,10 @@ def _curve(cfg: WhatIfConfig, plot: Path | None, as_json: bool,
         typer.echo(json_line(fig))
     else:
         print_human(fig)
-    if plot is not None:  # after the answers: a file that cannot be written loses nothing
+    plot, csv = files
+    if csv is not None:  # after the answers: a file that cannot be written loses nothing
+        write_csv(csv, fig)
+    if plot is not None:
         plot_file(plot, fig)
 
 

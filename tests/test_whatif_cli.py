@@ -63,7 +63,11 @@ def test_token_jsonl_curve_misses_and_answers(tmp_path, capsys):
     assert fig["misses"] == {"compulsory": [13] * 4, "capacity": [8, 4, 0, 0],
                              "alignment": [0] * 4}
     assert fig["pool"] == {"blocks": 2, "tokens": 8, "of_max": 1.0, "of_max_2x": 1.0,
-                           "given_by": "option"}
+                           "given_by": "option", "exact": True}
+    # an exact pass: every point says so, with no bound; so do the knee and the capacities
+    assert fig["exact"] == [True] * 4 and fig["bound_points"] == [0.0] * 4
+    assert fig["knee_exact"] is True and "exact_up_to_tokens" not in fig
+    assert fig["capacity_for_exact"] == {"0.5": True, "0.9": True, "0.99": True}
     assert fig["policies"]["lru"]["hit_rate"] == fig["policies"]["lru"]["lru_hit_rate"]
     # a capacity between blocks is listed as given and holds its whole blocks
     fig = run_json([str(path), "--block-size", "4", "--at", "7", "--policies", "none"], capsys)
@@ -145,7 +149,7 @@ def test_plots_svg_and_png(tmp_path, capsys):
               "--plot", str(tmp_path / "c.svg")], capsys)
     svg = (tmp_path / "c.svg").read_text()
     for text in ("What-if: t.jsonl, block 1", "capacity (tokens, log scale)", "token hit rate",
-                 "capacity (blocks of 1 tokens)", "LRU (one pass, exact)", "FIFO (replayed)",
+                 "capacity (blocks of 1 tokens)", "LRU (one pass, exact)", "FIFO (libCacheSim)",
                  "maximum 38.1% (infinite cache)", "50% of max at 4 tokens", "knee at ",
                  "your pool: 4 blocks = 4 tokens (50% of max)"):
         assert text in svg, text

@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixcache.analysis.replay import Policy, ReplayCache, replay
+from radixcache.analysis.replay import ReplayCache, replay
 from radixcache.analysis.stackdist import StackDistances
 from radixcache.analysis.treecheck import block_rounded_hits, replay_tree, token_pass
 from radixcache.analysis.whatif import one_pass
@@ -41,7 +41,7 @@ def curve_hits(accesses: list[Access], width: int, block: int, caps: list[int]) 
 
 
 def direct_hits(accesses: list[Access], width: int, block: int, caps: list[int]) -> list[int]:
-    return [replay(accesses, ReplayCache(c, width, block, Policy.LRU)) for c in caps]
+    return [replay(accesses, ReplayCache(c, width, block)) for c in caps]
 
 
 @given(st.integers(0, 10_000), st.sampled_from([1, 2, 4]))
@@ -145,21 +145,6 @@ def test_the_real_tree_equals_the_curve_when_leaves_are_evicted_whole_anyway():
     assert curve == [0, 0, 0, 0, 0, 0, 172, 172]
 
 
-def test_fifo_and_lfu_replays_on_hand_worked_traces():
-    a, b, c = tok([1, 2]), tok([3, 4]), tok([5, 6])
-
-    def hits(*seqs: np.ndarray) -> dict[Policy, int]:
-        acc = [token_access(TokenRequest(s, s), 1) for s in seqs]
-        return {p: replay(acc, ReplayCache(4, 4, 1, p)) for p in Policy}
-
-    # A B A C A (room for two): C evicts B under LRU and LFU (A was used twice, and last),
-    # but the first-in A under FIFO, whose last A then misses
-    assert hits(a, b, a, c, a) == {Policy.LRU: 4, Policy.FIFO: 2, Policy.LFU: 4}
-    # A A A B C B: C evicts the least recent A under LRU (and the first-in A under FIFO),
-    # but B under LFU (1 use against A's 3), whose last B then misses
-    assert hits(a, a, a, b, c, b) == {Policy.LRU: 6, Policy.FIFO: 6, Policy.LFU: 4}
-
-
 def test_routing_sends_a_conversation_back_to_its_cache_only_under_cache_aware():
     from radixcache.analysis.routing import shared, simulate
     from radixcache.serving.cluster import RoutePolicy as Router
@@ -183,7 +168,7 @@ def test_routing_sends_a_conversation_back_to_its_cache_only_under_cache_aware()
 def test_duplicated_units_count_copies_beyond_the_first():
     from radixcache.analysis.routing import duplicated_units
 
-    caches = [ReplayCache(100, 4, 1, Policy.LRU) for _ in range(3)]
+    caches = [ReplayCache(100, 4, 1) for _ in range(3)]
     for c, seq in zip(caches, ([1, 2, 3], [1, 2, 4], [1, 2, 3, 5]), strict=True):
         c.add(token_access(TokenRequest(tok(seq), tok(seq)), 1))
     # 1 2 held 3 times (2 copies extra each), 3 held twice (1 extra): 4 + 1

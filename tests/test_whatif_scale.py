@@ -151,19 +151,33 @@ def test_whatif_sample_on_the_command_line(tmp_path, capsys):
     path = tmp_path / "m.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in generate_mooncake(3000, 2)))
     with pytest.raises(SystemExit) as exc:
-        main(["whatif", str(path), "--sample", "0.5", "--json"])
+        main(["whatif", str(path), "--sample", "0.5", "--exact-depth", "0", "--json"])
     assert exc.value.code == 0
     fig = json.loads(capsys.readouterr().out)
     assert fig["sample_rate"] == pytest.approx(0.5) and fig["requests"] == 3000
     assert fig["sample_resolves_from_tokens"] == 200 * 512  # about 100 sampled blocks
     # the headline says which answers lie below what the sample resolves
     with pytest.raises(SystemExit) as exc:
-        main(["whatif", str(path), "--sample", "0.5"])
+        main(["whatif", str(path), "--sample", "0.5", "--exact-depth", "0"])
     said = " ".join(capsys.readouterr().out.split())
     low = [f for f in ("0.5", "0.9", "0.99") if fig["capacity_for"][f] < 102_400]
     assert low == ["0.5"] and fig["knee_tokens"] > 102_400  # this small trace: 50% only
     assert ("the sample resolves the curve only from 102,400 tokens up, so its capacity for "
-            "50% lies below that and is rough: run without --sample for it") in said
+            "50% lies below that and is rough: run without --exact-depth 0 for it") in said
+    # joined: exact to 800 blocks, the sample above, each answer saying which
+    with pytest.raises(SystemExit) as exc:
+        main(["whatif", str(path), "--sample", "0.5", "--exact-depth", "800"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert ("exact up to 409,600 tokens (an exact pass over the top of the stack); estimated "
+            "above from a 50.00% sample of the blocks (SHARDS)") in said
+    assert f"knee at {fig['knee_tokens']:,} tokens (est.)" not in said  # the join moved it
+    # by default (exact to 65,536 blocks at least) this small trace is answered exactly
+    with pytest.raises(SystemExit) as exc:
+        main(["whatif", str(path), "--sample", "0.5"])
+    out = capsys.readouterr()
+    assert out.err == ("note: the exact pass held every block (at most 65,536): every capacity "
+                       "is exact, the 0.5 sample was not needed\n")
+    assert "(est.)" not in out.out and "±" not in out.out
     with pytest.raises(SystemExit) as exc:
         main(["whatif", str(path), "--limit", "10", "--json"])
     assert json.loads(capsys.readouterr().out)["requests"] == 10
@@ -177,14 +191,22 @@ def test_the_scale_section_has_its_keys():
     process and from the file agree)."""
     from radixcache.tools.bench_whatif_scale import run_scale
 
-    fig = run_scale(3000, 0, 0.5)
-    assert set(fig) == {"requests", "seed", "sample_rate", "load_average", "distinct_blocks",
+    fig = run_scale(3000, 0, [0.5])
+    assert set(fig) == {"requests", "seed", "sample_rates", "load_average", "distinct_blocks",
                         "in_process", "write_seconds", "file"}
     for where in ("in_process", "file"):
         part = fig[where]
-        assert set(part) == {"exact", "sample", "time_ratio"}
+        assert set(part) == {"exact", "rates"} and set(part["rates"]) == {"0.5"}
         assert {"seconds", "peak_rss_mb", "max_hit_rate", "jit_seconds"} <= set(part["exact"])
-        assert {"max_abs_error_points", "max_abs_error_points_all",
-                "resolved_from_tokens"} <= set(part["sample"])
-        assert part["exact"]["requests"] == part["sample"]["requests"] == 3000
+        ways = part["rates"]["0.5"]
+        assert set(ways) == {"hybrid", "sample_alone"}
+        for est in ways.values():
+            assert list(est)[-4:] == ["max_abs_error_points_all",
+                                      "max_abs_error_points_resolved", "resolved_from_tokens",
+                                      "time_ratio"]
+            assert est["requests"] == part["exact"]["requests"] == 3000
+        # the exact pass holds this whole trace (65,536 blocks at least): exact at every size,
+        # where the sample alone is not (seeded: 2.78 points)
+        assert ways["hybrid"]["max_abs_error_points_all"] == 0.0
+        assert ways["sample_alone"]["max_abs_error_points_all"] > 2.0
     assert fig["in_process"]["exact"]["max_hit_rate"] == fig["file"]["exact"]["max_hit_rate"]

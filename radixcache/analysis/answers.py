@@ -14,7 +14,9 @@ its compulsory misses include the partial-block ones.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -32,11 +34,41 @@ MODEL_BYTES_PER_TOKEN = {
 }
 
 
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1,
+               "float8_e5m2": 1}
+
+
+def config_bytes_per_token(folder: Path) -> int:
+    """K+V bytes per token of a Hugging Face model folder's ``config.json``: 2 x layers x KV
+    heads x head dim x dtype bytes (``ValueError`` naming what is missing)."""
+    path = folder / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read a model config: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: not a model config (want a JSON object)")
+    cfg = cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
+    layers, heads = cfg.get("num_hidden_layers"), cfg.get("num_attention_heads")
+    kv = cfg.get("num_key_value_heads", heads)
+    dim = cfg.get("head_dim")
+    if dim is None and isinstance(cfg.get("hidden_size"), int) and isinstance(heads, int):
+        dim = cfg["hidden_size"] // max(heads, 1)
+    dtype = DTYPE_BYTES.get(str(cfg.get("torch_dtype", "bfloat16")))
+    for name, v in (("num_hidden_layers", layers), ("num_key_value_heads", kv),
+                    ("head_dim", dim)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{path}: no positive integer {name}")
+    if dtype is None:
+        raise ValueError(f"{path}: torch_dtype {cfg.get('torch_dtype')!r} is not one of "
+                         f"{', '.join(DTYPE_BYTES)}")
+    assert isinstance(layers, int) and isinstance(kv, int) and isinstance(dim, int)
+    return 2 * layers * kv * dim * dtype
+
+
 def capacity_for(curve: Curve, fraction: float) -> int:
     """The smallest capacity (tokens) whose hits reach ``fraction`` of the maximum."""
-    want = fraction * curve.max_hits
-    k = int(np.searchsorted(curve.cum, want - 1e-9, side="left"))
-    return curve.units_at(k) * curve.block_tokens
+    return curve.units_reaching(fraction * curve.max_hits - 1e-9) * curve.block_tokens
 
 
 def knee_tokens(curve: Curve, points: int = 512) -> int:
@@ -76,10 +108,13 @@ def _steepest(x: np.ndarray, y: np.ndarray, w: float = 1 / 32) -> int:
 
 def grid_tokens(curve: Curve, at: Sequence[int], points: int = 96) -> list[int]:
     """Capacities (tokens, ascending) for the table and JSON: whole blocks log-spaced up to
-    1.25x saturation, plus every capacity in ``at`` exactly as given."""
+    1.25x saturation, the last exact capacity of a joined curve, plus every capacity in
+    ``at`` exactly as given."""
     top = max(2, int(curve.saturation_units * 1.25))
     units = set(np.geomspace(1, top, points).round().astype(np.int64).tolist())
     units.add(0)
+    if curve.exact_cum is not None and curve.exact_units <= top:
+        units.add(curve.exact_units)
     b = curve.block_tokens
     return sorted({int(u) * b for u in units} | set(at))  # ``at`` as given: C holds C // b
 
@@ -99,7 +134,8 @@ def misses(w: WhatIf, caps_tokens: Sequence[int]) -> Misses:
 
 
 def summary(
-    w: WhatIf, at: Sequence[int], pool_blocks: int | None, bytes_per_token: int | None
+    w: WhatIf, at: Sequence[int], pool_blocks: int | None, bytes_per_token: int | None,
+    price_per_gib: float | None = None,
 ) -> WhatIfFigures:
     """The figures ``--json`` prints (its keys are a stable contract; see docs/whatif.md)."""
     c = w.curve
@@ -120,8 +156,12 @@ def summary(
     if w.token_curve is not None:
         tc = w.token_curve
         fig.hit_rate_block_size_1 = [float(h) / p for h in tc.hits(np.asarray(caps))]
+    _exactness(fig, c)
     if bytes_per_token is not None:
+        fig.capacities_bytes = [x * bytes_per_token for x in caps]
         fig.capacities_gib = [x * bytes_per_token / 2**30 for x in caps]
+        if price_per_gib is not None:
+            fig.cost = [g * price_per_gib for g in fig.capacities_gib]
     if pool_blocks is not None:
         fig.pool = pool_statement(c, pool_blocks, "option")
     elif w.pool_tokens is not None:
@@ -132,10 +172,25 @@ def summary(
     return fig
 
 
+def _exactness(fig: WhatIfFigures, c: Curve) -> None:
+    """Which points of ``fig`` are exact, the bounds of the others, and whether the knee and
+    the capacities for 50/90/99% rest on exact points."""
+    units = np.asarray(fig.capacities_blocks, np.int64)
+    p = max(c.prompt_tokens, 1)
+    fig.exact = [bool(e) for e in c.exact(units)]
+    fig.bound_points = [None if b < 0 else 100 * float(b) / p for b in c.bounds(units)]
+    if c.exact_cum is not None:  # joined: exact below, the sample above
+        fig.exact_up_to_tokens = c.exact_units * c.block_tokens
+    b = c.block_tokens
+    fig.knee_exact = fig.knee_tokens // b <= c.exact_units
+    fig.capacity_for_exact = {f: t // b <= c.exact_units for f, t in fig.capacity_for.items()}
+
+
 def pool_statement(c: Curve, pool_blocks: int, given_by: str) -> PoolFigures:
     """What a pool of ``pool_blocks`` blocks (of the curve's block size, so its tokens are in
     the source's unit) and twice it reach, as fractions of the maximum hit rate; ``given_by``
     says who knows that pool (``option``: --pool-blocks, ``recording``: its engine)."""
     top = max(c.max_hits, 1)
     at1, at2 = (float(h) / top for h in c.hits(np.asarray([pool_blocks, 2 * pool_blocks])))
-    return PoolFigures(pool_blocks, pool_blocks * c.block_tokens, at1, at2, given_by)
+    return PoolFigures(pool_blocks, pool_blocks * c.block_tokens, at1, at2, given_by,
+                       2 * pool_blocks <= c.exact_units)

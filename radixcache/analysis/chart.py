@@ -1,8 +1,8 @@
 """The what-if chart a planner puts in a report, drawn with matplotlib (the ``plot`` extra),
 which writes SVG and PNG itself: hit rate against log capacity in tokens, with blocks (or GiB,
 given bytes per token) on the top axis, the knee, the capacities for 50/90/99% of the maximum,
-the maximum, the pool when one is known, and other policies' replayed points; legend outside
-the data, a short title.
+the maximum, the pool when one is known, other policies' curves (libCacheSim) and a sampled
+curve's error band; legend outside the data, a short title.
 
 The input is the figures of ``radixcache whatif`` (``answers.summary``). The file is written
 whole or not at all (``core.files.Output``: beside its name, then renamed; a full disk leaves
@@ -92,6 +92,20 @@ def _pool(ax: Axes, fig: Fig) -> None:
                          f"({pool.of_max:.0%} of max)")
 
 
+def _band(ax: Axes, fig: Fig, caps: np.ndarray, rates: np.ndarray) -> None:
+    """The estimated points' error band (``bound_points``), and where the exact part ends."""
+    if fig.exact is None or all(fig.exact):
+        return
+    keep = [i for i, c in enumerate(fig.capacities_tokens) if c > 0]
+    bound = np.asarray([(fig.bound_points or [None] * len(fig.exact))[i] or 0.0 for i in keep])
+    est = ~np.asarray([fig.exact[i] for i in keep])
+    ax.fill_between(caps, 100 * rates - bound, 100 * rates + bound, where=est, color=COLORS[0],
+                    alpha=0.25, lw=0, label="estimated (SHARDS sample): 95% bound")
+    if fig.exact_up_to_tokens:
+        ax.axvline(fig.exact_up_to_tokens, color="#999", lw=0.8, ls="-.",
+                   label=f"exact up to {si(fig.exact_up_to_tokens)} tokens")
+
+
 def draw(path: Path, fig: Fig) -> None:
     """Write the chart of ``fig`` to ``path`` (.svg or .png); ``ChartError`` if it cannot."""
     check(path)
@@ -109,8 +123,9 @@ def draw(path: Path, fig: Fig) -> None:
     for i, (name, p) in enumerate(fig.policies.items(), 1):
         pts = [(c, 100 * r) for c, r in zip(p.capacities_tokens, p.hit_rate, strict=True)
                if c > 0]
-        ax.plot([c for c, _ in pts], [r for _, r in pts], "o", color=COLORS[i % len(COLORS)],
-                label=f"{name.upper()} (replayed)")
+        ax.plot([c for c, _ in pts], [r for _, r in pts], "o-", color=COLORS[i % len(COLORS)],
+                lw=1, ms=4, label=f"{name.upper()} (libCacheSim)")
+    _band(ax, fig, caps, rates)
     _marks(ax, fig, caps, rates)
     _pool(ax, fig)
     ax.set_xscale("log")

@@ -39,6 +39,7 @@ class PoolFigures(msgspec.Struct):
     of_max: float
     of_max_2x: float
     given_by: str
+    exact: bool = True  # both capacities at exact points of the curve
 
 
 class RouterFigures(msgspec.Struct):
@@ -91,6 +92,41 @@ class WhatIfFigures(msgspec.Struct, omit_defaults=True):
     sample_rate: float | None = None
     sample_resolves_from_tokens: int | None = None  # a sample's curve holds from here up
     routing: RoutingFigures | None = None
+    # beside ``capacities_tokens``: whether each point is exact, and an estimated point's
+    # error bound (95%, points of hit rate; 0 where exact, None where none is known)
+    exact: list[bool] | None = None
+    bound_points: list[float | None] | None = None
+    exact_up_to_tokens: int | None = None  # every capacity up to here is exact (None: all)
+    knee_exact: bool | None = None
+    capacity_for_exact: dict[str, bool] | None = None
+    capacities_bytes: list[int] | None = None
+    cost: list[float] | None = None  # capacities_gib x --price-per-gib
+
+
+CSV_COLUMNS = ("capacity_tokens", "capacity_blocks", "capacity_bytes", "hit_rate",
+               "compulsory_misses", "capacity_misses", "alignment_misses", "exact",
+               "bound_points", "cost")
+
+
+def as_csv(fig: WhatIfFigures) -> str:
+    """Every capacity of ``fig`` as CSV (``CSV_COLUMNS``; a cell left empty where the figure is
+    not known: bytes without bytes per token, a bound of an estimate without one)."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    m, n = fig.misses, len(fig.capacities_tokens)
+    none: list[None] = [None] * n
+    cols = (fig.capacities_tokens, fig.capacities_blocks, fig.capacities_bytes or none,
+            [f"{r:.6f}" for r in fig.hit_rate], m.compulsory, m.capacity, m.alignment or none,
+            ["exact" if e else "estimated" for e in fig.exact or [True] * n],
+            [None if b is None else f"{b:.4f}" for b in fig.bound_points or none],
+            [f"{c:.6g}" for c in fig.cost] if fig.cost is not None else none)
+    for row in zip(*cols, strict=True):
+        w.writerow(["" if v is None else v for v in row])
+    return out.getvalue()
 
 
 def as_json(fig: WhatIfFigures) -> str:

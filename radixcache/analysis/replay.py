@@ -1,30 +1,22 @@
-"""Direct replay of one cache size: leaf-only eviction under LRU, FIFO or LFU.
+"""Direct replay of one cache size: leaf-only LRU eviction over a trie of cached units.
 
 Independent of the one-pass curve (it keeps its own trie of cached units and a heap of
-leaves), so the LRU replay checks the curve, and FIFO/LFU -- not stack algorithms -- get their
-points on the same plot from one replay each. Same sequential model: a request's prompt is
-matched against the cache, then its whole sequence is touched (deepest-first) and inserted,
-then LRU-side units are dropped until at most ``capacity`` remain. Eviction is per unit:
-a leaf gives up its deepest units first, the way the recency stack orders them.
+leaves), so it checks the curve (``bench whatif``), and the routing simulation keeps one per
+replica (``analysis.routing``). Other policies come from libCacheSim (``analysis.policies``).
+Same sequential model: a request's prompt is matched against the cache, then its whole
+sequence is touched (deepest-first) and inserted, then least recently used units are dropped
+until at most ``capacity`` remain. Eviction is per unit: a leaf gives up its deepest units
+first, the way the recency stack orders them.
 """
 
 from __future__ import annotations
 
-import enum
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from radixcache.core.tokens import common_units
 from radixcache.traffic.traces import Access
-
-
-class Policy(enum.Enum):
-    """Which leaf gives up units first."""
-
-    LRU = "lru"  # least recently touched
-    FIFO = "fifo"  # inserted earliest
-    LFU = "lfu"  # touched least often (ties: least recently)
 
 
 @dataclass(slots=True, eq=False)
@@ -33,42 +25,31 @@ class CachedRun:
 
     key: bytes
     parent: CachedRun | None
-    born: int  # request that inserted these units
     last: int = 0  # request that last touched them
-    count: int = 0  # touches
     children: dict[bytes, CachedRun] = field(default_factory=dict)
     alive: bool = True
 
 
-def _priority(policy: Policy) -> Callable[[CachedRun], tuple[int, int]]:
-    if policy is Policy.LRU:
-        return lambda n: (n.last, 0)
-    if policy is Policy.FIFO:
-        return lambda n: (n.born, 0)
-    return lambda n: (n.count, n.last)
-
-
 class ReplayCache:
-    """A cache of at most ``capacity`` units of ``width`` bytes under ``policy``."""
+    """An LRU cache of at most ``capacity`` units of ``width`` bytes."""
 
-    def __init__(self, capacity: int, width: int, block_tokens: int, policy: Policy) -> None:
+    def __init__(self, capacity: int, width: int, block_tokens: int) -> None:
         self.capacity, self.w, self.block_tokens = capacity, width, block_tokens
-        self.prio = _priority(policy)
-        self.root = CachedRun(b"", None, 0)
+        self.root = CachedRun(b"", None)
         self.used = 0
         self.requests = 0
-        self.heap: list[tuple[tuple[int, int], int, CachedRun]] = []
+        self.heap: list[tuple[int, int, CachedRun]] = []
         self._ids = 0
 
     def _offer(self, node: CachedRun) -> None:
         if node is not self.root and not node.children:
             self._ids += 1
-            heapq.heappush(self.heap, (self.prio(node), self._ids, node))
+            heapq.heappush(self.heap, (node.last, self._ids, node))
 
     def _split(self, node: CachedRun, k: int) -> None:
         """Keep the first ``k`` units in ``node``; the rest become its only child."""
         w = self.w
-        rest = CachedRun(node.key[k * w :], node, node.born, node.last, node.count, node.children)
+        rest = CachedRun(node.key[k * w :], node, node.last, node.children)
         for c in rest.children.values():
             c.parent = rest
         node.key, node.children = node.key[: k * w], {rest.key[:w]: rest}
@@ -84,7 +65,7 @@ class ReplayCache:
             inside = not seq.startswith(child.key, pos * w)
             if inside:
                 self._split(child, common_units(seq, pos * w, child.key, w))
-            child.last, child.count = r, child.count + 1
+            child.last = r
             node, pos = child, pos + len(child.key) // w
             if inside:
                 break
@@ -95,7 +76,7 @@ class ReplayCache:
         w = self.w
         while self.used > self.capacity:
             prio, _, leaf = heapq.heappop(self.heap)
-            if not leaf.alive or leaf.children or prio != self.prio(leaf):
+            if not leaf.alive or leaf.children or prio != leaf.last:
                 continue  # stale: re-offered when it became a leaf or was touched again
             drop = min(self.used - self.capacity, len(leaf.key) // w)
             leaf.key = leaf.key[: len(leaf.key) - drop * w]
@@ -134,7 +115,7 @@ class ReplayCache:
         n = len(a.units) // self.w
         if pos < n:
             tail = a.units[pos * self.w :]
-            leaf = CachedRun(tail, node, r, r, 1)
+            leaf = CachedRun(tail, node, r)
             node.children[tail[: self.w]] = leaf
             self.used += n - pos
             self._offer(leaf)

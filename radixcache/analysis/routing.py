@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from radixcache.analysis.figures import RouterFigures, RoutingFigures, SharedFigures
-from radixcache.analysis.replay import CachedRun, Policy, ReplayCache
+from radixcache.analysis.replay import CachedRun, ReplayCache
 from radixcache.analysis.whatif import Source, WhatIfConfig
 from radixcache.serving.cluster import RoutePolicy as Router  # sglang-router's routing policies
 from radixcache.traffic.traces import Access
@@ -69,7 +69,7 @@ class RoutingResult:
 class _Fleet:
     def __init__(self, replicas: int, capacity: int, width: int, block: int,
                  cfg: RouterConfig) -> None:
-        self.caches = [ReplayCache(capacity, width, block, Policy.LRU) for _ in range(replicas)]
+        self.caches = [ReplayCache(capacity, width, block) for _ in range(replicas)]
         self.cfg = cfg
         # a string seed (hashed by SHA-512): the ShareGPT arrival order is drawn from
         # random.Random(0), and the same integer seed here routes every turn of a
@@ -147,7 +147,7 @@ def simulate(
 
 def shared(accesses: Iterable[Access], capacity: int, width: int, block: int) -> RoutingResult:
     """The same trace through one LRU cache of ``capacity`` units (the N x C comparison)."""
-    cache = ReplayCache(capacity, width, block, Policy.LRU)
+    cache = ReplayCache(capacity, width, block)
     hits = prompt = 0
     for a in accesses:
         hits += cache.add(a)

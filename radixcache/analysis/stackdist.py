@@ -83,17 +83,30 @@ class _Node:
 
 
 class Curve(NamedTuple):
-    """Hit tokens at every capacity (in units): ``hits(c)`` is exact for every c >= 0.
+    """Hit tokens at every capacity (in units): ``hits(c)`` for every c >= 0.
 
     ``cum[k]`` is the hits at capacity ``k * unit_step`` units: ``unit_step`` is 1 for an
     exact curve, 1/R for one estimated from a sample at rate R (``hashstack``), whose k-th
-    entry stands for the blocks at sampled distances below k."""
+    entry stands for the blocks at sampled distances below k. A joined curve
+    (``analysis.hybrid``) also has ``exact_cum``: the exact hits at capacities 0 ..
+    ``exact_units``, which ``hits`` answers from; ``cum`` answers above (the sample, shifted
+    to meet the exact part there), each estimated point within ``bound`` tokens (``bound[k]``
+    beside ``cum[k]``) at the stated confidence."""
 
     block_tokens: int
     requests: int
     prompt_tokens: int
     cum: np.ndarray  # cum[k] = hit tokens at capacity k * unit_step units (then flat)
     unit_step: float = 1.0
+    exact_cum: np.ndarray | None = None  # exact hits at capacities 0 .. exact_units
+    bound: np.ndarray | None = None  # beside ``cum``: the error bound of each estimate, tokens
+
+    @property
+    def exact_units(self) -> int:
+        """Capacities up to this many units are exact (every one for an exact curve)."""
+        if self.exact_cum is not None:
+            return len(self.exact_cum) - 1
+        return 2**62 if self.unit_step == 1.0 else 0
 
     @property
     def max_hits(self) -> int:
@@ -103,7 +116,16 @@ class Curve(NamedTuple):
     @property
     def saturation_units(self) -> int:
         """The smallest capacity (units) that reaches ``max_hits``."""
-        return self.units_at(int(np.searchsorted(self.cum, self.cum[-1], side="left")))
+        return self.units_reaching(self.max_hits)
+
+    def units_reaching(self, hits: float) -> int:
+        """The smallest capacity (units) whose hits reach ``hits`` (past the top: the
+        saturation)."""
+        e = self.exact_cum
+        if e is not None and e[-1] >= hits:
+            return int(np.searchsorted(e, hits, side="left"))
+        k = int(np.searchsorted(self.cum, min(hits, self.cum[-1]), side="left"))
+        return max(self.units_at(k), 0 if e is None else len(e))
 
     def units_at(self, k: int) -> int:
         """The smallest capacity (units) whose hits are ``cum[k]``."""
@@ -111,12 +133,33 @@ class Curve(NamedTuple):
             return k
         return int(np.floor((k - 1) * self.unit_step)) + 1
 
-    def hits(self, units: np.ndarray) -> np.ndarray:
-        """Hit tokens at each capacity in ``units`` (int64 array, any values >= 0)."""
+    def _index(self, units: np.ndarray) -> np.ndarray:
         u = np.asarray(units, dtype=np.int64)
         if self.unit_step != 1.0:
             u = np.ceil(np.minimum(u, 2**52) / self.unit_step).astype(np.int64)
-        out: np.ndarray = self.cum[np.minimum(u, len(self.cum) - 1)]
+        out: np.ndarray = np.minimum(u, len(self.cum) - 1)
+        return out
+
+    def hits(self, units: np.ndarray) -> np.ndarray:
+        """Hit tokens at each capacity in ``units`` (int64 array, any values >= 0)."""
+        u = np.asarray(units, dtype=np.int64)
+        out: np.ndarray = self.cum[self._index(u)]
+        e = self.exact_cum
+        if e is not None:
+            low = u < len(e)
+            out = np.where(low, e[np.minimum(u, len(e) - 1)], out)
+        return out
+
+    def exact(self, units: np.ndarray) -> np.ndarray:
+        """Whether the hits at each capacity in ``units`` are exact (not estimated)."""
+        return np.asarray(units, dtype=np.int64) <= self.exact_units
+
+    def bounds(self, units: np.ndarray) -> np.ndarray:
+        """The error bound (tokens) of the hits at each capacity in ``units``: 0 where exact."""
+        u = np.asarray(units, dtype=np.int64)
+        if self.bound is None:
+            return np.where(self.exact(u), 0, -1).astype(np.int64)
+        out: np.ndarray = np.where(self.exact(u), 0, self.bound[self._index(u)])
         return out
 
     def hit_rate_at(self, units: int) -> float:

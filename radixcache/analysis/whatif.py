@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from radixcache.analysis.replay import Policy, ReplayCache, replay
+from radixcache.analysis.policies import EvictionPolicy, min_blocks, replay_hits, with_paths
 from radixcache.analysis.stackdist import Curve, StackDistances
 from radixcache.core import events as ev
 from radixcache.traffic.mooncake import head, line_of, read_hash_runs, read_mooncake
@@ -43,17 +43,19 @@ class WhatIfConfig:
     block_size: int = 16
     hash_block_size: int = MOONCAKE_BLOCK
     limit: int | None = None
-    policies: tuple[Policy, ...] = ()  # each costs ``samples`` replays: only when asked
+    policies: tuple[EvictionPolicy, ...] = ()  # libCacheSim's, ``samples`` replays each
     samples: int = 6
     alignment: bool = False  # the block-1 curve (a second pass) for the alignment misses
     sample: float = 1.0  # SHARDS rate for hash-id traces (1: exact)
+    exact_depth: int | None = None  # with a sample: blocks the exact pass keeps (None:
+    # ``hybrid.default_depth``; 0: the sample alone)
 
 
 @dataclass(slots=True)
 class PolicyPoints:
     """One policy's hit tokens at sampled capacities (units)."""
 
-    policy: Policy
+    policy: EvictionPolicy
     capacities_units: list[int] = field(default_factory=list)
     hits: list[int] = field(default_factory=list)
 
@@ -127,25 +129,38 @@ class Source:
         return None
 
     def hash_curve(self, progress: Progress | None = None) -> Curve:
-        """The LRU curve of a Mooncake-format trace by the array pass (``hashstack``)."""
+        """The LRU curve of a Mooncake-format trace by the array pass (``hashstack``): exact,
+        or with ``sample`` the exact pass to ``exact_depth`` joined with the sample above it
+        (``hybrid``), or the sample alone (``exact_depth`` 0)."""
         # numba costs ~0.3-0.9 s to import: only a Mooncake-format trace pays it, not every
         # screen that imports the what-if analysis
         from radixcache.analysis.hashstack import HashStack, HashStackError
+        from radixcache.analysis.hybrid import HybridPass
 
-        path, left = Path(self.cfg.source), self.cfg.limit
-        stack = HashStack(self.cfg.hash_block_size, self.cfg.sample)
-        for runs in read_hash_runs(path, self.cfg.hash_block_size, stack.keep):
+        cfg = self.cfg
+        path, left = Path(cfg.source), cfg.limit
+        stack: HashStack | HybridPass
+        if cfg.sample < 1 and cfg.exact_depth != 0:
+            stack, keep = HybridPass(cfg.hash_block_size, cfg.sample, cfg.exact_depth), 0
+        else:
+            stack = HashStack(cfg.hash_block_size, cfg.sample)
+            keep = stack.keep  # the scanner samples as it reads each id
+        for runs in read_hash_runs(path, cfg.hash_block_size, keep):
             if left is not None:
                 runs = head(runs, left)
                 left -= len(runs.tokens)
             try:
-                stack.add(runs.ids, runs.ends, runs.tokens, runs.wants)
+                if isinstance(stack, HybridPass):
+                    stack.add(runs.ids, runs.ends, runs.tokens)
+                else:
+                    stack.add(runs.ids, runs.ends, runs.tokens, runs.wants)
             except HashStackError as exc:
                 raise TraceError(f"{path}:{line_of(runs, exc.index)}: {exc}") from None
             if progress is not None:
                 progress(len(runs.tokens))
             if left is not None and left <= 0:
                 break
+        self.notes.extend(_sample_notes(stack, cfg.sample))
         return stack.curve()
 
     def accesses(self, block: int | None = None) -> Iterator[Access]:
@@ -166,6 +181,60 @@ class Source:
         if self.format is TraceFormat.MOONCAKE:
             return 8
         return 4 * (block or self.cfg.block_size)
+
+
+def kernels_cached(cfg: WhatIfConfig) -> bool:
+    """Whether the compiled kernels a Mooncake-format trace needs are in numba's on-disk
+    cache (``cache=True``: the first run compiles them, 30-60 s); true for other sources."""
+    import importlib.util
+    import os
+
+    try:
+        if detect_format(cfg.source) is not TraceFormat.MOONCAKE:
+            return True
+    except TraceError:
+        return True  # refused later, with its reason
+    where = os.environ.get("NUMBA_CACHE_DIR")
+    mods = ["radixcache.analysis.hashstack", "radixcache.traffic.mooncake_scan"]
+    if cfg.sample < 1 and cfg.exact_depth != 0:
+        mods.append("radixcache.analysis.boundstack")
+    for mod in mods:
+        spec = importlib.util.find_spec(mod)
+        if spec is None or spec.origin is None:
+            return False
+        src = Path(spec.origin)
+        dirs = [src.parent / "__pycache__"] + ([Path(where)] if where else [])
+        if not any(any(d.rglob(f"{src.stem}.*.nbi")) for d in dirs if d.is_dir()):
+            return False
+    return True
+
+
+def _sample_notes(stack: object, rate: float) -> list[str]:
+    """What a sampled pass should say about itself; ``TraceError`` for a sample that
+    followed no block at all (it could say nothing)."""
+    from radixcache.analysis.hashstack import HashStack
+    from radixcache.analysis.hybrid import HybridPass
+
+    if isinstance(stack, HybridPass):
+        if not stack.exact.evicted:
+            return [f"the exact pass held every block (at most {stack.depth:,}): every "
+                    f"capacity is exact, the {rate:g} sample was not needed"]
+        from radixcache.analysis.hybrid import MIN_SUB_BLOCKS
+
+        if not stack.subs or min(s.distinct for s in stack.subs) < MIN_SUB_BLOCKS:
+            return [f"the {rate:g} sample holds {stack.sample.distinct:,} blocks: too few for "
+                    f"an error bound on the estimates above {stack.depth:,} blocks"]
+        return []
+    if not isinstance(stack, HashStack) or not stack.keep:
+        return []
+    if stack.requests and stack.distinct == 0:
+        raise TraceError(f"--sample {rate:g} followed no block of the trace's: nothing to "
+                         f"estimate from (raise --sample, or keep the exact pass)")
+    if stack.distinct < 100:
+        n = stack.distinct
+        return [f"the {rate:g} sample followed only {n} block{'s' * (n > 1)}: too few to "
+                f"resolve the curve (estimates rough at every capacity)"]
+    return []
 
 
 def one_pass(
@@ -189,18 +258,24 @@ def sample_units(curve: Curve, samples: int) -> list[int]:
     return [int(u) for u in grid]
 
 
-def replay_points(
-    src: Source, policy: Policy, units: list[int], progress: Progress | None = None
-) -> PolicyPoints:
-    """One direct replay of ``policy`` per capacity in ``units``."""
-    pts = PolicyPoints(policy)
-    for u in units:
-        cache = ReplayCache(u, src.width(), src.block_tokens, policy)
-        pts.capacities_units.append(u)
-        pts.hits.append(replay(src.accesses(), cache))
-        if progress is not None:
-            progress(1)
-    return pts
+def replay_points(src: Source, policies: Iterable[EvictionPolicy], units: list[int],
+                  progress: Progress | None = None) -> list[PolicyPoints]:
+    """Each policy replayed by libCacheSim at each capacity in ``units`` from its smallest
+    (``policies``), over the requests read once and shared by every replay."""
+    policies = list(policies)
+    if not policies:
+        return []
+    trace = list(with_paths(src.accesses(), src.width()))
+    out = []
+    for policy in policies:
+        pts = PolicyPoints(policy)
+        for u in (u for u in units if u >= min_blocks(policy)):
+            pts.capacities_units.append(u)
+            pts.hits.append(replay_hits(trace, policy, u, src.block_tokens))
+            if progress is not None:
+                progress(1)
+        out.append(pts)
+    return out
 
 
 def analyse(cfg: WhatIfConfig, progress: Progress | None = None) -> WhatIf:
@@ -215,7 +290,7 @@ def analyse(cfg: WhatIfConfig, progress: Progress | None = None) -> WhatIf:
     if cfg.alignment and src.has_tokens:
         token_curve = curve if cfg.block_size == 1 else one_pass(src.accesses(1), src.width(1), 1)
     units = sample_units(curve, cfg.samples)
-    points = [replay_points(src, p, units) for p in cfg.policies]
+    points = replay_points(src, cfg.policies, units)
     return WhatIf(cfg.source, src.format, curve, token_curve, points, time.perf_counter() - t0,
                   src.notes, src.pool_tokens())
 

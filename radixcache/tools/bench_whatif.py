@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from radixcache.analysis.answers import FRACTIONS, capacity_for
-from radixcache.analysis.replay import Policy, ReplayCache, replay
+from radixcache.analysis.replay import ReplayCache, replay
 from radixcache.analysis.stackdist import Curve
 from radixcache.analysis.whatif import one_pass
 from radixcache.tools.bench_whatif_scale import peak_rss_mb as _peak_rss_mb
@@ -58,7 +58,7 @@ def _check_caps(curve: Curve, checks: int, floor_tokens: int) -> list[int]:
 
 def _direct(acc: Sequence[Access], curve: Curve, caps: list[int], width: int) -> Figures:
     b = curve.block_tokens
-    replayed = [replay(acc, ReplayCache(c // b, width, b, Policy.LRU)) for c in caps]
+    replayed = [replay(acc, ReplayCache(c // b, width, b)) for c in caps]
     predicted = [int(h) for h in curve.hits(np.asarray(caps) // b)]
     return {"capacities_tokens": caps, "curve_hits": predicted, "replay_hits": replayed,
             "equal": replayed == predicted}
@@ -187,10 +187,10 @@ def mooncake(requests: int, seed: int, checks: int) -> Figures:
 
 def run_bench(
     requests: int, limit: int | None, checks: int, seed: int, new: NewTask, advance: Advance,
-    scale: tuple[int, float] | None = None,
+    scale: tuple[int, list[float]] | None = None,
 ) -> Figures:
     """The ``--json`` object (keys: ``sharegpt``, ``follow``, ``mooncake``, and ``scale``
-    when ``scale`` = (requests, sample rate) is given: ``bench_whatif_scale``)."""
+    when ``scale`` = (requests, sample rates) is given: ``bench_whatif_scale``)."""
     fig: Figures = {"sharegpt": sharegpt(limit, checks, new, advance)}
     fig["follow"] = follow_sharegpt(limit, new, advance)
     task = new(f"Mooncake format, {requests:,} requests", None)
@@ -199,7 +199,7 @@ def run_bench(
     if scale is not None:
         from radixcache.tools.bench_whatif_scale import run_scale
 
-        task = new(f"scale: {scale[0]:,} requests, 4 passes", None)
+        task = new(f"scale: {scale[0]:,} requests, {2 + 4 * len(scale[1])} passes", None)
         fig["scale"] = run_scale(scale[0], seed, scale[1])
         advance(task, scale[0])
     return fig

@@ -28,11 +28,13 @@ import numpy as np
 from radixcache.core.blockrule import hash_id_problem, hash_run_problem
 from radixcache.traffic.traces import (
     BOM,
+    MAX_LINE_BYTES,
     MOONCAKE_BLOCK,
     Access,
     TraceError,
     decode_problem,
     lines,
+    long_line,
     open_trace,
 )
 
@@ -145,11 +147,12 @@ def _chunks(path: Path, chunk_bytes: int, ring: int
     the chunk being ``buf[:size]`` with ``PAD`` more bytes readable (the scanner's 8-byte
     loads); a buffer is written again ``ring`` chunks later, so up to ``ring - 1`` earlier
     chunks may still be read while the next one is. A byte order mark at byte 0 is dropped; a
-    last line without its newline gets one."""
+    last line without its newline gets one; a line past ``MAX_LINE_BYTES`` is a
+    ``TraceError`` naming its byte offset (before a buffer grows to hold it)."""
     from radixcache.traffic.swar import PAD
 
     bufs = [np.zeros(chunk_bytes + PAD, np.uint8) for _ in range(ring)]
-    turn, buf = 0, bufs[0]
+    turn, buf, offset = 0, bufs[0], 0  # offset: of ``buf[0]`` in the file
     with open_trace(path) as f:
         start = f.read(len(BOM))
         held = 0 if start == BOM else len(start)  # a line begun in the read before
@@ -164,6 +167,7 @@ def _chunks(path: Path, chunk_bytes: int, ring: int
                 return
             cut = _last_newline(buf, end)
             if cut:
+                offset += cut
                 yield buf, cut
                 turn = (turn + 1) % len(bufs)
                 nxt = bufs[turn]
@@ -171,6 +175,8 @@ def _chunks(path: Path, chunk_bytes: int, ring: int
                     nxt = bufs[turn] = np.zeros(len(buf), np.uint8)
                 nxt[: end - cut] = buf[cut:end]  # the line begun: to the front of the next
                 buf = nxt
+            elif end > MAX_LINE_BYTES:
+                raise long_line(path, None, offset + (len(BOM) if start == BOM else 0))
             elif end + PAD == len(buf):  # one line longer than the buffer: a larger one
                 buf = bufs[turn] = np.concatenate((buf, np.zeros(len(buf), np.uint8)))
             held = end - cut

@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 MOONCAKE_BLOCK = 512
 MAX_TRACE_BYTES = 64 * 1024**3  # readers stream; this bounds a run on a mistaken file
+# a line longer than this is no request (a Mooncake line of 1M tokens is ~16 KB, a token
+# line of 1M ids ~8 MB): refused before it is held, as a file of NULs has no newline at all
+MAX_LINE_BYTES = 16 << 20
 BOM = b"\xef\xbb\xbf"
 
 
@@ -101,11 +104,25 @@ def open_trace(path: Path) -> io.BufferedReader:
     return open(fd, "rb")
 
 
+def long_line(path: Path, line: int | None, offset: int) -> TraceError:
+    """The error for a line past ``MAX_LINE_BYTES`` that starts at byte ``offset``."""
+    where = f"{path}:{line}" if line is not None else f"{path}: the line at byte {offset:,}"
+    at = f" (at byte {offset:,})" if line is not None else ""
+    return TraceError(f"{where}{at}: longer than {MAX_LINE_BYTES >> 20} MiB without a newline: "
+                      f"not a trace line")
+
+
 def lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """Non-blank lines with their 1-based numbers, streamed; a UTF-8 byte order mark at byte 0
-    is dropped (some editors write one)."""
+    is dropped (some editors write one); a line past ``MAX_LINE_BYTES`` is a ``TraceError``
+    before it is held whole."""
     with open_trace(path) as f:
-        for i, line in enumerate(f, 1):
+        i, offset = 0, 0
+        while line := f.readline(MAX_LINE_BYTES + 1):
+            i += 1
+            if len(line) > MAX_LINE_BYTES:
+                raise long_line(path, i, offset)
+            offset += len(line)
             if i == 1 and line.startswith(BOM):
                 line = line[len(BOM):]
             if line.strip():

@@ -1,0 +1,257 @@
+"""The exact LRU pass bounded to the top ``depth`` blocks of the recency stack: the hits at
+every capacity up to ``depth`` blocks, exactly, in memory bounded by ``depth`` (not by the
+trace's distinct blocks).
+
+The cache of C blocks is the top C of the one recency stack (Mattson et al., 1970), so the top
+``depth`` of it is an LRU cache of ``depth`` blocks, and a block's stack distance below
+``depth`` is the same in it as in the whole stack. This pass is ``hashstack``'s (read its
+docstring: groups of blocks last touched by one request, counted in a Fenwick tree over
+request stamps), with blocks past ``depth`` evicted after each request, deepest first. A
+parent is at least as recent as its children, and of one group the deepest go first, so a
+child never outlives its parent. Evicting one block at a time would cost a table deletion
+each; instead the table holds up to ``depth + max(depth, SLACK)`` blocks and is then cut back
+in one pass to whole groups, the newest, as many as hold at least ``depth`` blocks (a top of
+the stack: the blocks newer than a stamp, and that stamp's group)::
+
+    stamps (newest first)   r=9 [3]  r=5 [2]  r=3 [4]  r=2 [6] ...     depth 8
+    kept: r=9, r=5, r=3 (9 >= 8 blocks); the rest is gone, the tree and the table rebuilt
+
+A cut keeps a top of the stack, so the distances of the blocks kept are their distances in
+the whole stack; any block not kept lies deeper than ``depth``. Blocks live in an
+open-addressing table (linear probing, Fibonacci hashing: one multiply an id). Below ``depth``
+the curve is exact; above it the hits are at least those at ``depth``. It is what a sample
+cannot see (SHARDS resolves a curve
+only from about 100/R blocks up): ``radixcache.analysis.hybrid`` joins the two.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from radixcache.analysis.hashstack import (
+    BAD_LENGTH,
+    BAD_ORDER,
+    HashStackError,
+    _fen_add,
+    _fen_after,
+    _jit,
+    renumber_stamps,
+)
+from radixcache.analysis.stackdist import Curve
+from radixcache.core.blockrule import check_length
+from radixcache.traffic.mooncake_scan import block_tokens
+
+# st: requests, blocks held, Fenwick total, followed tokens, error (code, request, id, had,
+# now), last stamp, blocks ever evicted
+_EVICTED = 10
+SLACK = 1 << 12  # blocks held past ``depth`` before a cut, at least (a cut costs a pass)
+
+
+@_jit
+def _find(keys: np.ndarray, last: np.ndarray, x: np.uint64, shift: np.uint64) -> int:
+    """The slot of id ``x``: >= 0 when present, ``-1 - slot`` of its empty slot when not
+    (``len(keys)`` is ``2 ** (64 - shift)``)."""
+    mask = np.int64(len(keys) - 1)
+    h = np.int64((x * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+    while last[h] != 0:
+        if keys[h] == x:
+            return int(h)
+        h = (h + np.int64(1)) & mask
+    return int(-1 - h)
+
+
+@_jit
+def _insert_all(keys: np.ndarray, last: np.ndarray, length: np.ndarray, old_keys: np.ndarray,
+                old_last: np.ndarray, old_length: np.ndarray, shift: np.uint64,
+                floor: int) -> int:
+    """Every block of the old arrays stamped ``floor`` or later into the (empty) table; the
+    blocks moved."""
+    n = 0
+    for i in range(len(old_last)):
+        if old_last[i] >= floor and old_last[i] != 0:
+            s = -1 - _find(keys, last, old_keys[i], shift)
+            keys[s], last[s], length[s] = old_keys[i], old_last[i], old_length[i]
+            n += 1
+    return n
+
+
+@_jit
+def _cut(depth: int, keys: np.ndarray, last: np.ndarray, length: np.ndarray, fen: np.ndarray,
+         spare: tuple[np.ndarray, np.ndarray, np.ndarray], shift: np.uint64,
+         st: np.ndarray) -> None:
+    """Keep the newest whole groups that hold ``depth`` blocks or more (module docstring):
+    the stamp where they start from the Fenwick tree's counts, then the table rebuilt through
+    ``spare`` (``keys``, ``last``, ``length`` of the same size) and the tree renumbered."""
+    top = st[9]
+    count = np.zeros(top + 1, np.int64)
+    for s in range(len(last)):
+        if last[s] > 0:
+            count[last[s]] += 1
+    floor, held = top, 0
+    while floor > 1 and held + count[floor] < depth:
+        held += count[floor]
+        floor -= 1
+    kx, kl, klen = spare
+    kx[:] = keys
+    kl[:] = last
+    klen[:] = length
+    last[:] = 0
+    n = _insert_all(keys, last, length, kx, kl, klen, shift, floor)
+    st[_EVICTED] += st[1] - n
+    st[1], st[2] = n, n
+    renumber_stamps(last, fen, st)
+
+
+@_jit
+def _run(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, block: int, depth: int,
+         keys: np.ndarray, last: np.ndarray, length: np.ndarray, fen: np.ndarray,
+         hist: np.ndarray, spare: tuple[np.ndarray, np.ndarray, np.ndarray], shift: np.uint64,
+         st: np.ndarray) -> None:
+    """Apply requests in order (the module docstring); ``st`` as ``hashstack._run``'s, then
+    the blocks evicted."""
+    path = np.empty(ids.shape[0] + 1, np.int64)
+    was = np.empty(ids.shape[0] + 1, np.int64)
+    start = 0
+    for i in range(len(ends)):
+        st[0] += 1
+        end, tok, r = ends[i], tokens[i], st[9] + 1
+        n, m = 0, 0
+        for k in range(start, end):
+            x = ids[k]
+            want = block_tokens(k - start, end - start, tok, block)
+            s = _find(keys, last, x, shift)
+            if s >= 0:
+                bad = length[s] != want or n != m or last[s] < 0 or (m and last[s] > was[m - 1])
+                if bad:
+                    st[4] = BAD_LENGTH if length[s] != want else BAD_ORDER
+                    st[5], st[6], st[7], st[8] = i, x, length[s], want
+                    return
+                was[m] = last[s]
+                m += 1
+            else:
+                s = -1 - s
+                length[s], keys[s] = want, x
+                st[1] += 1
+            last[s] = -r
+            path[n] = s
+            n += 1
+            st[3] += want
+        start = end
+        if n == 0:
+            continue
+        _account(path, was, m, length, fen, hist, st)
+        for j in range(n):
+            last[path[j]] = r
+        _fen_add(fen, r, n)
+        st[2] += n
+        st[9] = r
+        if st[1] >= depth + max(depth, SLACK):
+            _cut(depth, keys, last, length, fen, spare, shift, st)
+
+
+@_jit
+def _account(path: np.ndarray, was: np.ndarray, m: int, length: np.ndarray, fen: np.ndarray,
+             hist: np.ndarray, st: np.ndarray) -> None:
+    """``hashstack._account``, histogramming only the distances below ``len(hist)``."""
+    j, top = 0, len(hist)
+    while j < m:
+        q, lo = was[j], j
+        d = _fen_after(fen, st[2], q)
+        while j < m and was[j] == q:
+            if d + j - lo < top:
+                hist[d + j - lo] += length[path[j]]
+            j += 1
+    j = 0
+    while j < m:
+        q, lo = was[j], j
+        while j < m and was[j] == q:
+            j += 1
+        _fen_add(fen, q, lo - j)
+        st[2] += lo - j
+
+
+class BoundedStack:
+    """Feed ``HashRuns`` in order with ``add``; ``curve()`` gives the exact hits at every
+    capacity up to ``depth`` blocks (then flat: a lower bound). Memory: a table of 4-8 slots
+    (32 bytes each, with the spare a cut rebuilds through) a block of ``depth + max(depth,
+    SLACK)`` plus the longest request, and a Fenwick tree of at most ``8 * depth`` stamps."""
+
+    renumber_floor = 1 << 16
+
+    def __init__(self, block_tokens: int, depth: int) -> None:
+        if depth < 1:
+            raise ValueError("the exact depth must be at least one block")
+        self.block_tokens, self.depth = block_tokens, depth
+        self._table(1 << 10)
+        self.fen = np.zeros((1 << 16) + 1, np.int32)
+        self.hist = np.zeros(min(depth, 1 << 16) + 1, np.int64)
+        self.st = np.zeros(11, np.int64)
+        self.prompt_tokens = 0
+
+    def _table(self, size: int) -> None:
+        """An empty table of ``size`` slots (a power of two) and its spare."""
+        self.keys = np.zeros(size, np.uint64)
+        self.last = np.zeros(size, np.int32)
+        self.length = np.zeros(size, np.int32)
+        self.spare = (np.zeros(size, np.uint64), np.zeros(size, np.int32),
+                      np.zeros(size, np.int32))
+        self.shift = np.uint64(64 - (size.bit_length() - 1))
+
+    @property
+    def requests(self) -> int:
+        """Requests added so far."""
+        return int(self.st[0])
+
+    @property
+    def evicted(self) -> int:
+        """Blocks evicted past ``depth`` so far: 0 means the curve is exact at every size."""
+        return int(self.st[_EVICTED])
+
+    @property
+    def held(self) -> int:
+        """Blocks held now (between ``depth`` and ``depth + max(depth, SLACK)`` once full)."""
+        return int(self.st[1])
+
+    def add(self, ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray) -> None:
+        """Account consecutive requests (``HashRuns``' arrays, every id: not a sample);
+        ``HashStackError`` names the first that breaks the rule among the blocks held."""
+        if not len(ends):
+            return
+        self._room(ids, ends)
+        _run(ids, ends, tokens, self.block_tokens, self.depth, self.keys, self.last,
+             self.length, self.fen, self.hist, self.spare, self.shift, self.st)
+        if self.st[4]:
+            code, i, x, had, now = (int(v) for v in self.st[4:9])
+            why = check_length(x, had, now) if code == BAD_LENGTH else (
+                f"hash id {x} appears out of its place (after a block not seen before, twice, "
+                f"or under another parent than before)")
+            raise HashStackError(i, why or "bad request")
+        self.prompt_tokens += int(tokens.sum())
+
+    def _room(self, ids: np.ndarray, ends: np.ndarray) -> None:
+        """Room for the requests of one ``add``: the table for the most blocks held and the
+        longest request, the Fenwick tree for their stamps, the histogram up to ``depth``."""
+        longest = int(np.diff(ends, prepend=0).max())
+        if self.st[9] > max(self.renumber_floor, 8 * self.depth):
+            renumber_stamps(self.last, self.fen, self.st)
+        need = int(self.st[9]) + len(ends) + 1
+        while len(self.fen) <= need:
+            size = len(self.fen) - 1
+            self.fen = np.concatenate((self.fen, np.zeros(size, np.int32)))
+            self.fen[2 * size] = self.st[2]
+        # every distance below the most blocks ever held: with none evicted, all of them
+        want = min(self.depth + max(self.depth, SLACK) + longest, self.held + len(ids)) + 1
+        if len(self.hist) < want:
+            self.hist = np.concatenate((self.hist, np.zeros(want - len(self.hist), np.int64)))
+        most = min(self.depth + max(self.depth, SLACK), self.held + len(ids)) + longest
+        if most * 2 > len(self.keys):  # load at most 1/2
+            old = (self.keys, self.last, self.length)
+            self._table(1 << (most * 2).bit_length())
+            _insert_all(self.keys, self.last, self.length, *old, self.shift, 1)
+
+    def curve(self) -> Curve:
+        """The hits at every capacity 0..``depth`` (units), exact; flat past it (the hits
+        there are at least these)."""
+        cum = np.zeros(len(self.hist) + 1, np.int64)
+        np.cumsum(self.hist, out=cum[1:])
+        return Curve(self.block_tokens, self.requests, self.prompt_tokens, cum)
