@@ -28,8 +28,9 @@ class NoNvml:
         raise RuntimeError("no driver (test)")
 
 
-async def wait_until(pilot, predicate: Callable[[], bool], timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    """Let the app run until ``predicate()`` holds (an AssertionError after ``timeout`` s)."""
+async def wait_until(pilot, predicate: Callable[[], bool], timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    """Let the app run until ``predicate()`` holds (an AssertionError after ``timeout`` s: a
+    bound for a stuck app, generous because a loaded 2-core machine serves a workload slowly)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
