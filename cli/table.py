@@ -90,6 +90,10 @@ COMMANDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
         "Serve one workload with the cache on, then off; compare prefill work, TTFT, decode "
         "rate. With --schedule: the demo's mix under each scheduling policy (hit rate against "
         "the what-if curve, in-flight misses, queue wait, TTFT, throughput, equal outputs)."),
+    "bench serve": ("cli.cmd_bench_serve", "",
+        "The chat workload through `serve --http` (a child process, streaming HTTP clients) "
+        "beside the same workload in process, at each rate and at saturation: TTFT and "
+        "inter-token latency p50/p99, requests/s, CPU seconds per request."),
     "bench tui": ("cli.cmd_inspect", "",
         "The inspector headless on a big tree fed 50,000 events/s: frame cost while scrolling "
         "and while nodes change, key latency, events ingested/s, memory pane redraws/s, command "
