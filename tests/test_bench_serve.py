@@ -31,7 +31,11 @@ def test_bench_serve_json_keys_and_consistent_counts(capsys: pytest.CaptureFixtu
         main(argv)
     assert exit_info.value.code in (0, None)
     out = json.loads(capsys.readouterr().out)
-    assert set(out) >= {"rates", "saturated", "load_average"}
+    assert set(out) >= {"rates", "saturated", "load_average", "timelines"}
+    assert [t["pass"] for t in out["timelines"]] == [
+        "20/s http", "20/s in process", "40/s http", "40/s in process", "saturated http",
+        "saturated in process"]
+    assert all(t["timeline_steps"] > 0 for t in out["timelines"])
     assert [r["rate"] for r in out["rates"]] == [20.0, 40.0]
     assert [r["requests"] for r in out["rates"]] == [4, 8]
     for row in out["rates"]:
@@ -41,6 +45,7 @@ def test_bench_serve_json_keys_and_consistent_counts(capsys: pytest.CaptureFixtu
         # the same prompts both ways: the same number of requests answered
         assert row["http"]["requests"] == row["in_process"]["requests"]
     sat = out["saturated"]
+    assert set(sat) == {"requests", "http", "in_process"}
     assert sat["requests"] == 8
     for path in ("http", "in_process"):
         _check(sat[path], 8, 4)

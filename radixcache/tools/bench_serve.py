@@ -131,9 +131,29 @@ async def drive(workload: Workload, send: Callable[[int], asyncio.Future[Timed]]
 
 
 # -- through HTTP ---------------------------------------------------------------------------
+class Served(NamedTuple):
+    """A running ``serve --http``."""
+
+    url: str
+    pid: int
+    commands: str  # its ZeroMQ command endpoint (``stats`` carries the step timeline)
+
+
+def timeline(commands: str) -> dict[str, float | int]:
+    """The ``timeline_*`` figures of the server's ``stats`` (its last steps)."""
+    from radixcache.wire import commands as cmd
+    from radixcache.wire.client import send_command
+
+    reply = send_command(commands, cmd.Stats(), timeout_s=30)
+    if not isinstance(reply, cmd.Ok):
+        raise RuntimeError(f"stats: {reply.message}")
+    return {k: v for k, v in reply.values.items()
+            if k.startswith("timeline_") and not isinstance(v, str)}
+
+
 @contextlib.contextmanager
-def served(blocks: int) -> Iterator[tuple[str, int]]:
-    """``serve --http`` in a child process: (its URL, its pid) once ``/health`` answers."""
+def served(blocks: int) -> Iterator[Served]:
+    """``serve --http`` in a child process, once ``/health`` answers."""
     port = free_ports(4)
     root = Path(__file__).resolve().parents[2]
     argv = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--http",
@@ -152,7 +172,7 @@ def served(blocks: int) -> Iterator[tuple[str, int]]:
             why = (f"exited ({proc.returncode})" if proc.poll() is not None
                    else "did not answer /health within 120 s")
             raise RuntimeError(f"serve --http {why}")
-        yield url, proc.pid
+        yield Served(url, proc.pid, f"tcp://127.0.0.1:{port + 2}")
     finally:
         proc.terminate()
         proc.wait(30)
@@ -181,9 +201,10 @@ async def _stream(c: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) 
     return Timed(None, sent, tuple(pieces))
 
 
-async def http_pass(url: str, pid: int, workload: Workload, offsets: Sequence[float],
+async def http_pass(server: Served, workload: Workload, offsets: Sequence[float],
                     max_tokens: int, progress: Callable[[], None]) -> Figures:
-    """One pass through ``serve --http`` at ``url`` (its cache flushed first)."""
+    """One pass through ``server`` (its cache flushed first)."""
+    url, pid = server.url, server.pid
     texts = [workload.text(r.prompt) for r in workload.requests]
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
     async with httpx.AsyncClient(timeout=300, limits=limits) as c:
@@ -227,6 +248,7 @@ class InProcess:
         prompts = [tok.encode(workload.text(r.prompt)) for r in workload.requests]
         with self.loop.changing() as service:
             service.reset()
+            self.loop.timeline.clear()
         aio = asyncio.get_running_loop()
 
         def send(i: int) -> asyncio.Future[Timed]:
@@ -266,40 +288,37 @@ def _counter(progress: Progress, name: str, total: int) -> Callable[[], None]:
 
 
 def run(config: BenchServeConfig, progress: Progress) -> dict[str, object]:
-    """Every rate, then saturation, through HTTP and in process (see the module doc)."""
+    """Every rate, then saturation, through HTTP and in process (see the module doc); with
+    each pass's step timeline (``serving.timeline``: the server's last steps, the in-process
+    loop's steps of that pass)."""
     counts = [max(1, round(rate * config.seconds)) for rate in config.rates]
-    most = max(counts) if counts else max(1, round(60 * config.seconds))
-    workload = chat_workload(most, config.seed)
+    workload = chat_workload(max(counts), config.seed)
     inproc = InProcess(config.blocks)
     rates: list[dict[str, object]] = []
+    timelines: list[dict[str, object]] = []
     warm = cut(workload, 1)  # one request each way first: the first forward pays for setup
+    passes = [(rate, cut(workload, n), arrivals(n, rate, config.seed))
+              for rate, n in zip(config.rates, counts, strict=True)]
+    passes.append((0.0, workload, [0.0] * len(workload.requests)))  # 0: saturated
     try:
-        with served(config.blocks) as (url, pid):
-            asyncio.run(http_pass(url, pid, warm, [0.0], 2, lambda: None))
+        with served(config.blocks) as server:
+            asyncio.run(http_pass(server, warm, [0.0], 2, lambda: None))
             asyncio.run(inproc.run(warm, [0.0], 2, lambda: None))
-            for rate, n in zip(config.rates, counts, strict=True):
-                w = cut(workload, n)
-                offsets = arrivals(n, rate, config.seed)
+            for rate, w, offsets in passes:
+                n, name = len(w.requests), f"{rate:g}/s" if rate else "saturated"
                 row: dict[str, object] = {"rate": rate, "requests": n}
-                row["http"] = asyncio.run(http_pass(
-                    url, pid, w, offsets, config.max_tokens,
-                    _counter(progress, f"{rate:g}/s http", n)))
+                row["http"] = asyncio.run(http_pass(server, w, offsets, config.max_tokens,
+                                                    _counter(progress, f"{name} http", n)))
+                timelines.append({"pass": f"{name} http", **timeline(server.commands)})
                 row["in_process"] = asyncio.run(inproc.run(
-                    w, offsets, config.max_tokens,
-                    _counter(progress, f"{rate:g}/s in process", n)))
+                    w, offsets, config.max_tokens, _counter(progress, f"{name} in process", n)))
+                timelines.append({"pass": f"{name} in process",
+                                  **inproc.loop.timeline.figures()})
                 rates.append(row)
-            at_once = [0.0] * len(workload.requests)
-            n = len(workload.requests)
-            saturated = {
-                "requests": n,
-                "http": asyncio.run(http_pass(url, pid, workload, at_once, config.max_tokens,
-                                              _counter(progress, "saturated http", n))),
-                "in_process": asyncio.run(inproc.run(
-                    workload, at_once, config.max_tokens,
-                    _counter(progress, "saturated in process", n))),
-            }
     finally:
         inproc.close()
+    saturated = rates.pop()
+    del saturated["rate"]
     return {"workload": "chat", "max_tokens": config.max_tokens, "seconds": config.seconds,
             "blocks": config.blocks, "load_average": list(os.getloadavg()),
-            "rates": rates, "saturated": saturated}
+            "rates": rates, "saturated": saturated, "timelines": timelines}
