@@ -224,7 +224,7 @@ async def http_pass(server: Served, workload: Workload, offsets: Sequence[float]
 class InProcess:
     """An engine as ``serve`` configures it, stepped by a ``ServiceLoop`` on its thread."""
 
-    def __init__(self, blocks: int) -> None:
+    def __init__(self, blocks: int, step_tokens: int = 512) -> None:
         import torch
 
         from radixcache.serving.engine import Engine, EngineConfig
@@ -232,7 +232,8 @@ class InProcess:
         from radixcache.serving.model import tiny_model
 
         torch.set_num_threads(1)  # as ``serve --threads 1``
-        self.engine = Engine(EngineConfig(num_blocks=blocks, model=tiny_model()))
+        self.engine = Engine(EngineConfig(num_blocks=blocks, model=tiny_model(),
+                                          max_step_tokens=step_tokens))
         self.loop = ServiceLoop(self.engine, BatchSink(lambda _: None), LoopConfig()).start()
 
     def close(self) -> None:
