@@ -35,6 +35,9 @@ def bench_serve(
                                   help="Each pass sends rate x seconds requests."),
     max_tokens: int = typer.Option(32, min=1, max=4096, help="Answer length cap."),
     blocks: int = typer.Option(4096, min=16, max=MAX_BLOCKS, help="KV pool blocks (of 16)."),
+    step_tokens: int = typer.Option(512, min=16, max=1 << 20,
+                                     help="The engine's tokens per step (prefill chunk "
+                                     "budget), both ways."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
 ) -> None:
     """The chat workload through `serve --http` (a child process, streaming HTTP clients)
@@ -47,7 +50,8 @@ def bench_serve(
     Example: radixcache bench serve --seconds 5 --json"""
     from radixcache.tools import bench_serve as bs
 
-    cfg = bs.BenchServeConfig(_rates(rates), seconds, max_tokens, blocks)
+    cfg = bs.BenchServeConfig(_rates(rates), seconds, max_tokens, blocks,
+                              step_tokens=step_tokens)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=True) as bar:
@@ -71,16 +75,17 @@ def bench_serve(
 
 def _print_table(out: dict[str, object]) -> None:
     load = out["load_average"]
-    t = Table(title=f"bench serve: chat, max_tokens {out['max_tokens']} (load average {load})")
-    for col in ("rate /s", "path", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms",
-                "requests/s", "CPU s/request", "failed"):
+    t = Table(title=f"bench serve: chat, max_tokens {out['max_tokens']}, step tokens "
+              f"{out['step_tokens']}, load average {load} (latencies in ms)")
+    for col in ("rate/s", "path", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "req/s",
+                "CPU s/req", "failed"):
         t.add_column(col, justify="right")
     rows = [(f"{r['rate']:g}", r) for r in out["rates"]]  # type: ignore[attr-defined]
     rows.append(("saturated", out["saturated"]))
     for label, row in rows:
         for path in ("http", "in_process"):
             f = row[path]
-            t.add_row(label, path.replace("_", " "), *(str(f[k]) for k in (
+            t.add_row(label, "HTTP" if path == "http" else "in proc", *(str(f[k]) for k in (
                 "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "requests_per_s",
                 "cpu_s_per_request", "failed")))
     Console().print(t)

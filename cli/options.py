@@ -36,7 +36,8 @@ class AnswerMode(enum.StrEnum):
 
 
 def engine_config(model: ModelSize, blocks: int, device: str | None, threads: int,
-                  answers: Answers, schedule: SchedulePolicy = SchedulePolicy.FCFS) -> EngineConfig:
+                  answers: Answers, schedule: SchedulePolicy = SchedulePolicy.FCFS,
+                  step_tokens: int = 512) -> EngineConfig:
     """The engine's configuration for these options (sets torch's CPU threads)."""
     import torch
 
@@ -46,7 +47,7 @@ def engine_config(model: ModelSize, blocks: int, device: str | None, threads: in
     torch.set_num_threads(threads)
     mc = tiny_model() if model is ModelSize.TINY else ModelConfig()
     return EngineConfig(num_blocks=blocks, model=mc, device=device, answers=answers,
-                        schedule=schedule)
+                        schedule=schedule, max_step_tokens=step_tokens)
 
 
 def sized_workload(name: str, args: str, requests: int) -> Workload:

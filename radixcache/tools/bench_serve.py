@@ -55,6 +55,7 @@ class BenchServeConfig(NamedTuple):
     max_tokens: int = 32
     blocks: int = 4096
     seed: int = 0
+    step_tokens: int = 512  # the engine's per-step token budget, both ways
 
 
 class Timed(NamedTuple):
@@ -152,12 +153,12 @@ def timeline(commands: str) -> dict[str, float | int]:
 
 
 @contextlib.contextmanager
-def served(blocks: int) -> Iterator[Served]:
+def served(blocks: int, step_tokens: int = 512) -> Iterator[Served]:
     """``serve --http`` in a child process, once ``/health`` answers."""
     port = free_ports(4)
     root = Path(__file__).resolve().parents[2]
     argv = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--http",
-            str(port + 3), "--blocks", str(blocks)]
+            str(port + 3), "--blocks", str(blocks), "--step-tokens", str(step_tokens)]
     proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port + 3}"
@@ -294,7 +295,7 @@ def run(config: BenchServeConfig, progress: Progress) -> dict[str, object]:
     loop's steps of that pass)."""
     counts = [max(1, round(rate * config.seconds)) for rate in config.rates]
     workload = chat_workload(max(counts), config.seed)
-    inproc = InProcess(config.blocks)
+    inproc = InProcess(config.blocks, config.step_tokens)
     rates: list[dict[str, object]] = []
     timelines: list[dict[str, object]] = []
     warm = cut(workload, 1)  # one request each way first: the first forward pays for setup
@@ -302,7 +303,7 @@ def run(config: BenchServeConfig, progress: Progress) -> dict[str, object]:
               for rate, n in zip(config.rates, counts, strict=True)]
     passes.append((0.0, workload, [0.0] * len(workload.requests)))  # 0: saturated
     try:
-        with served(config.blocks) as server:
+        with served(config.blocks, config.step_tokens) as server:
             asyncio.run(http_pass(server, warm, [0.0], 2, lambda: None))
             asyncio.run(inproc.run(warm, [0.0], 2, lambda: None))
             for rate, w, offsets in passes:
@@ -321,5 +322,6 @@ def run(config: BenchServeConfig, progress: Progress) -> dict[str, object]:
     saturated = rates.pop()
     del saturated["rate"]
     return {"workload": "chat", "max_tokens": config.max_tokens, "seconds": config.seconds,
-            "blocks": config.blocks, "load_average": list(os.getloadavg()),
+            "blocks": config.blocks, "step_tokens": config.step_tokens,
+            "load_average": [round(x, 2) for x in os.getloadavg()],
             "rates": rates, "saturated": saturated, "timelines": timelines}
