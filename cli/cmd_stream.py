@@ -126,6 +126,10 @@ def serve(
     threads: int = typer.Option(1, min=1, max=MAX_THREADS,
                                  help="torch CPU threads (1 is fastest for the tiny model)."),
     schedule: SchedulePolicy = typer.Option(SchedulePolicy.FCFS, help=SCHEDULE_HELP),
+    step_tokens: int = typer.Option(512, min=16, max=1 << 20,
+                                     help="Tokens per step (the prefill chunk budget): lower "
+                                     "bounds inter-token latency behind long prompts, higher "
+                                     "batches more (see `bench serve --step-tokens`)."),
     digest_every: int = typer.Option(64, min=0,
                                       help="A Digest event every N batches (0: none)."),
     curve_keys: Path | None = typer.Option(None, help=CURVE_HELP + " Every socket bound is a "
@@ -151,7 +155,7 @@ def serve(
 
     at = _http_host(http, endpoint_host, allow_remote)
     engine = checked_engine(model, blocks, device, threads, Answers(answers.value), schedule,
-                            dtype=dtype, kv_memory=kv_memory)
+                            dtype=dtype, kv_memory=kv_memory, step_tokens=step_tokens)
     config = ServerConfig(LoopConfig(digest_every, program=DEFAULT_PROGRAM if loop else ()),
                           block_size=16, num_blocks=engine.config.num_blocks)
     server = _bind(engine, config, _endpoints(port, endpoint_host, ipc), allow_remote,

@@ -77,10 +77,12 @@ def kv_memory_bytes(text: str, free_bytes: int | None) -> int:
 
 def engine_config(model: str, blocks: int, device: str | None, threads: int,
                   answers: Answers, schedule: SchedulePolicy = SchedulePolicy.FCFS, *,
-                  dtype: str = "auto", kv_memory: str | None = None) -> EngineConfig:
+                  dtype: str = "auto", kv_memory: str | None = None,
+                  step_tokens: int = 512) -> EngineConfig:
     """The engine's configuration for these options (sets torch's CPU threads). ``model`` is
-    ``tiny``, ``default`` or a model folder. Raises ``ValueError`` (``CheckpointError``) with
-    one line for a folder it cannot serve or a bad ``kv_memory``."""
+    ``tiny``, ``default`` or a model folder; ``step_tokens`` the per-step token budget. Raises
+    ``ValueError`` (``CheckpointError``) with one line for a folder it cannot serve or a bad
+    ``kv_memory``."""
     import torch
 
     from radixcache.serving.checkpoint import Checkpoint, choose_dtype, read_spec
@@ -105,7 +107,7 @@ def engine_config(model: str, blocks: int, device: str | None, threads: int,
         free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else None
         blocks = max(1, kv_memory_bytes(kv_memory, free) // per_block)
     return EngineConfig(num_blocks=blocks, model=mc, device=device, answers=answers,
-                        schedule=schedule, checkpoint=checkpoint)
+                        schedule=schedule, checkpoint=checkpoint, max_step_tokens=step_tokens)
 
 
 def model_args(model: str, dtype: str) -> tuple[str, ...]:
@@ -119,7 +121,8 @@ def model_args(model: str, dtype: str) -> tuple[str, ...]:
 
 def checked_engine(model: str, blocks: int, device: str | None, threads: int,
                    answers: Answers, schedule: SchedulePolicy = SchedulePolicy.FCFS, *,
-                   dtype: str = "auto", kv_memory: str | None = None) -> Engine:
+                   dtype: str = "auto", kv_memory: str | None = None,
+                   step_tokens: int = 512) -> Engine:
     """The engine for these options (``engine_config``); a folder it cannot serve or a bad
     option exits 2 with one line on stderr."""
     import typer
@@ -128,7 +131,8 @@ def checked_engine(model: str, blocks: int, device: str | None, threads: int,
 
     try:
         return Engine(engine_config(model, blocks, device, threads, answers, schedule,
-                                    dtype=dtype, kv_memory=kv_memory))
+                                    dtype=dtype, kv_memory=kv_memory,
+                                    step_tokens=step_tokens))
     except (ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

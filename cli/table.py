@@ -94,6 +94,10 @@ COMMANDS: Mapping[str, tuple[str, str, str]] = MappingProxyType({
         "A random checkpoint with SmolLM2-135M's shapes on the radix cache against "
         "transformers' generate, on the multi-turn chat workload: TTFT, prefill and decode "
         "tokens/s per turn, requests/s."),
+    "bench serve": ("cli.cmd_bench_serve", "",
+        "The chat workload through `serve --http` (a child process, streaming HTTP clients) "
+        "beside the same workload in process, at each rate and at saturation: TTFT and "
+        "inter-token latency p50/p99, requests/s, CPU seconds per request."),
     "bench tui": ("cli.cmd_inspect", "",
         "The inspector headless on a big tree fed 50,000 events/s: frame cost while scrolling "
         "and while nodes change, key latency, events ingested/s, memory pane redraws/s, command "

@@ -81,9 +81,13 @@ def test_one_batch_per_step_and_per_command_with_samples_and_digest_cadence() ->
     counters = batches[2].events[-2]
     assert isinstance(counters, ev.Counters)
     assert (counters.submitted, counters.finished, counters.waiting) == (4, 4, 0)
-    assert loop.command(cmd.Stats()) == cmd.Ok("stats", {
-        **driver.stats().figures(), "seq": 3, "batches": 3, "digest": driver.digest(),
-        "program_rounds": 0})
+    reply = loop.command(cmd.Stats())
+    assert isinstance(reply, cmd.Ok)
+    timeline = {k: v for k, v in reply.values.items() if k.startswith("timeline_")}
+    assert cmd.Ok(reply.message, {k: v for k, v in reply.values.items() if k not in timeline}) \
+        == cmd.Ok("stats", {**driver.stats().figures(), "seq": 3, "batches": 3,
+                            "digest": driver.digest(), "program_rounds": 0})
+    assert timeline == loop.timeline.figures() and timeline["timeline_steps"] == 2
     assert len(batches) == 3  # stats publishes nothing
 
 

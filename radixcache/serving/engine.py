@@ -239,6 +239,11 @@ class Engine(TreeService):
         self._events = []
         return out
 
+    @property
+    def forward_s(self) -> float:
+        """Seconds the model's forwards took since start (``ServiceLoop``'s step timeline)."""
+        return self.running.forward_s
+
     # -- commands ------------------------------------------------------------------------------
     def pause(self) -> None:
         """Stop admitting requests; running ones go on to finish."""

@@ -19,7 +19,9 @@ The front never steps the engine: it submits through a ``Backend`` (``EngineBack
 ``Engine`` that another loop steps); requests run as ``serving.http_run`` says (text encoded
 off the event loop, a bound on waiting requests, a client that leaves aborts its request).
 Connections that send no complete request within ``read_timeout`` seconds, or stay idle that
-long between requests, are closed. Binds 127.0.0.1 unless told otherwise (IPv6 too).
+long between requests, are closed. Binds 127.0.0.1 unless told otherwise (IPv6 too). Once
+serving, ``start`` settles the interpreter for a process it shares with a step loop
+(``serving.http_interp``: start-up's objects frozen out of the garbage collector's sight).
 
 Stopping: ``close()`` cuts what is open. A drain (what ``serve`` does on SIGTERM) is
 ``stop_admitting()`` (new requests 503 with ``Retry-After``, /health 503 so routers stop
@@ -51,6 +53,7 @@ from radixcache.core.guard import Guard, ThreadFault
 from radixcache.serving import openai_api as api
 from radixcache.serving.http_backend import Backend
 from radixcache.serving.http_backend import EngineBackend as EngineBackend
+from radixcache.serving.http_interp import Settled, settle
 from radixcache.serving.http_run import Limits, Runner, error_response
 from radixcache.serving.prometheus import RequestMetrics
 from radixcache.traffic.tokenizer import TextTokenizer, shipped
@@ -120,8 +123,11 @@ class HttpFront:
     def __init__(self, backend: Backend, host: str = "127.0.0.1", port: int = 0, *,
                  model: str = DEFAULT_MODEL, limits: Limits | None = None,
                  tokenizer: TextTokenizer | None = None,
-                 eos_ids: frozenset[int] = frozenset()) -> None:
+                 eos_ids: frozenset[int] = frozenset(), settle: bool = True) -> None:
         self.backend, self.model = backend, model
+        # ``start`` settles the interpreter for serving beside a step loop (``http_interp``)
+        self._settle = settle
+        self.settled: Settled | None = None
         self.limits = limits if limits is not None else Limits()
         self.tokenizer = tokenizer if tokenizer is not None else shipped()
         if backend.vocab_size < self.tokenizer.vocab_size:  # a checkpoint's may be padded
@@ -162,6 +168,8 @@ class HttpFront:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"HTTP front on {self.url} did not start within 10 s")
             time.sleep(0.01)
+        if self._settle:
+            self.settled = settle()  # start-up is over: what it made is never garbage
         return self
 
     def close(self) -> None:

@@ -19,6 +19,10 @@ headless ``record``, the screenshots and the benchmarks -- is a ``CacheService``
     loop thread:   with lock.turn(): service.step(); publish(take_events() [+ Digest])   seq S+1
     command:       with lock: handle(service, c); publish(take_events())          seq S+2
     snapshot:      with lock: publish(leftover events); snapshot(), seq
+
+Every step is timed phase by phase (``timeline``, a ``serving.timeline.StepTimeline``: lock
+wait, step, forward, off-CPU, publish, GC, the gap between steps); ``stats`` carries its
+p50/p99/max over the last steps.
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ import enum
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from radixcache.core import events as ev
 from radixcache.core.guard import Guard, ThreadFault
 from radixcache.serving.service import CacheService, handle
 from radixcache.serving.statelock import StateLock
 from radixcache.serving.stats import Figures, Stats
+from radixcache.serving.timeline import GC_CLOCK, StepRow, StepTimeline
 from radixcache.wire import commands as cmd
 from radixcache.wire.publisher import SnapshotAt
 
@@ -49,6 +54,16 @@ class Sink(Protocol):
 
     def publish(self, events: list[ev.AnyEvent]) -> int:
         """Publish ``events`` as the next batch; returns its seq. Owns the list afterwards."""
+        ...
+
+
+@runtime_checkable
+class ForwardClock(Protocol):
+    """A service that counts the seconds its model's forwards took (the engine)."""
+
+    @property
+    def forward_s(self) -> float:
+        """Seconds in forwards since it started."""
         ...
 
 
@@ -115,6 +130,8 @@ class ServiceLoop:
         # published state, read without the lock: whether the service had work after the
         # last step or command (set once that step's or command's batch is published)
         self.working = False
+        self.timeline = StepTimeline()  # where each step's time went (serving.timeline)
+        self._last_end: float | None = None  # when the last step's batch was out, if stepping
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -188,6 +205,7 @@ class ServiceLoop:
             out["program_error"] = self.program_error
         if self.guard.fault is not None:
             out["fault"] = self.guard.fault.line()
+        out.update(self.timeline.figures())
         return out
 
     def snapshot_at(self) -> SnapshotAt:
@@ -214,18 +232,36 @@ class ServiceLoop:
     def step_once(self) -> bool:
         """One step if there is work (then publishes it); a sample when one is due; the next
         program entry when idle. Returns whether the service stepped."""
+        asked = time.perf_counter()
         with self.lock.turn():
             worked = self.service.busy()
             if worked:
-                self.service.step()
-            due = self._sample_due(stepped=worked)
-            if worked or due:
-                self._flush(sample=due)
+                self._timed_step(asked, sample=self._sample_due(stepped=True))
+            elif self._sample_due(stepped=False):
+                self._flush(sample=True)
             self.working = self.service.busy()
+        self._last_end = time.perf_counter() if worked else None
         if not worked and self.config.program and self.program_error is None \
                 and not self.service.paused:
             self._inject_next()
         return worked
+
+    def _timed_step(self, asked: float, *, sample: bool) -> None:
+        """One step and its batch (lock held), recorded in ``timeline`` (its module doc)."""
+        got = time.perf_counter()
+        gc0, fwd0, cpu0 = GC_CLOCK.total_s, self._forward_s(), time.thread_time()
+        self.service.step()
+        stepped, cpu1 = time.perf_counter(), time.thread_time()
+        fwd1 = self._forward_s()
+        self._flush(sample=sample)
+        done = time.perf_counter()
+        gap = asked - self._last_end if self._last_end is not None else float("nan")
+        self.timeline.record(StepRow(gap, got - asked, stepped - got, fwd1 - fwd0,
+                                     max(0.0, (stepped - got) - (cpu1 - cpu0)), done - stepped,
+                                     GC_CLOCK.total_s - gc0))
+
+    def _forward_s(self) -> float:
+        return self.service.forward_s if isinstance(self.service, ForwardClock) else 0.0
 
     def run_until_idle(self, max_steps: int | None = None, *,
                        until: Callable[[], bool] | None = None) -> int:
@@ -235,9 +271,10 @@ class ServiceLoop:
         steps = 0
         while self.service.busy() and (max_steps is None or steps < max_steps) \
                 and (until is None or not until()):
+            asked = time.perf_counter()
             with self.lock.turn():
-                self.service.step()
-                self._flush(sample=self._sample_due(stepped=True))
+                self._timed_step(asked, sample=self._sample_due(stepped=True))
+            self._last_end = time.perf_counter()
             steps += 1
         with self.lock:  # the closing batch: exactly one Digest, whatever the cadence says
             events = [*self.service.take_events(), *self._sample(),

@@ -68,6 +68,7 @@ class Running:
         self.model, self.kv, self.max_step_tokens = model, kv, max_step_tokens
         self.split = split_pairs(kv.device)
         self.requests: list[Request] = []
+        self.forward_s = 0.0  # seconds in ``model.forward`` since start
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -157,6 +158,7 @@ class Running:
         every request of ``group`` (their K/V writes went to slots only they hold), unless
         one of them published its prompt before computing it: then blocks the tree holds
         are half written, and ``CorruptStep`` says so (the engine cannot go on)."""
+        t0 = time.perf_counter()
         try:
             logits = self.model.forward([s for _, s in group], self.kv, copy)
         except Exception as exc:  # the requests of this forward fail, the engine steps on
@@ -166,6 +168,8 @@ class Running:
             for r, _ in group:
                 r.error = f"the model's forward over its batch raised {_one_line(exc)}"
             return
+        finally:
+            self.forward_s += time.perf_counter() - t0  # the step timeline's forward phase
         self._advance(group, logits, prefilled)
 
     @staticmethod
