@@ -130,7 +130,7 @@ class MemoryPane(PaneWidget):
         frac = used / total if total else 0.0
         out.append(self.pool_line() + "\n")
         out.append_text(pool_bar(frac, s.high, s.low, width))
-        kv = kv_line(*self.kv, width)
+        kv = kv_line(*self.kv, self.size.width)
         if kv:
             out.append(f"\n{kv}", "#7fd4ff")
         out.append(f"\nhigh {s.high:.0%}  low {s.low:.0%}\n", "dim")
