@@ -108,6 +108,11 @@ async def test_the_tree_pane_shows_the_model_s_text_and_the_memory_pane_its_kv_b
         assert want[:3] in text  # the row's preview (cut to its room) starts with the text
         assert app.messages.count(f"✓ previews in the text of "
                                   f"{folder.resolve() / 'tokenizer.json'}") == 1
+        await type_line(pilot, "stats")  # the reply names the K/V bytes and the folder
+        await wait_until(pilot, lambda: app.replies == 2)
+        said = app.messages[-1]
+        assert f"kv_bytes_per_block={PER_BLOCK}  kv_bytes_per_token={PER_TOKEN}" in said
+        assert f"model_dir={folder.resolve()}" in said
         await pilot.press("f4")  # 80x24 hides the memory pane: f4 shows it
         mem = app.query_one(MemoryPane)
         await wait_until(pilot, lambda: mem.size.height > 0 and mem.sample is not None)
