@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import typer
 
 from cli.cmd_engine import _kv_blocks
 from cli.options import kv_memory_args, model_args
@@ -70,6 +72,16 @@ def test_bench_engine_sizes_its_pool_from_kv_memory() -> None:
     block; a fraction needs a GPU's free memory, which a CPU run refuses in one line."""
     assert _kv_blocks(None, "auto", "1MiB") == 128
     assert _kv_blocks(None, "auto", "3GiB") == 3 * 2**30 // 8192
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU reports its free memory")
+def test_bench_engine_refuses_a_fraction_without_a_gpu_in_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(typer.Exit) as exit_:
+        _kv_blocks(None, "auto", "0.5")
+    assert (exit_.value.exit_code, capsys.readouterr().err) == (
+        2, "error: --kv-memory as a fraction needs a device that reports free memory (a GPU); "
+           "give a size such as 2GiB\n")
 
 
 def test_demo_and_cluster_start_serve_with_the_kv_memory_given() -> None:
