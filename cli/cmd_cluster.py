@@ -24,7 +24,16 @@ from rich.table import Table
 from cli.app import RUN, CliError, app, bench_app
 from cli.bounds import MAX_BLOCKS
 from cli.cluster_screens import streams_screen
-from cli.options import DTYPE_HELP, MODEL_HELP, SCHEDULE_HELP, ModelSize, model_args
+from cli.options import (
+    DTYPE_HELP,
+    KV_MEMORY_HELP,
+    MODEL_HELP,
+    SCHEDULE_HELP,
+    ModelSize,
+    check_kv_memory,
+    kv_memory_args,
+    model_args,
+)
 from radixcache.serving.cluster import RoutePolicy  # stdlib only: cheap at start-up
 from radixcache.serving.policy import SchedulePolicy
 from radixcache.wire.endpoints import LOOPBACK_HOSTS
@@ -316,6 +325,8 @@ def cluster(
                                             help="Each replica's " + SCHEDULE_HELP),
     model: str = typer.Option(ModelSize.TINY.value, help="Each replica's model. " + MODEL_HELP),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    kv_memory: str | None = typer.Option(None, help="Each replica's pool: " + KV_MEMORY_HELP,
+                                         callback=check_kv_memory),
 ) -> None:
     """Start N engine replicas behind sglang-router (127.0.0.1) and open the cluster screen;
     q stops every process it started. Send load with `radixcache load --url ROUTER`.
@@ -333,7 +344,7 @@ def cluster(
         raise typer.BadParameter(str(exc), param_hint="--router-arg") from None
     config = ClusterConfig(replicas, policy, blocks, http_base, zmq_base, router_port,
                            router_args=extra, schedule=schedule.value,
-                           model_args=model_args(model, dtype))
+                           model_args=model_args(model, dtype) + kv_memory_args(kv_memory))
     try:
         with console.status(f"starting {replicas} replicas and sglang-router ..."):
             c = Cluster(config).start()

@@ -19,7 +19,16 @@ from rich.table import Table
 
 from cli.app import app
 from cli.bounds import MAX_BLOCKS
-from cli.options import DTYPE_HELP, MODEL_HELP, SCHEDULE_HELP, ModelSize, model_args
+from cli.options import (
+    DTYPE_HELP,
+    KV_MEMORY_HELP,
+    MODEL_HELP,
+    SCHEDULE_HELP,
+    ModelSize,
+    check_kv_memory,
+    kv_memory_args,
+    model_args,
+)
 from radixcache.serving.policy import SchedulePolicy
 from radixcache.tools.demo import (
     DEFAULT_MIX,
@@ -181,6 +190,7 @@ def demo(
     schedule: SchedulePolicy = typer.Option(DEMO_SCHEDULE, help=SCHEDULE_HELP),
     model: str = typer.Option(ModelSize.TINY.value, help=MODEL_HELP),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    kv_memory: str | None = typer.Option(None, help=KV_MEMORY_HELP, callback=check_kv_memory),
 ) -> None:
     """Start an engine with a looping mixed workload and open the inspector on it (see
     ``DEMO_HELP``); the engine process is stopped however the demo ends."""
@@ -188,13 +198,13 @@ def demo(
         console.print("starting engine ...")  # on screen within the first second
     lines = _parse_mix(mix)
     _interrupt_on_sigterm()
+    serve_args = model_args(model, dtype) + kv_memory_args(kv_memory)
     if not no_inspect:
         with EngineProcess(blocks, grace_s=QUIT_GRACE_S, schedule=schedule.value,
-                           model_args=model_args(model, dtype)) as engine:
+                           model_args=serve_args) as engine:
             _run_inspector(engine.start(), lines, interval)
         _leave_now()
-    with running_demo(blocks, lines, interval, schedule, model_args(model, dtype)) as (engine,
-                                                                                    loop):
+    with running_demo(blocks, lines, interval, schedule, serve_args) as (engine, loop):
         stats = headless(engine, loop, seconds)
     if as_json:
         typer.echo(_json(stats))

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from cli.app import bench_app
 from cli.bounds import MAX_BLOCKS
-from cli.options import DTYPE_HELP
+from cli.options import DTYPE_HELP, KV_MEMORY_HELP, ModelSize, check_kv_memory
 from radixcache.tools.demo import DEFAULT_MIX
 from radixcache.traffic.workloads import WorkloadError, build_workload
 
@@ -70,17 +70,38 @@ def bench_engine(
     model: str | None = typer.Option(None, help="A local Hugging Face model folder to serve "
                                      "instead of the seeded model (without --schedule)."),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    kv_memory: str | None = typer.Option(None, help="Without --schedule: " + KV_MEMORY_HELP,
+                                         callback=check_kv_memory),
 ) -> None:
     """Serve one workload with the cache on, then off; compare prefill work, TTFT, decode rate.
     With --schedule: the demo's mix under each scheduling policy (hit rate against the
     what-if curve, in-flight misses, queue wait, TTFT, throughput, equal outputs)."""
+    if schedule is not None and kv_memory is not None:
+        raise typer.BadParameter("sizes the pool of the cache on/off comparison: give "
+                                 "--blocks with --schedule", param_hint="--kv-memory")
     if schedule is not None:
         from cli.bench_schedule import bench_schedule
 
         bench_schedule(schedule, mix, rounds, interval,
                        blocks if _given("--blocks") else 2048, as_json, repeat)
     else:
+        if kv_memory is not None:
+            blocks = _kv_blocks(model, dtype, kv_memory)
         _cache_on_off(workload, requests, blocks, step_tokens, as_json, model, dtype)
+
+
+def _kv_blocks(model: str | None, dtype: str, kv_memory: str) -> int:
+    """The blocks ``--kv-memory`` holds for this model (``cli.options.engine_config``); a
+    folder it cannot serve or a fraction without a GPU exits 2 with one line."""
+    from cli.options import engine_config
+    from radixcache.serving.engine import Answers
+
+    try:
+        return engine_config(model or ModelSize.DEFAULT.value, 16, None, 1, Answers.DECODE,
+                             dtype=dtype, kv_memory=kv_memory).num_blocks
+    except (ValueError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _cache_on_off(workload: str, requests: int | None, blocks: int, step_tokens: int,

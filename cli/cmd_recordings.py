@@ -24,10 +24,12 @@ from cli.bounds import MAX_BLOCKS, MAX_THREADS, WEEK_S
 from cli.options import (
     CURVE_HELP,
     DTYPE_HELP,
+    KV_MEMORY_HELP,
     MODEL_HELP,
     SCHEDULE_HELP,
     AnswerMode,
     ModelSize,
+    check_kv_memory,
     checked_engine,
     sized_workload,
 )
@@ -71,6 +73,8 @@ def record(
                                                    "(small enough that the workload evicts)."),
     model: str = typer.Option(ModelSize.TINY.value, help="Headless model. " + MODEL_HELP),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    kv_memory: str | None = typer.Option(None, help="Headless: " + KV_MEMORY_HELP,
+                                         callback=check_kv_memory),
     answers: AnswerMode = typer.Option(AnswerMode.PREFILL, help=ANSWERS_HELP),
     device: str | None = typer.Option(None, help="Headless torch device (default: cuda when "
                                                  "present, else cpu)."),
@@ -96,10 +100,10 @@ def record(
     w = _first_requests(workload, workload_args, requests)
     n = len(w.requests)
     engine = checked_engine(model, blocks, device, threads, Answers(answers.value), schedule,
-                            dtype=dtype)
+                            dtype=dtype, kv_memory=kv_memory)
     header: dict[str, str | int | float] = {
-        "num_blocks": blocks, "block_size": 16, "model": model, "answers": answers.value,
-        "workload": f"{workload} {workload_args}".strip(), "requests": n,
+        "num_blocks": engine.config.num_blocks, "block_size": 16, "model": model,
+        "answers": answers.value, "workload": f"{workload} {workload_args}".strip(), "requests": n,
         "schedule": schedule.value, "device": str(engine.model.device)}
     t0 = time.perf_counter()
     with _on_sigterm() as term:

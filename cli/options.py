@@ -75,6 +75,24 @@ def kv_memory_bytes(text: str, free_bytes: int | None) -> int:
     return int(value * free_bytes)
 
 
+def check_kv_memory(value: str | None) -> str | None:
+    """``--kv-memory``'s callback: a value ``kv_memory_bytes`` cannot read is a usage error
+    before anything starts (a fraction's device is asked when the engine is built)."""
+    if value is not None:
+        import typer
+
+        try:
+            kv_memory_bytes(value, 1)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc).removeprefix("--kv-memory ")) from None
+    return value
+
+
+def kv_memory_args(value: str | None) -> tuple[str, ...]:
+    """``serve``'s arguments for ``--kv-memory`` (what ``demo`` and ``cluster`` pass on)."""
+    return () if value is None else ("--kv-memory", value)
+
+
 def engine_config(model: str, blocks: int, device: str | None, threads: int,
                   answers: Answers, schedule: SchedulePolicy = SchedulePolicy.FCFS, *,
                   dtype: str = "auto", kv_memory: str | None = None,

@@ -27,6 +27,7 @@ from textual.timer import Timer
 from textual.widgets import Footer, Input, Static
 
 from inspector.commands import CommandReplies
+from inspector.engine_facts import ModelWords
 from inspector.feed import Delta, Feed
 from inspector.frame import Builder, Frame, Want
 from inspector.layout import collapse, expand
@@ -111,6 +112,7 @@ class InspectorApp(App[None]):
         self.layout = TreeLayout(self.feed)
         self._selected: int | None = None
         self._words_said = False  # the dataset words' loading was announced
+        self._model_note = ""  # the model text's note last said
 
     @property
     def messages(self) -> list[str]:
@@ -230,6 +232,12 @@ class InspectorApp(App[None]):
         their cache is built: up to a minute of ``#66269 woul…``), and when they are in."""
         words = self.tree_pane.vocab
         if not isinstance(words, DatasetWords):
+            return
+        if isinstance(words, ModelWords) and words.note != self._model_note:
+            self._model_note = words.note  # which tokenizer previews read, or why ids
+            if words.note:
+                self.say(("✓ " if words.decodes else "✗ ") + words.note,
+                         error=not words.decodes)
             return
         if words.loading() and not self._words_said:
             self._words_said = True

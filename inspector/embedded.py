@@ -26,9 +26,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from inspector.engine_facts import EngineFacts, ModelWords
 from inspector.feed import Feed
 from inspector.replay import Recording
-from inspector.sources import ConnState, DatasetWords, SourceStatus
+from inspector.sources import ConnState, SourceStatus
 from radixcache.core import events as ev
 from radixcache.core.guard import Guard
 from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
@@ -54,7 +55,8 @@ class EmbeddedSource:
         self.keyframe_every = keyframe_every
         self.loop: ServiceLoop | None = None
         self._feed: Feed | None = None
-        self._text = DatasetWords()
+        self._text = ModelWords()
+        self.facts = EngineFacts()  # the service's, read at ``start``
         self._started = clock()
         self._commands = 0  # in flight
         self._count_lock = threading.Lock()
@@ -67,6 +69,8 @@ class EmbeddedSource:
     def start(self, feed: Feed) -> None:
         """Load the service's snapshot into ``feed`` and start stepping."""
         self._feed = feed
+        self.facts = EngineFacts.of(self.service.stats().figures())
+        self._text.adopt(self.facts.model_dir, local=True)  # an engine in this process
         self.service.take_events()
         snapshot = self.service.snapshot()
         if self.recording is not None:
@@ -131,7 +135,8 @@ class EmbeddedSource:
         wm = self._feed.mirror.watermark if self._feed is not None else None
         note = (wm.note or "") if wm is not None else ""
         return SourceStatus(ConnState.LOCAL, "embedded", self._started, fault, not self.idle(),
-                            note)
+                            note, kv_bytes_per_block=self.facts.kv_bytes_per_block,
+                            kv_bytes_per_token=self.facts.kv_bytes_per_token)
 
     def send(self, command: cmd.AnyCommand) -> cmd.AnyReply:
         """Run ``command`` through the loop's handler (between two steps) and reply."""
@@ -145,8 +150,9 @@ class EmbeddedSource:
             with self._count_lock:
                 self._commands -= 1
 
-    def vocabulary(self) -> DatasetWords:
-        """The synthetic workloads' words, then ShareGPT's once loaded."""
+    def vocabulary(self) -> ModelWords:
+        """The synthetic workloads' words, then ShareGPT's once loaded; a checkpoint's
+        tokenizer when the service serves one (its ``stats`` names the folder)."""
         return self._text
 
     def idle(self) -> bool:

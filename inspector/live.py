@@ -9,14 +9,22 @@ the liveness facts (the subscriber's own fields, and ``_synced_at`` here through
 ``on_snapshot`` hook, which also tells the feed its mirror was replaced); the UI thread only
 reads them in ``status()``, which derives the state and since when from those facts and
 changes nothing.
+
+Which text the engine's ids are (``inspector.engine_facts``): after every snapshot the
+``rc-engine-facts`` thread asks the engine's ``stats`` (retrying while it does not answer) and
+adopts the model folder it names into ``vocabulary()``; the K/V bytes it names go into
+``status()``.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
+from inspector.engine_facts import EngineFacts, ModelWords, same_machine
 from inspector.feed import Feed
-from inspector.sources import ConnState, DatasetWords, SourceStatus
+from inspector.sources import ConnState, SourceStatus
+from radixcache.core.guard import Guard
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
 from radixcache.wire.endpoints import Endpoints
@@ -24,6 +32,7 @@ from radixcache.wire.security import ClientCurve
 from radixcache.wire.subscriber import State, Subscriber
 
 STALE_S = 3.0  # no frame (heartbeats included) for this long: shown as disconnected
+FACTS_RETRY_S = 1.0  # between two ``stats`` asked of an engine that did not answer
 
 
 class LiveSource:
@@ -42,15 +51,40 @@ class LiveSource:
         self._feed: Feed | None = None
         self._started = time.time()  # CONNECTING since then
         self._synced_at = 0.0  # wall time of the last snapshot loaded (subscriber thread)
-        self._vocab = DatasetWords()
+        self._vocab = ModelWords()
+        self.facts = EngineFacts()  # replaced whole by rc-engine-facts, read by status()
+        self._ask = threading.Event()  # a snapshot came: ask the engine what it serves
+        self._closed = threading.Event()
+        self.guard = Guard()  # rc-engine-facts's
 
     def start(self, feed: Feed) -> None:
-        """Start the subscriber thread on the feed's mirror and lock."""
+        """Start the subscriber thread on the feed's mirror and lock, and the thread that
+        asks the engine which text its ids are."""
         self._feed = feed
         sub = Subscriber(self.endpoints, feed.mirror, on_batch=feed.observe,
                          on_snapshot=self._on_snapshot, request_timeout_s=self._timeout,
                          lock=feed.lock, curve=self.curve)
         self._sub = sub.start()
+        self.guard.start("rc-engine-facts", self._learn_facts)
+
+    def _learn_facts(self) -> None:
+        """rc-engine-facts: after each snapshot, the engine's ``stats`` into ``facts`` and
+        its model folder into the vocabulary (ends on ``stop``; never joined: a ``stats`` in
+        flight ends within the command timeout)."""
+        while True:
+            self._ask.wait()
+            if self._closed.is_set():
+                return
+            self._ask.clear()
+            reply = self.send(cmd.Stats())
+            if isinstance(reply, cmd.Ok):
+                facts = EngineFacts.of(reply.values)
+                self._vocab.adopt(facts.model_dir, local=same_machine(self.endpoint))
+                self.facts = facts
+            else:
+                self._ask.set()
+                if self._closed.wait(FACTS_RETRY_S):
+                    return
 
     def _on_snapshot(self, epoch: int, seq: int, snapshot: object) -> None:
         """Subscriber thread, right after a snapshot replaced the mirror (join or resync)."""
@@ -59,9 +93,12 @@ class LiveSource:
         if self._feed is not None:
             self._feed.resynced(now)
         self._synced_at = now
+        self._ask.set()  # a new engine, perhaps: ask again what it serves
 
     def stop(self) -> None:
-        """Stop the subscriber (idempotent)."""
+        """Stop the subscriber and the facts thread (idempotent)."""
+        self._closed.set()
+        self._ask.set()
         if self._sub is not None:
             self._sub.stop()
 
@@ -90,7 +127,13 @@ class LiveSource:
         detail = f"{gaps} gaps recovered" if gaps else ""
         if state is ConnState.CONNECTING:
             detail = self.connecting
-        return SourceStatus(state, self.endpoint, since, detail)
+        fault = self.guard.fault
+        if fault is not None:
+            detail = fault.line()
+        f = self.facts
+        return SourceStatus(state, self.endpoint, since, detail,
+                            kv_bytes_per_block=f.kv_bytes_per_block,
+                            kv_bytes_per_token=f.kv_bytes_per_token)
 
     def send(self, command: cmd.AnyCommand) -> cmd.AnyReply:
         """One round trip on the command socket within ``command_timeout_s`` (``Error`` on
@@ -98,7 +141,8 @@ class LiveSource:
         return send_command(self.endpoints.commands, command,
                             timeout_s=self._command_timeout, curve=self.curve)
 
-    def vocabulary(self) -> DatasetWords:
+    def vocabulary(self) -> ModelWords:
         """The synthetic workloads' words, then ShareGPT's once loaded in the background
-        (``DatasetWords``: ids until then, and for words the dataset lacks)."""
+        (``DatasetWords``: ids until then, and for words the dataset lacks); the model
+        folder's tokenizer once the engine says it serves one (``ModelWords``)."""
         return self._vocab

@@ -45,7 +45,8 @@ class ConnState(Enum):
 class SourceStatus:
     """A source's state right now. ``since`` is when ``state`` began (time.time());
     ``memory_note`` explains missing device figures (``NVML unavailable: ...``); ``paused``:
-    a replay standing still (the header shows ``❚❚``, not ``▶``)."""
+    a replay standing still (the header shows ``❚❚``, not ``▶``); ``kv_bytes_per_block`` and
+    ``kv_bytes_per_token``: the engine's K/V bytes, as its ``stats`` says (0: not known)."""
 
     state: ConnState
     endpoint: str
@@ -54,6 +55,8 @@ class SourceStatus:
     busy: bool = False
     memory_note: str = ""
     paused: bool = False
+    kv_bytes_per_block: int = 0
+    kv_bytes_per_token: int = 0
 
 
 @runtime_checkable
@@ -116,7 +119,8 @@ class DatasetWords:
     the first ``conversations`` ShareGPT conversations, all by default (``load_words``: a
     minute the first time, then from its disk cache; ``text`` never waits for it); until then,
     and for ids it does not know, an id renders as ``#id``. Without the sharegpt extra the
-    thread ends at once and only the synthetic words are known.
+    thread ends at once and only the synthetic words are known. ``revision`` grows whenever
+    the text of some ids changed (the dataset's words came in), so previews are drawn again.
     """
 
     def __init__(self, conversations: int | None = DATASET_CONVERSATIONS) -> None:
@@ -124,6 +128,7 @@ class DatasetWords:
         self.conversations = conversations
         self.ready = threading.Event()  # set once the dataset's words are in (or unavailable)
         self.error = ""  # why the dataset's words are missing, once ``ready`` is set
+        self.revision = 0
         self._detok: sharegpt.Detokenizer | None = None
         self._question = sharegpt.word_id("?")  # the one word that decodes like a miss
         self._loader: threading.Thread | None = None
@@ -166,4 +171,5 @@ class DatasetWords:
         except (sharegpt.DatasetUnavailable, OSError, ValueError) as err:
             self.error = str(err)
         finally:
+            self.revision += 1
             self.ready.set()

@@ -1,5 +1,6 @@
 """The memory pane: device memory (NVML) with a history sparkline, pool occupancy against the
-high and low watermarks, or a plain note saying why device figures are missing."""
+high and low watermarks, the K/V bytes of a block and of a token (the engine's ``stats``), or
+a plain note saying why device figures are missing."""
 
 from __future__ import annotations
 
@@ -20,6 +21,26 @@ def sparkline(values: list[float], width: int) -> str:
     """The last ``width`` fractions in [0, 1] as block characters."""
     tail = values[-width:]
     return "".join(SPARK[min(len(SPARK) - 1, max(0, int(v * len(SPARK))))] for v in tail)
+
+
+def size_text(n: int) -> str:
+    """Bytes in the unit that keeps them short: ``512B``, ``8KiB``, ``22.5KiB``, ``1.5MiB``."""
+    value, unit = float(n), "B"
+    for bigger in ("KiB", "MiB", "GiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.3g}{unit}"
+
+
+def kv_line(per_block: int, per_token: int, width: int) -> str:
+    """``K/V 8KiB/block 512B/token``, or ``8KiB/blk 512B/tok`` when that does not fit in
+    ``width`` cells; empty when the engine did not say."""
+    if not per_block:
+        return ""
+    block, token = size_text(per_block), size_text(per_token)
+    wide = f"K/V {block}/block {token}/token"
+    return wide if len(wide) <= width else f"{block}/blk {token}/tok"
 
 
 def pool_bar(used: float, high: float, low: float, width: int) -> Text:
@@ -53,6 +74,7 @@ class MemoryPane(PaneWidget):
         self.history: deque[float] = deque(maxlen=HISTORY)
         self.draws = 0
         self.frame = EMPTY
+        self.kv = (0, 0)  # K/V bytes per block and per token (0: the source does not know)
 
     def on_mount(self) -> None:
         """Twice a second a redraw (the sparkline, the device line) without new samples."""
@@ -63,6 +85,10 @@ class MemoryPane(PaneWidget):
         frame rate), then the frame's pool line."""
         for sample in p.delta.watermarks[-HISTORY:]:
             self.push(sample, p.status.memory_note)
+        kv = (p.status.kv_bytes_per_block, p.status.kv_bytes_per_token)
+        if kv != self.kv:
+            self.kv = kv
+            self.refresh()
         self.show(p.frame)
 
     def show(self, frame: Frame) -> None:
@@ -88,7 +114,8 @@ class MemoryPane(PaneWidget):
         return f"pool {used:,}/{total:,} blocks {used / total if total else 0.0:5.1%}"
 
     def render(self) -> Text:
-        """Device line (or the NVML note), pool bar, sparkline."""
+        """Device line (or the NVML note), pool line and bar, K/V bytes, watermarks,
+        sparkline (the last line: at 80x24 it is the one that does not fit)."""
         self.draws += 1
         s, width = self.sample, max(10, self.size.width - 2)
         out = Text(no_wrap=True, overflow="ellipsis")
@@ -103,6 +130,9 @@ class MemoryPane(PaneWidget):
         frac = used / total if total else 0.0
         out.append(self.pool_line() + "\n")
         out.append_text(pool_bar(frac, s.high, s.low, width))
+        kv = kv_line(*self.kv, self.size.width)
+        if kv:
+            out.append(f"\n{kv}", "#7fd4ff")
         out.append(f"\nhigh {s.high:.0%}  low {s.low:.0%}\n", "dim")
         out.append(sparkline(list(self.history), width), "#7fd4ff")
         return out

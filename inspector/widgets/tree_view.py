@@ -99,7 +99,7 @@ class TreeView(ScrollView, PaneWidget, can_focus=True):
         self.flashes: dict[int, tuple[Flash, float]] = {}
         self.collapsed: set[int] = set()
         self._preview: dict[int, tuple[int, str]] = {}  # node -> (room, its preview)
-        self._words_in = False
+        self._revision = 0  # the vocabulary's ``revision`` the cached previews were drawn in
         self.styled = Styled(self)
 
     def notify_style_update(self) -> None:
@@ -126,10 +126,11 @@ class TreeView(ScrollView, PaneWidget, can_focus=True):
         return bool(self.flashes)
 
     def _words_arrived(self) -> None:
-        """Once the dataset's words are in, previews drawn with ids are drawn again."""
+        """Once the dataset's words are in, or the engine's model text is known, previews
+        drawn before are drawn again."""
         vocab = self.vocab
-        if not self._words_in and isinstance(vocab, DatasetWords) and vocab.ready.is_set():
-            self._words_in = True
+        if isinstance(vocab, DatasetWords) and vocab.revision != self._revision:
+            self._revision = vocab.revision
             self.forget_previews()
 
     def set_rows(self, rows: list[Row]) -> None:

@@ -48,6 +48,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -96,6 +97,7 @@ class Engine(TreeService):
         self.config = cfg = config or EngineConfig()
         self.model = build_model(cfg.model, cfg.checkpoint, cfg.device)
         self.text = folder_tokenizer(cfg.checkpoint)  # None: the seeded model's ids are its own
+        self.model_dir = "" if cfg.checkpoint is None else str(Path(cfg.checkpoint.path).resolve())
         self.pool = KVPool(cfg.num_blocks, cfg.block_size, self.model.kv_shape(), self.model.device)
         tree = RadixTree(self.pool, high=cfg.high, low=cfg.low, record_events=cfg.record_events)
         TreeService.__init__(
@@ -275,7 +277,8 @@ class Engine(TreeService):
             aged=self.scheduler.aged,
             waiting_order=q[ev.WaitReason.ORDER], waiting_sharing=q[ev.WaitReason.SHARING],
             waiting_pool=q[ev.WaitReason.POOL], waiting_batch=q[ev.WaitReason.BATCH],
-            waiting_paused=q[ev.WaitReason.PAUSED], failed=self.totals.failed)
+            waiting_paused=q[ev.WaitReason.PAUSED], failed=self.totals.failed,
+            model_dir=self.model_dir)
 
     def reset(self) -> int:
         """Cancel every waiting and running request (their handles fail with

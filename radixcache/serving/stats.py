@@ -79,6 +79,9 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True):
     failed: int = 0  # requests an exception inside a step failed (the engine stepped on)
     kv_bytes_per_block: int = 0  # K and V of one block, every layer (the model's shape x dtype)
     kv_bytes_per_token: int = 0  # the same for one token slot
+    # a checkpoint's folder (resolved path): its tokenizer.json is the text of the ids; empty
+    # for the seeded model and the tree driver (the workloads' own word ids)
+    model_dir: str = ""
 
     @property
     def hit_rate(self) -> float:
