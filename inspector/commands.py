@@ -140,9 +140,13 @@ class CommandReplies:
 
 
 def stats_line(reply: cmd.StatsReply) -> str:
-    """``name=value`` of every figure a ``stats`` reply carries: the cache's, then the
-    stream's and the command socket's when it passed them (a figure without a value left
-    out); ``CommandError`` when the cache's are no ``Stats``."""
-    parts = [Stats.of(reply), reply.stream, reply.socket]
-    return "  ".join(f"{k}={v}" for p in parts if p is not None
-                     for k, v in msgspec.structs.asdict(p).items() if v is not None)
+    """``name=value`` of every figure a ``stats`` reply carries: the cache's and its two
+    rates, then the stream's and the command socket's when it passed them (a figure without a
+    value left out); ``CommandError`` when the cache's are no ``Stats``."""
+    stats = Stats.of(reply)
+    rates = {"hit_rate": round(stats.hit_rate, 4),
+             "decode_tokens_per_s": round(stats.decode_tokens_per_s, 1)}
+    parts = [msgspec.structs.asdict(p) for p in (stats, reply.stream, reply.socket)
+             if p is not None]
+    return "  ".join(f"{k}={v}" for p in (parts[0], rates, *parts[1:])
+                     for k, v in p.items() if v is not None)

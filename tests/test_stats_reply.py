@@ -61,6 +61,7 @@ def test_a_served_cache_answers_its_own_figures_exactly() -> None:
                                                  command_connections_dropped=0)
         line = stats_line(reply)  # what ``:stats`` shows in the inspector
         assert "  submitted=3  finished=3  rejected=0  " in line
+        assert got.hit_tokens == 0 and "  hit_rate=0.0  decode_tokens_per_s=" in line  # unique
         assert f"  seq={reply.stream.seq}  " in line and "fault=" not in line
         assert line.endswith("commands_too_large=0  command_connections_dropped=0")
     finally:
