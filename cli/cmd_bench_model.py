@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import msgspec
 import typer
 from rich.console import Console
 from rich.progress import (
@@ -22,22 +24,34 @@ from rich.table import Table
 from cli.app import bench_app
 from cli.bounds import MAX_THREADS
 
+if TYPE_CHECKING:  # radixcache.tools.bench_model imports torch: imported where used
+    from radixcache.tools.bench_model import ModelReport, TurnFigures
+
 console = Console(stderr=True)
 
 
-def _table(r: dict[str, object]) -> Table:
-    t = Table(title=f"bench model: {r['model']} ({r['layers']} layers), {r['requests']} chat "
-                    f"requests, answers <= {r['max_tokens']} tokens, {r['threads']} threads")
+def _table(r: ModelReport) -> Table:
+    t = Table(title=f"bench model: {r.model} ({r.layers} layers), {r.requests} chat "
+                    f"requests, answers <= {r.max_tokens} tokens, {r.threads} threads")
     for col in ("turn", "figure", "radixcache", "transformers"):
         t.add_column(col, justify="right" if col != "figure" else "left")
-    ours, theirs = r["engine"], r["transformers"]
-    assert isinstance(ours, dict) and isinstance(theirs, dict)
-    for turn, figs in ours.items():
-        for key in ("ttft_p50_ms", "ttft_p99_ms", "prefill_tokens_per_s", "decode_tokens_per_s"):
-            t.add_row(turn, key, str(figs[key]), str(theirs.get(turn, {}).get(key, "")))
+
+    def cells(f: TurnFigures | None) -> tuple[str, ...]:
+        if f is None:
+            return ("",) * len(_TURN_KEYS)
+        return tuple(str(v) for v in (f.ttft_p50_ms, f.ttft_p99_ms, f.prefill_tokens_per_s,
+                                      f.decode_tokens_per_s))
+
+    for turn, figs in r.engine.items():
+        for key, ours, theirs in zip(_TURN_KEYS, cells(figs), cells(r.transformers.get(turn)),
+                                     strict=True):
+            t.add_row(turn, key, ours, theirs)
     t.add_row("all", "requests/s (transformers: padded batches of 16)",
-              str(r["engine_requests_per_s"]), str(r["transformers_padded16_requests_per_s"]))
+              str(r.engine_requests_per_s), str(r.transformers_padded16_requests_per_s))
     return t
+
+
+_TURN_KEYS = ("ttft_p50_ms", "ttft_p99_ms", "prefill_tokens_per_s", "decode_tokens_per_s")
 
 
 @bench_app.command("model")
@@ -84,6 +98,6 @@ def bench_model(
 
         report = run_bench(folder, conversations, max_tokens, progress)
     if as_json:
-        typer.echo(json.dumps(report))
+        typer.echo(json.dumps(msgspec.to_builtins(report)))
     else:
         Console().print(_table(report))

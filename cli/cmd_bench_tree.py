@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+import msgspec
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -16,7 +17,7 @@ from radixcache.tools.baselines import replay_block_hash
 from radixcache.traffic.sharegpt import DatasetUnavailable, Trace, load_trace
 
 if TYPE_CHECKING:  # radixcache.tools.benchtree imports torch (via the pool): imported where used
-    from radixcache.tools.benchtree import Request, TreeBenchConfig, TreeRun
+    from radixcache.tools.benchtree import Request, TreeBenchConfig, TreeFigures, TreeRun
 
 
 def _progress(console: Console) -> Progress:
@@ -37,47 +38,39 @@ def _run(bar: Progress, label: str, reqs: list[Request], cfg: TreeBenchConfig) -
     return replay_tree(reqs, cfg, lambda n: bar.advance(task, n))
 
 
-def _table(fig: dict[str, object]) -> Table:
+def _table(fig: TreeFigures, on_runs: list[float], off_runs: list[float]) -> Table:
     t = Table(title="radixcache bench tree (ShareGPT multi-turn trace)", show_lines=False)
     t.add_column("figure")
     t.add_column("value", justify="right")
 
-    def pct(k: str) -> str:
-        v = fig[k]
-        if v is None:
-            return "n/a"
-        assert isinstance(v, int | float)
-        return f"{100 * v:.2f}%"
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{100 * v:.2f}%"
 
-    def runs(suffix: str) -> str:
-        all_runs = fig.get(f"tree_op_seconds{suffix}_runs")
-        if not isinstance(all_runs, list) or len(all_runs) < 2:
+    def runs(all_runs: list[float]) -> str:
+        if len(all_runs) < 2:
             return ""
         return f" (best of {', '.join(f'{s:.2f}' for s in all_runs)})"
 
     rows: list[tuple[str, str]] = [
-        ("requests", f"{fig['requests']:,}"),
-        ("prompt tokens", f"{fig['prompt_tokens']:,}"),
-        ("token hit rate (tree)", pct("hit_rate")),
-        ("hit rate, same tree at block size 1", pct("hit_rate_block_size_1")),
-        ("hit rate, page-aligned matching", pct("hit_rate_page_aligned")),
-        ("hit rate, full-block hashing", pct("hit_rate_block_hash")),
+        ("requests", f"{fig.requests:,}"),
+        ("prompt tokens", f"{fig.prompt_tokens:,}"),
+        ("token hit rate (tree)", pct(fig.hit_rate)),
+        ("hit rate, same tree at block size 1", pct(fig.hit_rate_block_size_1)),
+        ("hit rate, page-aligned matching", pct(fig.hit_rate_page_aligned)),
+        ("hit rate, full-block hashing", pct(fig.hit_rate_block_hash)),
     ]
-    for op in ("match", "lock", "alloc", "evict", "insert", "unlock"):
-        rows.append(
-            (f"{op} us mean / p99", f"{fig[op + '_us_mean']:.2f} / {fig[op + '_us_p99']:.2f}")
-        )
-    bpt = fig["bytes_per_cached_token"]
+    for op, (mean, p99) in fig.op_us().items():
+        rows.append((f"{op} us mean / p99", f"{mean:.2f} / {p99:.2f}"))
+    bpt = fig.bytes_per_cached_token
     rows += [
-        ("tree-op seconds (events on)", f"{fig['tree_op_seconds']:.3f}{runs('')}"),
+        ("tree-op seconds (events on)", f"{fig.tree_op_seconds:.3f}{runs(on_runs)}"),
         ("tree-op seconds (events off)",
-         f"{fig['tree_op_seconds_events_off']:.3f}{runs('_events_off')}"),
-        ("event overhead", pct("event_overhead")),
-        ("events", f"{fig['events']:,}"),
-        ("tokens evicted", f"{fig['tokens_evicted']:,}"),
-        ("splits / merges / extends",
-         f"{fig['splits']:,} / {fig['merges']:,} / {fig['extends']:,}"),
-        ("COW copies / slots copied", f"{fig['cow_copies']:,} / {fig['slots_copied']:,}"),
+         f"{fig.tree_op_seconds_events_off:.3f}{runs(off_runs)}"),
+        ("event overhead", pct(fig.event_overhead)),
+        ("events", f"{fig.events:,}"),
+        ("tokens evicted", f"{fig.tokens_evicted:,}"),
+        ("splits / merges / extends", f"{fig.splits:,} / {fig.merges:,} / {fig.extends:,}"),
+        ("COW copies / slots copied", f"{fig.cow_copies:,} / {fig.slots_copied:,}"),
         ("metadata bytes per cached token", "--memory" if bpt is None else f"{bpt:.2f}"),
     ]
     for k, v in rows:
@@ -123,15 +116,15 @@ def bench_tree(
                           lambda label, cfg: _run(bar, label, reqs, cfg), repeat=repeat,
                           block1=BlockOne.ALSO if block1 else BlockOne.SKIP,
                           memory=Memory.MEASURE if memory else Memory.SKIP, block_hash=block_hash)
-    fig: dict[str, object] = dict(figures(runs.on, runs.off, runs.aligned, runs.block_hash_rate,
-                                          runs.block1))
-    fig["repeat"] = repeat
-    fig["tree_op_seconds_runs"] = [r.times.total_seconds() for r in runs.ons]
-    fig["tree_op_seconds_events_off_runs"] = [r.times.total_seconds() for r in runs.offs]
-    if as_json:
-        typer.echo(json.dumps(fig))
+    fig = figures(runs.on, runs.off, runs.aligned, runs.block_hash_rate, runs.block1)
+    on_runs = [r.times.total_seconds() for r in runs.ons]
+    off_runs = [r.times.total_seconds() for r in runs.offs]
+    if as_json:  # the figures' keys, then how many replays and each one's seconds
+        typer.echo(json.dumps({**msgspec.structs.asdict(fig), "repeat": repeat,
+                               "tree_op_seconds_runs": on_runs,
+                               "tree_op_seconds_events_off_runs": off_runs}))
     else:
-        Console().print(_table(fig))
+        Console().print(_table(fig, on_runs, off_runs))
 
 
 def _load(console: Console, limit: int) -> Trace:

@@ -175,7 +175,7 @@ class BenchSource:
                     r = self.tree.evict(tokens)
                     done.set_result(cmd.Ok(f"evicted {r.nodes} nodes, {r.tokens} tokens"))
                 case cmd.Stats():
-                    done.set_result(cmd.Ok("stats", {"nodes": len(self.tree)}))
+                    done.set_result(self.tree.stats().reply())
                 case _:
                     done.set_result(cmd.Error("bench: only stats and evict are served"))
 

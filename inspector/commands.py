@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import ClassVar
 
+import msgspec
 from rich.text import Text
 from textual.app import App
 from textual.widgets import Static
@@ -21,6 +22,7 @@ from textual.widgets import Static
 from inspector.sources import Source
 from inspector.widgets.command_line import CommandLine, Parsed, parse
 from inspector.widgets.event_log import KINDS, NOISY, EventLog
+from radixcache.serving.stats import Stats
 from radixcache.wire import commands as cmd
 
 MESSAGES_KEPT = 100  # the last messages shown, newest last
@@ -68,10 +70,15 @@ class CommandReplies:
     def _replied(self, line: str, parsed: Parsed, reply: cmd.AnyReply, t0: float) -> None:
         self.command_ms.append((time.perf_counter() - t0) * 1000)
         self.replies += 1
+        if isinstance(reply, cmd.StatsReply):
+            try:
+                self.say(f"✓ stats {stats_line(reply)}")
+            except cmd.CommandError as exc:
+                self.say(f"✗ {line}: {exc}", error=True)
+            return
         if isinstance(reply, cmd.Error):
             self.say(f"✗ {line}: {reply.message}", error=True)
             return
-        assert isinstance(reply, cmd.Ok)
         extra = "  ".join(f"{k}={v}" for k, v in reply.values.items()
                           if str(v) not in reply.message)
         text = f"✓ {reply.message} {extra}".rstrip()
@@ -130,3 +137,16 @@ class CommandReplies:
         self.messages.append(text)
         line = shown + Text(f" · {text}", "dim")
         self.app.query_one("#message", Static).update(line)
+
+
+def stats_line(reply: cmd.StatsReply) -> str:
+    """``name=value`` of every figure a ``stats`` reply carries: the cache's and its two
+    rates, then the stream's and the command socket's when it passed them (a figure without a
+    value left out); ``CommandError`` when the cache's are no ``Stats``."""
+    stats = Stats.of(reply)
+    rates = {"hit_rate": round(stats.hit_rate, 4),
+             "decode_tokens_per_s": round(stats.decode_tokens_per_s, 1)}
+    parts = [msgspec.structs.asdict(p) for p in (stats, reply.stream, reply.socket)
+             if p is not None]
+    return "  ".join(f"{k}={v}" for p in (parts[0], rates, *parts[1:])
+                     for k, v in p.items() if v is not None)

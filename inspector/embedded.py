@@ -69,7 +69,7 @@ class EmbeddedSource:
     def start(self, feed: Feed) -> None:
         """Load the service's snapshot into ``feed`` and start stepping."""
         self._feed = feed
-        self.facts = EngineFacts.of(self.service.stats().figures())
+        self.facts = EngineFacts.of(self.service.stats())
         self._text.adopt(self.facts.model_dir, local=True)  # an engine in this process
         self.service.take_events()
         snapshot = self.service.snapshot()

@@ -16,13 +16,14 @@ another machine is taken as this one: a folder of the same path here would be re
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from inspector.layout import TokenText
 from inspector.sources import DatasetWords
+from radixcache.serving.stats import Stats
 from radixcache.traffic.sharegpt import TokenArray
 from radixcache.wire.endpoints import LOOPBACK_HOSTS
 
@@ -38,16 +39,10 @@ class EngineFacts:
     kv_bytes_per_token: int = 0
 
     @classmethod
-    def of(cls, values: Mapping[str, float | int | str]) -> EngineFacts:
-        """The facts in a ``stats`` reply's values (a key an older engine lacks: its default)."""
-        def number(key: str) -> int:
-            v = values.get(key, 0)
-            return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
-
-        model, folder = values.get("model", ""), values.get("model_dir", "")
-        return cls(model if isinstance(model, str) else "",
-                   folder if isinstance(folder, str) else "",
-                   number("kv_bytes_per_block"), number("kv_bytes_per_token"))
+    def of(cls, stats: Stats) -> EngineFacts:
+        """The facts in an engine's ``stats`` (``Stats.of`` of its reply)."""
+        return cls(stats.model, stats.model_dir, stats.kv_bytes_per_block,
+                   stats.kv_bytes_per_token)
 
 
 def same_machine(endpoint: str) -> bool:

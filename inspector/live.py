@@ -25,6 +25,7 @@ from inspector.engine_facts import EngineFacts, ModelWords, same_machine
 from inspector.feed import Feed
 from inspector.sources import ConnState, SourceStatus
 from radixcache.core.guard import Guard
+from radixcache.serving.stats import Stats
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
 from radixcache.wire.endpoints import Endpoints
@@ -76,9 +77,12 @@ class LiveSource:
             if self._closed.is_set():
                 return
             self._ask.clear()
-            reply = self.send(cmd.Stats())
-            if isinstance(reply, cmd.Ok):
-                facts = EngineFacts.of(reply.values)
+            try:
+                stats = Stats.of(self.send(cmd.Stats()))
+            except cmd.CommandError:
+                stats = None
+            if stats is not None:
+                facts = EngineFacts.of(stats)
                 self._vocab.adopt(facts.model_dir, local=same_machine(self.endpoint))
                 self.facts = facts
             else:

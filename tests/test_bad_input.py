@@ -23,6 +23,7 @@ from radixcache.serving.driver import serve_request
 from radixcache.serving.engine import Engine, EngineConfig, RequestRejected
 from radixcache.serving.model import ModelConfig
 from radixcache.serving.server import Server
+from radixcache.serving.stats import Stats
 from radixcache.traffic.sharegpt import decode_records
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
@@ -127,7 +128,7 @@ def server() -> Iterator[Server]:
 
 
 def _waiting(srv: Server) -> int:
-    return int(srv.loop.command(cmd.Stats()).values["waiting"])  # type: ignore[union-attr]
+    return Stats.of(srv.loop.command(cmd.Stats())).waiting
 
 
 def _state(srv: Server) -> tuple[str, int, float, float]:
@@ -146,8 +147,7 @@ def _raw_command(endpoint: str, frames: list[bytes], timeout_ms: int = 3000) -> 
 
 def _assert_still_serving(srv: Server) -> None:
     reply = send_command(srv.publisher.endpoints.commands, cmd.Stats())
-    assert isinstance(reply, cmd.Ok)
-    assert reply.values["nodes"] == len(srv.tree)
+    assert Stats.of(reply).nodes == len(srv.tree)
     srv.tree.check()
 
 

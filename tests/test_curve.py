@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import zmq
 
+from radixcache.serving.stats import Stats
 from radixcache.wire import commands as cmd
 from radixcache.wire.endpoints import BindPolicy, check_bind
 from radixcache.wire.mirror import Mirror
@@ -81,14 +82,13 @@ def test_only_the_client_key_in_the_directory_is_served(
             bad = send(ep.commands, cmd.Stats(), keys, timeout_s=1.0)
             assert isinstance(bad, cmd.Error)
             assert bad.message.startswith(f"no reply from {ep.commands} within 1 s")
-        assert _wait(lambda: server.loop.command(cmd.Stats()).values["waiting"] == 0, 10)
+        assert _wait(lambda: Stats.of(server.loop.command(cmd.Stats())).waiting == 0, 10)
         assert subs["good"].wait_synced(5)
         assert _wait(lambda: subs["good"].mirror.digest() == server.service.tree.digest(), 5)
         assert not subs["none"].synced.is_set() and not subs["wrong"].synced.is_set()
         assert subs["none"].stats.batches == 0 and subs["wrong"].stats.batches == 0
-        stats = send(ep.commands, cmd.Stats(), good)  # still serving the good client
-        assert isinstance(stats, cmd.Ok) and (
-            stats.values["finished"] == server.service.counters().finished)
+        stats = Stats.of(send(ep.commands, cmd.Stats(), good))  # still serving the good client
+        assert stats.finished == server.service.counters().finished
     finally:
         for s in subs.values():
             s.stop()

@@ -21,6 +21,7 @@ from radixcache.core.pool import KVPool, PoolExhausted
 from radixcache.core.tree import RadixTree
 from radixcache.serving.engine import Engine, EngineConfig
 from radixcache.serving.model import ModelConfig
+from radixcache.serving.stats import Stats
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
 from radixcache.wire.endpoints import Endpoints, u64
@@ -87,9 +88,7 @@ def _pause_and_drain(endpoints: Endpoints) -> tuple[int, str]:
     assert isinstance(reply, cmd.Ok) and "paused" in reply.message, reply
 
     def drained() -> bool:
-        reply = send_command(endpoints.commands, cmd.Stats())
-        assert isinstance(reply, cmd.Ok), reply
-        return reply.values["running"] == 0
+        return Stats.of(send_command(endpoints.commands, cmd.Stats())).running == 0
 
     assert wait_for(drained, timeout=30.0)
     return _engine_snapshot(endpoints)
@@ -243,7 +242,7 @@ def test_inspector_process_killed_the_engine_serves_on_and_a_new_one_syncs():
         watcher.send_signal(signal.SIGKILL)
         assert watcher.wait(5) == -signal.SIGKILL
         before = send_command(endpoints.commands, cmd.Stats())
-        assert isinstance(before, cmd.Ok)
+        assert isinstance(before, cmd.StatsReply), before
         sub = Subscriber(endpoints, request_timeout_s=0.3).start()
         assert sub.wait_synced(30)
         assert wait_for(lambda: sub.stats.batches >= 5)  # the engine kept publishing

@@ -12,6 +12,7 @@ import pytest
 import zmq
 
 from radixcache.serving.server import Server
+from radixcache.serving.stats import Stats
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
 from tests.helpers.stream import tree_server
@@ -33,10 +34,10 @@ def raw(endpoint: str, frame: bytes, timeout_ms: int = 3000) -> bytes | None:
         return sock.recv() if sock.poll(timeout_ms) else None
 
 
-def stats(srv: Server) -> dict[str, float | int | str]:
-    reply = send_command(srv.publisher.endpoints.commands, cmd.Stats())
-    assert isinstance(reply, cmd.Ok)
-    return reply.values
+def stats(srv: Server) -> cmd.SocketFigures:
+    reply = cmd.stats_reply(send_command(srv.publisher.endpoints.commands, cmd.Stats()))
+    assert reply.socket is not None and Stats.of(reply).nodes == 0  # and it still answers
+    return reply.socket
 
 
 def test_a_70_kb_command_is_answered_and_counted(server):
@@ -46,16 +47,13 @@ def test_a_70_kb_command_is_answered_and_counted(server):
     assert reply is not None  # was: no reply at all (ZeroMQ dropped the connection at 64 KiB)
     assert cmd.decode_reply(reply) == cmd.Error(
         f"command of {len(junk)} bytes exceeds {cmd.MAX_COMMAND_BYTES}")
-    values = stats(server)
-    assert (values["commands_too_large"], values["command_connections_dropped"]) == (1, 0)
+    assert stats(server) == cmd.SocketFigures(commands_too_large=1, command_connections_dropped=0)
 
 
 def test_a_command_too_large_to_read_drops_only_its_connection_and_is_counted(server):
     ep = server.publisher.endpoints.commands
     assert raw(ep, b"\x00" * (cmd.MAX_COMMAND_READ_BYTES + 1), timeout_ms=500) is None
     deadline = time.monotonic() + 5
-    while stats(server)["command_connections_dropped"] == 0 and time.monotonic() < deadline:
+    while stats(server).command_connections_dropped == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
-    values = stats(server)
-    assert (values["commands_too_large"], values["command_connections_dropped"]) == (0, 1)
-    assert values["nodes"] == 0  # and it still answers
+    assert stats(server) == cmd.SocketFigures(commands_too_large=0, command_connections_dropped=1)

@@ -27,6 +27,7 @@ from radixcache.serving.engine import Answers, Engine, EngineConfig
 from radixcache.serving.loop import LoopConfig, Sampling
 from radixcache.serving.memory import MemorySource
 from radixcache.serving.server import Server, ServerConfig
+from radixcache.serving.stats import Stats
 from radixcache.traffic.folder_tokenizer import FolderTokenizer
 from radixcache.wire import commands as cmd
 from radixcache.wire.endpoints import Endpoints, free_ports
@@ -129,8 +130,7 @@ async def test_the_tree_pane_shows_the_model_s_text_and_the_memory_pane_its_kv_b
 def test_the_stats_reply_says_the_kv_bytes_and_the_model_folder(folder: Path) -> None:
     engine = _engine(folder)
     try:
-        values = engine.stats().figures()
-        facts = EngineFacts.of(values)
+        facts = EngineFacts.of(Stats.of(engine.stats().reply()))  # as the wire carries it
         assert facts == EngineFacts(folder.resolve().name, str(folder.resolve()), PER_BLOCK,
                                     PER_TOKEN)
     finally:

@@ -86,9 +86,7 @@ def test_a_request_waits_for_the_insert_of_the_prefix_a_running_request_computes
     assert _queue_events(engine) == [ev.Queue("lpm", 2, 1, [held])]
     stats = engine.stats()
     assert (stats.schedule, stats.waiting_sharing, stats.held_for_sharing) == ("lpm", 1, 1)
-    figures = stats.figures()
-    assert (figures["schedule"], figures["waiting_sharing"], figures["waiting_order"]) == (
-        "lpm", 1, 0)
+    assert (stats.schedule, stats.waiting_sharing, stats.waiting_order) == ("lpm", 1, 0)
     engine.step()
     report = engine.step()  # A's prefill ends: its prompt is inserted while it decodes, and B,
     events = engine.take_events()  # held for it, is admitted in the same step and prefills

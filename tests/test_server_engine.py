@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from radixcache.core import events as ev
+from radixcache.serving.stats import Stats
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
@@ -59,10 +60,14 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
-def _stats(endpoint: str) -> dict[str, float | int | str]:
-    reply = send_command(endpoint, cmd.Stats(), timeout_s=10)
-    assert isinstance(reply, cmd.Ok), reply
-    return reply.values
+def _stats(endpoint: str) -> Stats:
+    return Stats.of(send_command(endpoint, cmd.Stats(), timeout_s=10))
+
+
+def _stream(endpoint: str) -> cmd.StreamFigures:
+    stream = cmd.stats_reply(send_command(endpoint, cmd.Stats(), timeout_s=10)).stream
+    assert stream is not None
+    return stream
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +81,8 @@ def served() -> Iterator[Endpoints]:
     )
     endpoints = Endpoints.tcp("127.0.0.1", port)
     try:
-        _wait_for(lambda: isinstance(send_command(endpoints.commands, cmd.Stats(), 0.5), cmd.Ok)
+        _wait_for(lambda: isinstance(send_command(endpoints.commands, cmd.Stats(), 0.5),
+                                     cmd.StatsReply)
                   or proc.poll() is not None, 30, "the server to answer")
         assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
         yield endpoints
@@ -111,16 +117,16 @@ def test_served_engine_runs_a_workload_and_its_stream_matches_the_tree(served):
         reply = send_command(served.commands, cmd.StartWorkload("chat", ["3"]), timeout_s=10)
         assert isinstance(reply, cmd.Ok) and reply.values == {"requests": CHAT3}
         assert reply.message.startswith(f"chat: {CHAT3} requests submitted (")
-        first = int(before["submitted"])
+        first = before.submitted
         want = set(range(first, first + CHAT3))
         _wait_for(lambda: finished >= want, 30, "every RequestFinish")
         stats = _stats(served.commands)
-        assert (stats["submitted"], stats["finished"], stats["rejected"]) == (
+        assert (stats.submitted, stats.finished, stats.rejected) == (
             first + CHAT3, first + CHAT3, 0)
-        assert (stats["running"], stats["waiting"]) == (0, 0)
-        _wait_for(lambda: sub.seq >= int(_stats(served.commands)["seq"]), 10, "the stream")
+        assert (stats.running, stats.waiting) == (0, 0)
+        _wait_for(lambda: sub.seq >= _stream(served.commands).seq, 10, "the stream")
         # the server is idle now: the tree no longer changes, so the mirror must equal it
-        assert sub.mirror.digest() == _stats(served.commands)["digest"]
+        assert sub.mirror.digest() == _stream(served.commands).digest
         assert finished == want and started == want
         assert sub.stats.digest_checks > 0
         assert (sub.stats.resyncs, sub.stats.gaps, sub.stats.malformed) == (0, 0, 0)
@@ -145,9 +151,9 @@ def test_bad_commands_get_errors_and_the_server_keeps_serving(served):
     assert isinstance(raw, cmd.Error) and raw.message.startswith("not a command")
     assert send_command(served.commands, cmd.Pause(), timeout_s=10) == cmd.Ok(
         "paused", {"running": 0, "waiting": 0})
-    assert _stats(served.commands)["paused"] == 1
+    assert _stats(served.commands).paused is True
     assert send_command(served.commands, cmd.Resume(), timeout_s=10) == cmd.Ok("resumed")
-    assert _stats(served.commands)["paused"] == 0
+    assert _stats(served.commands).paused is False
 
 
 def test_headless_record_writes_engine_steps_that_replay_to_its_digest(tmp_path):

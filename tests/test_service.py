@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 import zmq
 
@@ -14,6 +15,7 @@ from radixcache.serving.driver import TreeDriver, serve_request
 from radixcache.serving.loop import BatchSink, LoopConfig, Sampling, ServiceLoop
 from radixcache.serving.server import Server
 from radixcache.serving.service import MAX_WAITING
+from radixcache.serving.stats import Stats
 from radixcache.traffic.workloads import build_workload
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
@@ -81,13 +83,16 @@ def test_one_batch_per_step_and_per_command_with_samples_and_digest_cadence() ->
     counters = batches[2].events[-2]
     assert isinstance(counters, ev.Counters)
     assert (counters.submitted, counters.finished, counters.waiting) == (4, 4, 0)
-    reply = loop.command(cmd.Stats())
-    assert isinstance(reply, cmd.Ok)
-    timeline = {k: v for k, v in reply.values.items() if k.startswith("timeline_")}
-    assert cmd.Ok(reply.message, {k: v for k, v in reply.values.items() if k not in timeline}) \
-        == cmd.Ok("stats", {**driver.stats().figures(), "seq": 3, "batches": 3,
-                            "digest": driver.digest(), "program_rounds": 0})
-    assert timeline == loop.timeline.figures() and timeline["timeline_steps"] == 2
+    reply = cmd.stats_reply(loop.command(cmd.Stats()))
+    assert Stats.of(reply) == driver.stats()
+    assert (Stats.of(reply).submitted, Stats.of(reply).finished) == (4, 4)
+    assert reply.stream is not None and reply.stream.timeline["timeline_steps"] == 2
+    moving = "timeline_gc_collections"  # the process's, counted on between the two reads
+    assert {k: v for k, v in reply.stream.timeline.items() if k != moving} == {
+        k: v for k, v in loop.timeline.figures().items() if k != moving}
+    assert reply.stream == cmd.StreamFigures(seq=3, batches=3, digest=driver.digest(),
+                                             program_rounds=0, timeline=reply.stream.timeline)
+    assert reply.socket is None  # not through a command socket
     assert len(batches) == 3  # stats publishes nothing
 
 
@@ -145,9 +150,9 @@ def test_a_dying_loop_thread_publishes_a_fault_and_says_so_in_stats() -> None:
     assert (loop.fault.thread, loop.fault.error) == ("rc-service-loop",
                                                      "RuntimeError: boom in step 3")
     assert batches[-1].events[-1] == ev.Fault("rc-service-loop", "RuntimeError: boom in step 3")
-    reply = loop.command(cmd.Stats())
-    assert isinstance(reply, cmd.Ok)
-    assert reply.values["fault"] == "thread rc-service-loop died: RuntimeError: boom in step 3"
+    stream = cmd.stats_reply(loop.command(cmd.Stats())).stream
+    assert stream is not None
+    assert stream.fault == "thread rc-service-loop died: RuntimeError: boom in step 3"
     loop.close()
     driver.tree.check()
 
@@ -200,24 +205,27 @@ def test_the_engine_and_the_driver_serve_one_workload_through_the_same_loop() ->
     driver = TreeDriver(512)
     engine = Engine(EngineConfig(num_blocks=512, model=tiny_model(), answers=Answers.PREFILL))
     try:
+        named: list[set[str]] = []  # the names on the wire of each one's ``stats`` reply
         for service in (driver, engine):
             loop = ServiceLoop(service, BatchSink(lambda _: None), LoopConfig(0))
             loop.command(cmd.StartWorkload("tot", ["2", "2"]))
             steps = loop.run_until_idle(max_steps=10_000)
             assert steps > 0 and not service.busy()
+            reply = cmd.encode_reply(loop.command(cmd.Stats()))
+            named.append(set(msgspec.msgpack.decode(reply)[1]))
         assert driver.counters().finished == engine.counters().finished == len(w.requests)
         # one typed Stats: both answer ``stats`` with the same keys, those old clients of
         # either read among them
         keys = {"generation", "submitted", "finished", "rejected", "cancelled", "waiting",
                 "running", "paused", "steps", "prompt_tokens", "hit_tokens", "prefill_tokens",
-                "output_tokens", "busy_s", "hit_rate", "decode_tokens_per_s", "nodes",
+                "output_tokens", "busy_s", "nodes",
                 "used_blocks", "num_blocks", "splits", "merges", "cow_copies", "evicted_nodes",
                 "evicted_tokens", "cache", "model", "device", "schedule", "held_for_sharing",
                 "shared_in_forward",
                 "aged", "waiting_order", "waiting_sharing", "waiting_pool", "waiting_batch",
                 "waiting_paused", "failed", "kv_bytes_per_block", "kv_bytes_per_token",
                 "model_dir"}
-        assert set(driver.stats().figures()) == set(engine.stats().figures()) == keys
+        assert named == [keys, keys]
         d, e = driver.stats(), engine.stats()
         assert (d.finished, e.finished, d.model, d.paused) == (
             len(w.requests), len(w.requests), "none (tree driver)", False)
@@ -237,7 +245,7 @@ def test_the_ipv6_loopback_binds_and_serves_commands() -> None:
     try:
         assert server.publisher.endpoints.commands.startswith("tcp://[::1]:")
         reply = send_command(server.publisher.endpoints.commands, cmd.Stats())
-        assert isinstance(reply, cmd.Ok) and reply.values["nodes"] == 0
+        assert Stats.of(reply).nodes == 0
     finally:
         server.close()
 

@@ -190,6 +190,20 @@ def test_decode_file_cut_mid_record() -> None:
     assert decode_records(raw[:mid_char]) == (RECORDS[:1], second)
 
 
+def test_a_record_that_is_no_object_has_no_messages() -> None:
+    """A JSON array of anything reads: what is no ShareGPT record yields nothing (a number in
+    the array was an ``AttributeError`` that ended the load)."""
+    raw = json.dumps([1, "x", None, [RECORDS[0]], RECORDS[0]], ensure_ascii=False).encode()
+    records, cut = decode_records(raw)
+    assert cut is None and [sg.record_messages(r) for r in records] == [
+        [], [], [], [], [("human", "héllo ✓")]]
+    chat = {"conversations": [{"from": "human", "value": "hi there"},
+                              {"from": "gpt", "value": "ok"}]}
+    trace = sg.build_trace_arrays(json.dumps([7, chat, "x"]).encode())
+    # BOS, the human turn (header 3, hi, there, EOT), the gpt header 3; then ok, EOT
+    assert trace.index.tolist() == [[0, 0, 1 + 6 + 3, 2]]
+
+
 # --- fingerprint ----------------------------------------------------------------------
 
 

@@ -51,7 +51,8 @@ def test_the_engines_forwards_are_inside_its_steps() -> None:
     assert sum(r.forward for r in rows) <= engine.forward_s
     assert not any(math.isnan(r.gap) for r in rows[1:])
     reply = loop.command(cmd.Stats())
-    assert isinstance(reply, cmd.Ok) and reply.values["timeline_steps"] == 5
+    stream = cmd.stats_reply(reply).stream
+    assert stream is not None and stream.timeline["timeline_steps"] == 5
     _ordered(loop.timeline.figures())
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -180,7 +181,7 @@ def test_human_output_has_the_answers_plot_and_table(tmp_path, capsys):
 def test_generated_mooncake_trace_is_seeded_and_streams(tmp_path):
     a, b = list(generate_mooncake(300, 5)), list(generate_mooncake(300, 5))
     assert a == b and a != list(generate_mooncake(300, 6))
-    path = write_lines(tmp_path / "m.jsonl", a)
+    path = write_lines(tmp_path / "m.jsonl", [msgspec.to_builtins(x) for x in a])
     acc = list(read_mooncake(path))
     assert len(acc) == 300 and all(isinstance(x, Access) for x in acc)
     curve = one_pass(iter(acc), 8, 512)

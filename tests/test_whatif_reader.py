@@ -13,6 +13,7 @@ from array import array
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -137,7 +138,7 @@ def test_chunks_of_any_size_read_the_same_requests(tmp_path):
     byte order mark, a last line without its newline, scanned by one thread or three: the same
     requests as the line reader, each with its own line number."""
     path = tmp_path / "m.jsonl"
-    body = "".join(json.dumps(x) + "\n" for x in generate_mooncake(300, 4))
+    body = "".join(msgspec.json.encode(x).decode() + "\n" for x in generate_mooncake(300, 4))
     path.write_bytes(b"\xef\xbb\xbf" + body.encode()[:-1])
     want = list(read_mooncake(path))
     assert len(want) == 300
@@ -148,12 +149,25 @@ def test_chunks_of_any_size_read_the_same_requests(tmp_path):
             range(1, 301))
 
 
+def test_every_chunk_size_reads_a_file_whose_last_line_has_no_newline(tmp_path):
+    """A chunk under the 3 bytes first read, or a line begun that fills the next (smaller)
+    buffer exactly, left no room to read: the read of nothing was taken for the end, and a line
+    was cut ("Input data was truncated", or the scanner's "needs PAD bytes")."""
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"input_length": 1000, "hash_ids": [1, 2]}\n'
+                     b'{"input_length": 600, "hash_ids": [1, 3]}')
+    want = list(read_mooncake(path))
+    assert len(want) == 2
+    for size in range(1, 100):
+        assert accesses(list(read_hash_runs(path, chunk_bytes=size, workers=1))) == want, size
+
+
 def test_a_sample_taken_as_the_file_is_read_is_the_stacks_own(tmp_path):
     """Sampling ids as they are read (the scanner, or ``sample_runs`` for a chunk msgspec
     reads: here the one with an escaped string) gives the curve the stack gives when it
     samples whole requests itself, and holds about the sampled share of the ids."""
     path = tmp_path / "m.jsonl"
-    recs: list[dict[str, object]] = list(generate_mooncake(20_000, 5))
+    recs = [msgspec.to_builtins(r) for r in generate_mooncake(20_000, 5)]
     recs[7000]["note"] = "an \"escaped\" word"  # that chunk: msgspec
     path.write_text("".join(json.dumps(x) + "\n" for x in recs))
     whole = list(read_hash_runs(path, chunk_bytes=1 << 16))
@@ -174,7 +188,7 @@ def test_a_sample_taken_as_the_file_is_read_is_the_stacks_own(tmp_path):
 
 @pytest.mark.parametrize("keep", [0, HALF])
 def test_a_bad_line_in_a_later_chunk_is_named(tmp_path, keep):
-    lines = [json.dumps(x) for x in generate_mooncake(200, 6)]
+    lines = [msgspec.json.encode(x).decode() for x in generate_mooncake(200, 6)]
     lines[40] = ""  # a blank line: numbers still count it
     lines[150] = json.dumps({"input_length": 1000, "hash_ids": [1]})
     path = tmp_path / "m.jsonl"
@@ -202,7 +216,7 @@ def test_a_reader_stopped_early_leaves_no_thread(tmp_path):
     """A caller that stops after the first chunk (``--limit``) or meets an error: the read
     and scan threads end with the generator, and an unreadable path is the caller's error."""
     path = tmp_path / "m.jsonl"
-    path.write_text("".join(json.dumps(x) + "\n" for x in generate_mooncake(3000, 7)))
+    path.write_bytes(b"".join(msgspec.json.encode(x) + b"\n" for x in generate_mooncake(3000, 7)))
     runs = read_hash_runs(path, chunk_bytes=4096, workers=2)
     assert len(next(runs).tokens) > 0
     runs.close()

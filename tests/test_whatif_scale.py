@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from array import array
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -106,8 +107,7 @@ def test_generated_traces_obey_aiperfs_rule(tmp_path):
     parent: dict[int, int] = {}
     lines = list(generate_mooncake(5000, 7))
     for rec in lines:
-        ids, n = rec["hash_ids"], rec["input_length"]
-        assert isinstance(ids, list) and isinstance(n, int)
+        ids, n = rec.hash_ids, rec.input_length
         assert len(ids) == -(-n // 512)
         for k, h in enumerate(ids):
             size = 512 if k < len(ids) - 1 else n - 512 * (len(ids) - 1)
@@ -115,7 +115,7 @@ def test_generated_traces_obey_aiperfs_rule(tmp_path):
             assert parent.setdefault(h, ids[k - 1] if k else -1) == (ids[k - 1] if k else -1)
     assert sum(1 for v in length.values() if v < 512) > 1000  # partial blocks do occur
     path = tmp_path / "m.jsonl"
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    path.write_text("".join(msgspec.json.encode(x).decode() + "\n" for x in lines))
     hs = HashStack(512)
     for r in read_hash_runs(path):
         hs.add(r.ids, r.ends, r.tokens)
@@ -125,7 +125,8 @@ def test_generated_traces_obey_aiperfs_rule(tmp_path):
 def test_the_array_reader_reads_what_the_line_reader_reads(tmp_path):
     path = tmp_path / "m.jsonl"
     recs = list(generate_mooncake(50, 1))
-    body = "".join(json.dumps(x) + "\n" + ("\n" if i == 20 else "") for i, x in enumerate(recs))
+    body = "".join(msgspec.json.encode(x).decode() + "\n" + ("\n" if i == 20 else "")
+                   for i, x in enumerate(recs))
     path.write_bytes(b"\xef\xbb\xbf" + body.encode())  # a BOM, and a blank line after line 21
     runs = list(read_hash_runs(path))
     assert accesses(runs) == list(read_mooncake(path))
@@ -149,7 +150,7 @@ def test_whatif_sample_on_the_command_line(tmp_path, capsys):
     from cli.main import main
 
     path = tmp_path / "m.jsonl"
-    path.write_text("".join(json.dumps(x) + "\n" for x in generate_mooncake(3000, 2)))
+    path.write_bytes(b"".join(msgspec.json.encode(x) + b"\n" for x in generate_mooncake(3000, 2)))
     with pytest.raises(SystemExit) as exc:
         main(["whatif", str(path), "--sample", "0.5", "--exact-depth", "0", "--json"])
     assert exc.value.code == 0

@@ -34,11 +34,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import NamedTuple, Protocol, runtime_checkable
 
+import msgspec
+
 from radixcache.core import events as ev
 from radixcache.core.guard import Guard, ThreadFault
 from radixcache.serving.service import CacheService, handle
 from radixcache.serving.statelock import StateLock
-from radixcache.serving.stats import Figures, Stats
+from radixcache.serving.stats import Stats
 from radixcache.serving.timeline import GC_CLOCK, StepRow, StepTimeline
 from radixcache.wire import commands as cmd
 from radixcache.wire.publisher import SnapshotAt
@@ -172,8 +174,8 @@ class ServiceLoop:
                 return cmd.Ok(f"snapshot after seq {seq}", {"seq": seq})
             reply = handle(self.service, c)
             if isinstance(c, cmd.Stats):  # reads only: publishes nothing
-                if isinstance(reply, cmd.Ok):
-                    reply = cmd.Ok(reply.message, {**reply.values, **self._stream_figures()})
+                if isinstance(reply, cmd.StatsReply):
+                    reply = msgspec.structs.replace(reply, stream=self._stream_figures())
                 return reply
             self._flush(sample=True)
             self.working = self.service.busy()
@@ -196,17 +198,15 @@ class ServiceLoop:
             reply = self.command(cmd.parse_command_line(line))
         except cmd.CommandError as exc:
             return f"error: {exc}"
-        return reply.message if isinstance(reply, cmd.Ok) else f"error: {reply.message}"
+        return f"error: {reply.message}" if isinstance(reply, cmd.Error) else reply.message
 
-    def _stream_figures(self) -> Figures:
-        out: Figures = {"seq": self.sink.seq, "batches": self._batches,
-                        "digest": self.service.digest(), "program_rounds": self._rounds}
-        if self.program_error is not None:
-            out["program_error"] = self.program_error
-        if self.guard.fault is not None:
-            out["fault"] = self.guard.fault.line()
-        out.update(self.timeline.figures())
-        return out
+    def _stream_figures(self) -> cmd.StreamFigures:
+        fault = self.guard.fault
+        return cmd.StreamFigures(seq=self.sink.seq, batches=self._batches,
+                                 digest=self.service.digest(), program_rounds=self._rounds,
+                                 program_error=self.program_error,
+                                 fault=None if fault is None else fault.line(),
+                                 timeline=self.timeline.figures())
 
     def snapshot_at(self) -> SnapshotAt:
         """The service's snapshot and the seq of the last batch it includes (events recorded

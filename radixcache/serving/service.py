@@ -177,7 +177,7 @@ def _handle(s: CacheService, c: cmd.AnyCommand) -> cmd.AnyReply:
             return cmd.Ok(f"reset: the cache is empty ({n} requests cancelled)",
                           {"cancelled": n})
         case cmd.Stats():
-            return cmd.Ok("stats", s.stats().figures())
+            return s.stats().reply()
         case cmd.SetSchedule():
             s.set_schedule(c.policy)
             return cmd.Ok(f"schedule {c.policy}: the waiting queue is ordered by it from the "

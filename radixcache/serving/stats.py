@@ -2,7 +2,8 @@
 (one typed answer to ``stats``, the same fields for the engine and the tree driver).
 
 ``Stats`` is the only place these figures are named. The heartbeat's ``Counters`` event
-(``Stats.counters``), the ``stats`` command's reply (``Stats.figures``) and ``/metrics``
+(``Stats.counters``), the ``stats`` command's reply (``Stats.reply``, read back typed with
+``Stats.of``) and ``/metrics``
 (``serving.prometheus``) are all read from it, so the embedded and the served cache answer
 with the same keys. Adding a figure: one field below (with a default when only one
 implementation knows it) and where it is counted; every reply carries it.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import msgspec
 
 from radixcache.core import events as ev
+from radixcache.wire import commands as cmd
 
 Figures = dict[str, float | int | str]
 
@@ -93,14 +95,20 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True):
         """``output_tokens / busy_s`` (0 when idle)."""
         return self.output_tokens / self.busy_s if self.busy_s else 0.0
 
-    def figures(self) -> Figures:
-        """The ``stats`` reply's values: every field, ``paused`` as 0/1 and the two rates
-        (the keys old clients read, of both implementations, are all there)."""
-        out: Figures = {k: int(v) if isinstance(v, bool) else v
-                        for k, v in msgspec.structs.asdict(self).items()}
-        out["hit_rate"] = self.hit_rate
-        out["decode_tokens_per_s"] = self.decode_tokens_per_s
-        return out
+    def reply(self) -> cmd.StatsReply:
+        """The ``stats`` command's reply of these figures (the loop and the command socket
+        add theirs): every field, by name, in a msgpack map."""
+        return cmd.StatsReply(msgspec.Raw(_ENCODER.encode(self)))
+
+    @classmethod
+    def of(cls, reply: cmd.AnyReply) -> Stats:
+        """The figures the answer to ``stats`` carries (a newer engine's extra fields are
+        skipped, a field an older one lacks takes its default); ``CommandError`` when
+        ``reply`` is no ``StatsReply`` (``commands.stats_reply``) or its figures no ``Stats``."""
+        try:
+            return _DECODER.decode(cmd.stats_reply(reply).stats)
+        except msgspec.DecodeError as exc:  # (ValidationError is one)
+            raise cmd.CommandError(f"not a stats reply: {exc}") from None
 
     def counters(self) -> ev.Counters:
         """The heartbeat's ``Counters`` event of these figures."""
@@ -108,3 +116,7 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True):
                            self.prompt_tokens, self.hit_tokens, self.evicted_nodes,
                            self.evicted_tokens, self.cow_copies, self.waiting, self.running,
                            self.paused, self.schedule)
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(Stats)

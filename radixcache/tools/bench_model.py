@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import msgspec
 import numpy as np
 import torch
 
@@ -166,24 +167,50 @@ def hf_padded(hf: Any, w: Workload, batch: int, progress: Progress) -> float:
     return time.perf_counter() - t0
 
 
-def _per_turn(rows: list[Timing]) -> dict[str, dict[str, float]]:
-    turns: dict[str, dict[str, float]] = {}
+class TurnFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """One side's figures over the requests of one turn class (``1``: first turns, ``2+``:
+    the later ones, whose prompts the cache holds in part)."""
+
+    requests: int
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+
+
+class ModelReport(msgspec.Struct, frozen=True, kw_only=True):
+    """The benchmark's report: its ``--json`` keys (stable) are these names."""
+
+    model: str
+    layers: int
+    requests: int
+    conversations: int
+    max_tokens: int
+    threads: int
+    engine: dict[str, TurnFigures]  # by turn class
+    transformers: dict[str, TurnFigures]
+    engine_requests_per_s: float
+    transformers_padded16_requests_per_s: float
+
+
+def _per_turn(rows: list[Timing]) -> dict[str, TurnFigures]:
+    turns: dict[str, TurnFigures] = {}
     for label, later in (("1", False), ("2+", True)):
         sel = [t for t in rows if (t.turn >= 1) == later]
         if not sel:
             continue
         p50, p99 = percentiles([t.ttft_ms for t in sel])
         ttft_s = sum(t.ttft_ms for t in sel) / 1e3
-        turns[label] = {
-            "requests": len(sel), "ttft_p50_ms": round(p50, 2), "ttft_p99_ms": round(p99, 2),
-            "prefill_tokens_per_s": round(sum(t.computed_tokens for t in sel) / ttft_s, 1),
-            "decode_tokens_per_s": round(float(np.median([t.decode_tokens_per_s
-                                                          for t in sel])), 1)}
+        turns[label] = TurnFigures(
+            requests=len(sel), ttft_p50_ms=round(p50, 2), ttft_p99_ms=round(p99, 2),
+            prefill_tokens_per_s=round(sum(t.computed_tokens for t in sel) / ttft_s, 1),
+            decode_tokens_per_s=round(float(np.median([t.decode_tokens_per_s
+                                                       for t in sel])), 1))
     return turns
 
 
 def run_bench(folder: Path, conversations: int, max_tokens: int, progress: Progress,
-              blocks: int = 1024) -> dict[str, object]:
+              blocks: int = 1024) -> ModelReport:
     """Both sides on ``folder``'s checkpoint (``write_checkpoint``); the report's keys are
     stable (``--json``)."""
     import transformers as tf
@@ -198,11 +225,11 @@ def run_bench(folder: Path, conversations: int, max_tokens: int, progress: Progr
     progress("engine, whole workload", 1, 1)
     theirs_all = hf_padded(hf, w, 16, progress)
     n = len(w.requests)
-    return {
-        "model": "random SmolLM2-135M shapes", "layers": hf.config.num_hidden_layers,
-        "requests": n, "conversations": conversations, "max_tokens": max_tokens,
-        "threads": torch.get_num_threads(),
-        "engine": _per_turn(ours), "transformers": _per_turn(theirs),
-        "engine_requests_per_s": round(n / ours_all, 3),
-        "transformers_padded16_requests_per_s": round(n / theirs_all, 3),
-    }
+    return ModelReport(
+        model="random SmolLM2-135M shapes", layers=hf.config.num_hidden_layers,
+        requests=n, conversations=conversations, max_tokens=max_tokens,
+        threads=torch.get_num_threads(),
+        engine=_per_turn(ours), transformers=_per_turn(theirs),
+        engine_requests_per_s=round(n / ours_all, 3),
+        transformers_padded16_requests_per_s=round(n / theirs_all, 3),
+    )

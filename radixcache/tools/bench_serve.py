@@ -145,11 +145,13 @@ def timeline(commands: str) -> dict[str, float | int]:
     from radixcache.wire import commands as cmd
     from radixcache.wire.client import send_command
 
-    reply = send_command(commands, cmd.Stats(), timeout_s=30)
-    if not isinstance(reply, cmd.Ok):
-        raise RuntimeError(f"stats: {reply.message}")
-    return {k: v for k, v in reply.values.items()
-            if k.startswith("timeline_") and not isinstance(v, str)}
+    try:
+        stream = cmd.stats_reply(send_command(commands, cmd.Stats(), timeout_s=30)).stream
+    except cmd.CommandError as exc:
+        raise RuntimeError(f"stats: {exc}") from None
+    if stream is None:
+        raise RuntimeError("stats: the reply has no stream figures")
+    return dict(stream.timeline)
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import NamedTuple
 
+import msgspec
 import numpy as np
 
 from radixcache.core.pool import KVPool, KVShape
@@ -179,32 +180,79 @@ def _us(samples: list[int]) -> tuple[float, float]:
     return float(a.mean()), float(np.percentile(a, 99))
 
 
+class TreeFigures(msgspec.Struct, kw_only=True):
+    """The benchmark's figures, field by field: its ``--json`` keys (a stable contract) are
+    these names, in this order. ``None``: not measured (``--no-block1``, no ``--memory``)."""
+
+    requests: int
+    prompt_tokens: int
+    hit_tokens: int
+    hit_rate: float
+    hit_rate_page_aligned: float
+    hit_rate_block_hash: float
+    hit_rate_block_size_1: float | None
+    match_us_mean: float
+    match_us_p99: float
+    lock_us_mean: float
+    lock_us_p99: float
+    alloc_us_mean: float
+    alloc_us_p99: float
+    evict_us_mean: float
+    evict_us_p99: float
+    insert_us_mean: float
+    insert_us_p99: float
+    unlock_us_mean: float
+    unlock_us_p99: float
+    tree_op_seconds: float
+    tree_op_seconds_events_off: float
+    event_overhead: float
+    events: int
+    tokens_evicted: int
+    splits: int
+    merges: int
+    extends: int
+    cow_copies: int
+    slots_copied: int
+    nodes: int
+    cached_tokens: int
+    bytes_per_cached_token: float | None
+
+    def op_us(self) -> dict[str, tuple[float, float]]:
+        """Each tree operation's mean and p99 microseconds, in ``OPS`` order."""
+        return {"match": (self.match_us_mean, self.match_us_p99),
+                "lock": (self.lock_us_mean, self.lock_us_p99),
+                "alloc": (self.alloc_us_mean, self.alloc_us_p99),
+                "evict": (self.evict_us_mean, self.evict_us_p99),
+                "insert": (self.insert_us_mean, self.insert_us_p99),
+                "unlock": (self.unlock_us_mean, self.unlock_us_p99)}
+
+
+OPS = ("match", "lock", "alloc", "evict", "insert", "unlock")  # the timed tree operations
+
+
 def figures(
     run: TreeRun,
     quiet: TreeRun,
     aligned: TreeRun,
     block_hash_rate: float,
     block1: TreeRun | None,
-) -> dict[str, float | int | None]:
-    """The benchmark's figures as one flat dict (the ``--json`` keys are a stable contract).
-
-    ``run`` has events on; ``quiet`` is the same replay with events off (for the overhead).
-    """
+) -> TreeFigures:
+    """The benchmark's figures. ``run`` has events on; ``quiet`` is the same replay with
+    events off (for the overhead)."""
     t = run.times
-    out: dict[str, float | int | None] = {
-        "requests": run.requests,
-        "prompt_tokens": run.prompt_tokens,
-        "hit_tokens": run.hit_tokens,
-        "hit_rate": run.hit_rate,
-        "hit_rate_page_aligned": aligned.hit_rate,
-        "hit_rate_block_hash": block_hash_rate,
-        "hit_rate_block_size_1": block1.hit_rate if block1 else None,
-    }
-    for name in ("match", "lock", "alloc", "evict", "insert", "unlock"):
-        mean, p99 = _us(getattr(t, name))
-        out[f"{name}_us_mean"], out[f"{name}_us_p99"] = mean, p99
+    us = {name: _us(getattr(t, name)) for name in OPS}
     on, off = t.total_seconds(), quiet.times.total_seconds()
-    out.update(
+    return TreeFigures(
+        requests=run.requests, prompt_tokens=run.prompt_tokens, hit_tokens=run.hit_tokens,
+        hit_rate=run.hit_rate, hit_rate_page_aligned=aligned.hit_rate,
+        hit_rate_block_hash=block_hash_rate,
+        hit_rate_block_size_1=block1.hit_rate if block1 else None,
+        match_us_mean=us["match"][0], match_us_p99=us["match"][1],
+        lock_us_mean=us["lock"][0], lock_us_p99=us["lock"][1],
+        alloc_us_mean=us["alloc"][0], alloc_us_p99=us["alloc"][1],
+        evict_us_mean=us["evict"][0], evict_us_p99=us["evict"][1],
+        insert_us_mean=us["insert"][0], insert_us_p99=us["insert"][1],
+        unlock_us_mean=us["unlock"][0], unlock_us_p99=us["unlock"][1],
         tree_op_seconds=on,
         tree_op_seconds_events_off=off,
         event_overhead=max(0.0, (on - off) / on) if on else 0.0,
@@ -223,7 +271,6 @@ def figures(
             else None
         ),
     )
-    return out
 
 
 class BlockOne(Enum):

@@ -28,7 +28,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, NamedTuple
 
+import msgspec
+
 from radixcache.core.procs import parent_death_signal
+from radixcache.serving.stats import Stats
 from radixcache.wire import commands as cmd
 from radixcache.wire.client import send_command
 from radixcache.wire.endpoints import Endpoints
@@ -44,6 +47,13 @@ DEFAULT_MIX = ("chat 8", "system 30 256", "tot 3 3", "fork 8")
 
 class DemoError(Exception):
     """The demo's engine process did not come up (the reason is its last log line)."""
+
+
+class EngineStats(NamedTuple):
+    """The engine's answer to ``stats``, read typed: the cache's figures and its stream's."""
+
+    cache: Stats
+    stream: cmd.StreamFigures
 
 
 class DemoStats(NamedTuple):
@@ -107,7 +117,7 @@ class EngineProcess:
         while time.monotonic() - t0 < timeout_s:
             if self.proc is None or self.proc.poll() is not None:
                 raise DemoError(f"the engine exited before it answered: {self._last_log_line()}")
-            if isinstance(self.send(cmd.Stats(), timeout_s=0.25), cmd.Ok):
+            if isinstance(self.send(cmd.Stats(), timeout_s=0.25), cmd.StatsReply):
                 return time.monotonic() - t0
         raise DemoError(f"the engine did not answer within {timeout_s:g} s: "
                        f"{self._last_log_line()}")
@@ -116,10 +126,14 @@ class EngineProcess:
         """One command round trip (``Error`` on timeout, never raises)."""
         return send_command(self.endpoints.commands, command, timeout_s=timeout_s)
 
-    def stats(self) -> dict[str, float | int | str]:
-        """The engine's counters (empty when it does not answer)."""
-        reply = self.send(cmd.Stats())
-        return reply.values if isinstance(reply, cmd.Ok) else {}
+    def stats(self) -> EngineStats | None:
+        """The engine's figures (None when it does not answer them)."""
+        try:
+            reply = cmd.stats_reply(self.send(cmd.Stats()))
+            cache = Stats.of(reply)
+        except cmd.CommandError:
+            return None
+        return None if reply.stream is None else EngineStats(cache, reply.stream)
 
     def terminate(self) -> None:
         """Send SIGTERM now and return (idempotent): the engine shuts down while the caller
@@ -198,12 +212,12 @@ class MixLoop:
 
     def _run(self) -> None:
         while True:
-            waiting = self.engine.stats().get("waiting", MAX_QUEUED)
-            if isinstance(waiting, int) and waiting < MAX_QUEUED:
+            now = self.engine.stats()
+            if now is not None and now.cache.waiting < MAX_QUEUED:
                 reply = self.engine.send(self._next())
                 self.sent += 1
-                if isinstance(reply, cmd.Ok):
-                    self.requests += int(reply.values.get("requests", 0))
+                if isinstance(reply, cmd.Ok):  # a workload's reply names its requests
+                    self.requests += int(reply.values["requests"])
             if self._stop.wait(self.interval_s):
                 return
 
@@ -238,16 +252,16 @@ def headless(engine: EngineProcess, loop: MixLoop, seconds: float) -> DemoStats:
                 first = time.monotonic() - t0
             time.sleep(0.02)
         loop.stop()
-        stats = _paused_stats(engine)
-        _catch_up(sub, int(stats.get("seq", 0)))
+        stats, stream = _paused_stats(engine)
+        _catch_up(sub, stream.seq)
     finally:
         sub.stop()
     return DemoStats(round(time.monotonic() - t0, 2), round(first, 3), loop.sent,
-                     int(stats.get("finished", 0)),
-                     loop.requests - int(stats.get("finished", 0)),  # waiting, running, dependent
-                     int(stats.get("nodes", 0)),
-                     len(sub.mirror.nodes) - 1, int(stats.get("splits", 0)),
-                     int(stats.get("merges", 0)), int(stats.get("evicted_nodes", 0)),
+                     stats.finished,
+                     loop.requests - stats.finished,  # waiting, running, dependent
+                     stats.nodes,
+                     len(sub.mirror.nodes) - 1, stats.splits,
+                     stats.merges, stats.evicted_nodes,
                      sub.stats.batches, sub.stats.digest_checks, sub.stats.resyncs,
                      *_follow_figures(follower))
 
@@ -260,19 +274,19 @@ def _follow_figures(f: Follower) -> tuple[float, float, dict[str, int]]:
             f.misses.totals())
 
 
-def _paused_stats(engine: EngineProcess) -> dict[str, float | int | str]:
+def _paused_stats(engine: EngineProcess) -> EngineStats:
     """Pause, then read the counters until two reads agree (the running requests finished).
-    The step loop's timeline (``timeline_*``) moves while the loop idles, so it is not compared."""
+    The step loop's timeline moves while the loop idles, so it is not compared."""
     engine.send(cmd.Pause())
 
-    def counters(stats: dict[str, float | int | str]) -> dict[str, float | int | str]:
-        return {k: v for k, v in stats.items() if not k.startswith("timeline_")}
+    def settled(s: EngineStats | None) -> tuple[Stats, cmd.StreamFigures] | None:
+        return None if s is None else (s.cache, msgspec.structs.replace(s.stream, timeline={}))
 
     before = engine.stats()
     for _ in range(600):  # up to 30 s: requests already admitted run to their end
         time.sleep(0.05)
         now = engine.stats()
-        if counters(now) == counters(before):
+        if now is not None and settled(now) == settled(before):
             return now
         before = now
     raise DemoError("the engine did not settle after pause")

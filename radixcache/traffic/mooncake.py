@@ -151,7 +151,9 @@ def _chunks(path: Path, chunk_bytes: int, ring: int
     ``TraceError`` naming its byte offset (before a buffer grows to hold it)."""
     from radixcache.traffic.swar import PAD
 
-    bufs = [np.zeros(chunk_bytes + PAD, np.uint8) for _ in range(ring)]
+    # a read of nothing is the end only while a buffer has room past what it holds: room for
+    # more than the first read (3 bytes) and, in the next buffer, than the line begun
+    bufs = [np.zeros(max(chunk_bytes, len(BOM) + 1) + PAD, np.uint8) for _ in range(ring)]
     turn, buf, offset = 0, bufs[0], 0  # offset: of ``buf[0]`` in the file
     with open_trace(path) as f:
         start = f.read(len(BOM))
@@ -171,7 +173,7 @@ def _chunks(path: Path, chunk_bytes: int, ring: int
                 yield buf, cut
                 turn = (turn + 1) % len(bufs)
                 nxt = bufs[turn]
-                if len(nxt) < end - cut + PAD:  # the ring's other buffers grow as needed
+                if len(nxt) <= end - cut + PAD:  # the ring's other buffers grow as needed
                     nxt = bufs[turn] = np.zeros(len(buf), np.uint8)
                 nxt[: end - cut] = buf[cut:end]  # the line begun: to the front of the next
                 buf = nxt
@@ -381,9 +383,9 @@ def _history(sessions: list[list[int]], systems: list[list[int]], roll: float, b
     return []
 
 
-def generate_mooncake(n: int, seed: int) -> Iterator[dict[str, object]]:
-    """``generate_runs`` as Mooncake-format lines (dicts), with Poisson timestamps (ms, mean gap
-    20) and output lengths of 16-512 tokens."""
+def generate_mooncake(n: int, seed: int) -> Iterator[MooncakeRequest]:
+    """``generate_runs`` as Mooncake-format lines, with Poisson timestamps (ms, mean gap 20)
+    and output lengths of 16-512 tokens."""
     rng = np.random.default_rng([12, seed])
     t = 0.0
     for runs in generate_runs(n, seed):
@@ -392,8 +394,8 @@ def generate_mooncake(n: int, seed: int) -> Iterator[dict[str, object]]:
         start = 0
         for i, end in enumerate(runs.ends.tolist()):
             t += float(gaps[i])
-            yield {"timestamp": round(t), "input_length": int(runs.tokens[i]),
-                   "output_length": int(outs[i]), "hash_ids": runs.ids[start:end].tolist()}
+            yield MooncakeRequest(int(runs.tokens[i]), runs.ids[start:end].tolist(),
+                                  int(outs[i]), round(t))
             start = end
 
 

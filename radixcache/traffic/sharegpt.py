@@ -112,7 +112,7 @@ class TraceArrays:
 
 
 def _conversation_streams(
-    records: list[dict[str, object]], progress: Callable[[int, int], None] | None
+    records: list[object], progress: Callable[[int, int], None] | None
 ) -> tuple[array[int], list[int], list[list[tuple[int, int]]]]:
     """Concatenated streams, their start offsets, and each conversation's requests."""
     tok = Tokenizer()

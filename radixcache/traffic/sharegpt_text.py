@@ -100,8 +100,9 @@ def _utf8_text(raw: bytes) -> str:
         return raw[: err.start].decode("utf-8")
 
 
-def decode_records(raw: bytes) -> tuple[list[dict[str, object]], int | None]:
-    """Decode the complete records of a JSON array, in order, stopping at a cut.
+def decode_records(raw: bytes) -> tuple[list[object], int | None]:
+    """Decode the complete records of a JSON array, in order, stopping at a cut (a record is
+    any JSON value: ``record_messages`` reads what is a ShareGPT record of it).
 
     Returns the records and ``None`` when the array is complete, or the byte offset in
     ``raw`` where the first undecodable record starts (everything before it was decoded).
@@ -116,7 +117,7 @@ def decode_records(raw: bytes) -> tuple[list[dict[str, object]], int | None]:
     idx = _WS_RE.match(text, idx + 1).end()  # type: ignore[union-attr]
     if text.startswith("]", idx):
         return [], None
-    records: list[dict[str, object]] = []
+    records: list[object] = []
     while True:
         try:
             record, end = decoder.raw_decode(text, idx)
@@ -131,9 +132,10 @@ def decode_records(raw: bytes) -> tuple[list[dict[str, object]], int | None]:
         idx = _WS_RE.match(text, idx + 1).end()  # type: ignore[union-attr]
 
 
-def record_messages(record: dict[str, object]) -> list[Message]:
-    """The (role, text) pairs of one record; a malformed message is skipped."""
-    convs = record.get("conversations")
+def record_messages(record: object) -> list[Message]:
+    """The (role, text) pairs of one record; a malformed message is skipped, and a record that
+    is no JSON object has none."""
+    convs = record.get("conversations") if isinstance(record, dict) else None
     if not isinstance(convs, list):
         return []
     out: list[Message] = []
@@ -302,7 +304,8 @@ def load_conversation_texts(limit: int, path: Path | None = None) -> list[Conver
             break
         messages = record_messages(record)
         if conversation_requests(messages, tok)[1]:
-            out.append(ConversationText(len(out), str(record.get("id")), messages))
+            rid = record.get("id") if isinstance(record, dict) else None
+            out.append(ConversationText(len(out), str(rid), messages))
     return out
 
 

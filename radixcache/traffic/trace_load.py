@@ -109,8 +109,7 @@ def sharegpt_workload(path: Path, limit: int) -> TraceWorkload:
         raise TraceError(f"{path}: not a ShareGPT JSON file: want a JSON array of records")
     words, reqs = LearnedWords(), list[WorkloadRequest]()
     for k, rec in enumerate(records):
-        msgs = record_messages(rec) if isinstance(rec, dict) else []
-        stream, turns = conversation_requests(msgs, words.tokenize)
+        stream, turns = conversation_requests(record_messages(rec), words.tokenize)
         ids, prev = np.asarray(stream, np.uint32), None
         for j, (p, o) in enumerate(turns[: max(0, limit - len(reqs))]):
             reqs.append(WorkloadRequest(ids[:p], o, ids[p : p + o], f"record {k} turn {j}", prev))

@@ -9,8 +9,9 @@ A command is one msgpack array whose first item is its tag::
     ["schedule", "lpm"]                          SetSchedule(policy)
 
 Anything else (unknown tag, wrong field types, trailing garbage) fails to decode and the
-engine answers ``Error``. Replies are ``["ok", message, {name: number|string}]`` or
-``["error", message]``.
+engine answers ``Error``. Replies are ``["ok", message, {name: number|string}]``,
+``["error", message]`` or, to ``stats`` only, ``["stats", {figures}, {stream}, {socket}]``
+(``StatsReply``: typed figures, each layer's in its own struct).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class Reset(Command, tag="reset"):
 
 
 class Stats(Command, tag="stats"):
-    """Reply with the engine's counters."""
+    """Reply with the engine's counters (``StatsReply``)."""
 
 
 class SchedulePolicy(enum.StrEnum):
@@ -125,7 +126,47 @@ class Error(Reply, tag="error"):
     message: str
 
 
-AnyReply = Ok | Error
+class StreamFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """What the serving loop adds to a ``stats`` reply: the ``seq`` of the last batch it
+    published, how many ``batches``, the cache's ``digest`` now, the rounds of its command
+    program, the program's error and the worker fault when there is one, and the step
+    timeline's figures (``timeline_steps``, p50/p99/max ms of each phase)."""
+
+    seq: int
+    batches: int
+    digest: str
+    program_rounds: int
+    program_error: str | None = None
+    fault: str | None = None
+    timeline: dict[str, float | int] = {}  # the last steps' phases (``serving.timeline``)
+
+
+class SocketFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """What the command socket refused: commands over ``MAX_COMMAND_BYTES`` (answered with an
+    error) and connections ZeroMQ dropped for a frame over ``MAX_COMMAND_READ_BYTES``."""
+
+    commands_too_large: int
+    command_connections_dropped: int
+
+
+class StatsReply(Reply, tag="stats"):
+    """The answer to ``stats``. ``stats`` is the cache's ``serving.stats.Stats`` as its own
+    msgpack map, carried as it came (this layer does not name the service's figures: read it
+    with ``Stats.of``); ``stream`` is the loop's and ``socket`` the command socket's, each
+    absent when the reply did not pass that layer (an in-process service, an embedded loop)."""
+
+    stats: msgspec.Raw
+    stream: StreamFigures | None = None
+    socket: SocketFigures | None = None
+
+    @property
+    def message(self) -> str:
+        """Its one-line wording, as every reply has one: ``stats``."""
+        return "stats"
+
+
+AnyReply = Ok | Error | StatsReply
+_REPLY_TAGS = frozenset(t.__struct_config__.tag for t in (Ok, Error, StatsReply))
 
 
 class CommandError(ValueError):
@@ -162,7 +203,35 @@ def decode_reply(data: bytes) -> AnyReply:
     try:
         return _REPLY.decode(data)
     except msgspec.DecodeError as exc:
-        raise CommandError(f"not a reply: {exc}") from None
+        raise CommandError(_newer(data) or f"not a reply: {exc}") from None
+
+
+def _newer(data: bytes) -> str:
+    """Why a reply did not decode, when its tag is one this reader does not know (a newer
+    engine's reply: the command protocol has no version number, a new reply is a new tag);
+    empty otherwise."""
+    try:
+        items: object = msgspec.msgpack.decode(data)
+    except msgspec.DecodeError:
+        return ""
+    head = items[0] if isinstance(items, list) and items else None
+    if not isinstance(head, str) or head in _REPLY_TAGS:
+        return ""
+    return (f"reply {head!r} is not one this client reads: the engine is a newer radixcache "
+            "(upgrade this client)")
+
+
+def stats_reply(reply: AnyReply) -> StatsReply:
+    """``reply`` as the answer to ``stats``; ``CommandError`` saying what came instead (the
+    error's message, or an ``ok`` reply: an engine older than the typed ``stats`` reply)."""
+    match reply:
+        case StatsReply():
+            return reply
+        case Error():
+            raise CommandError(reply.message)
+        case Ok():
+            raise CommandError("the engine answered stats with an untyped reply: it is an older "
+                               "radixcache than this client (upgrade the engine)")
 
 
 class Control(NamedTuple):

@@ -192,10 +192,14 @@ class Fleet:
         (the engines must be idle). ``TimeoutError`` (which engine) when one does not."""
         deadline = time.monotonic() + timeout
         for e, s in zip(self.endpoints, self.subscribers, strict=True):
-            reply = send_command(e.commands, cmd.Stats(), timeout_s=timeout, curve=self.curve)
-            if not isinstance(reply, cmd.Ok):
-                raise TimeoutError(f"{e.commands}: {reply.message}")
-            seq, digest = int(reply.values["seq"]), str(reply.values["digest"])
+            try:
+                stream = cmd.stats_reply(send_command(e.commands, cmd.Stats(), timeout_s=timeout,
+                                                      curve=self.curve)).stream
+            except cmd.CommandError as exc:
+                raise TimeoutError(f"{e.commands}: {exc}") from None
+            if stream is None:
+                raise TimeoutError(f"{e.commands}: its stats reply has no stream figures")
+            seq, digest = stream.seq, stream.digest
             while True:
                 with s.lock:
                     if s.seq >= seq and s.mirror.digest() == digest:

@@ -338,15 +338,15 @@ class Publisher:
             self._counts["bad_requests"] += 1
             reply = cmd.Error(str(exc))
         else:
-            if isinstance(command, cmd.Stats) and isinstance(reply, cmd.Ok):
-                reply = cmd.Ok(reply.message, {**reply.values, **self._socket_figures()})
+            if isinstance(reply, cmd.StatsReply):
+                reply = msgspec.structs.replace(reply, socket=self._socket_figures())
         self._command.send_multipart([*head, cmd.encode_reply(reply)])
 
-    def _socket_figures(self) -> dict[str, float | int | str]:
+    def _socket_figures(self) -> cmd.SocketFigures:
         """What the command socket refused, for the ``stats`` reply."""
         c = self._counts
-        return {"commands_too_large": c["commands_too_large"],
-                "command_connections_dropped": c["command_connections_dropped"]}
+        return cmd.SocketFigures(commands_too_large=c["commands_too_large"],
+                                 command_connections_dropped=c["command_connections_dropped"])
 
     def _on_monitor(self) -> list[int]:
         """The fds of the command connections that ended since the last call."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -72,7 +72,10 @@ def _size(data: bytes, limit: int, what: str) -> None:
         raise Malformed(f"{what} of {len(data):,} bytes exceeds the {limit:,}-byte limit")
 
 
-def _decode(decoder: msgspec.msgpack.Decoder[Any], data: bytes, what: str) -> Any:
+T = TypeVar("T")
+
+
+def _decode(decoder: msgspec.msgpack.Decoder[T], data: bytes, what: str) -> T:
     try:
         return decoder.decode(data)
     except (msgspec.DecodeError, RecursionError) as exc:
@@ -99,7 +102,7 @@ def _tokens(tokens: bytes, what: str) -> None:
 def decode_head(data: bytes) -> BatchHead:
     """The seq and epoch of an encoded batch, range-checked; raises ``Malformed``."""
     _size(data, MAX_BATCH_BYTES, "batch")
-    head: BatchHead = _decode(_HEAD, data, "batch")
+    head = _decode(_HEAD, data, "batch")
     _int(head.seq, "seq")
     _int(head.epoch, "epoch")
     return head
@@ -109,7 +112,7 @@ def decode_batch(data: bytes) -> ev.Batch:
     """A batch whose envelope and events are structurally sound (see ``check_event`` for the
     pool-dependent part); raises ``Malformed``."""
     _size(data, MAX_BATCH_BYTES, "batch")
-    batch: ev.Batch = _decode(_BATCH, data, "batch")
+    batch = _decode(_BATCH, data, "batch")
     _int(batch.seq, "seq")
     _int(batch.epoch, "epoch")
     if not math.isfinite(batch.ts) or len(batch.engine) > MAX_TEXT:
@@ -122,7 +125,7 @@ def decode_snapshot(data: bytes) -> ev.Snapshot:
     before it allocates anything (once, not twice: a 100k-node check costs ~0.1 s); raises
     ``Malformed``."""
     _size(data, MAX_SNAPSHOT_BYTES, "snapshot")
-    snapshot: ev.Snapshot = _decode(_SNAPSHOT, data, "snapshot")
+    snapshot = _decode(_SNAPSHOT, data, "snapshot")
     return snapshot
 
 
