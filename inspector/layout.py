@@ -16,20 +16,13 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 from rich.cells import cell_len, set_cell_size
 
+from radixcache.core.tokens import TokenText as TokenText
 from radixcache.wire.mirror import Mirror, MirrorNode
-
-
-class TokenText(Protocol):
-    """Anything that renders token ids as preview text."""
-
-    def text(self, tokens: Sequence[int]) -> str:
-        """Words of ``tokens`` joined by spaces."""
-        ...
 
 
 class Row(NamedTuple):

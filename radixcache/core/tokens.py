@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +25,16 @@ TOKEN_BYTES = 4
 DTYPE = "<u4"
 U32 = 2**32
 TokenArray = npt.NDArray[np.uint32]
+
+
+class TokenText(Protocol):
+    """Anything that renders token ids as preview text (the workloads' ``Vocabulary``, the
+    inspector's dataset or model words, a checkpoint folder's tokenizer): the one protocol
+    every pane, printer and report takes."""
+
+    def text(self, tokens: Sequence[int] | TokenArray) -> str:
+        """Words of ``tokens`` joined by spaces."""
+        ...
 TokenSeq = Sequence[int] | npt.NDArray[np.integer] | bytes
 
 # (run, byte offset) -> (id,): for the tree's hot loops, where a call of ``token_at`` costs

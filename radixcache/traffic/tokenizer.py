@@ -28,6 +28,8 @@ from pathlib import Path
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
+from radixcache.core.tokens import TokenArray
+
 TOKENIZER_DIR = Path(__file__).with_name("hf_tokenizer")
 SPECIAL_TOKENS = ("<bos>", "<hdr>", "<end>", "<eot>")
 BOS, HDR, HDR_END, EOT = range(4)
@@ -62,8 +64,8 @@ class TextTokenizer:
         """Text of ``ids`` (markers included); ids outside the vocabulary are skipped."""
         return str(self._special.decode(list(ids), skip_special_tokens=False))
 
-    def text(self, tokens: Sequence[int]) -> str:
-        """Preview text of ``tokens`` (``workloads.TokenText``: a tree pane over HTTP text)."""
+    def text(self, tokens: Sequence[int] | TokenArray) -> str:
+        """Preview text of ``tokens`` (``core.tokens.TokenText``: a tree pane over HTTP text)."""
         return self.decode([int(t) for t in tokens])
 
     def chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 
+from radixcache.core.tokens import TokenText as TokenText
 from radixcache.traffic.sharegpt import SPECIAL_NAMES, TokenArray, word_id
 
 MAX_REQUESTS = 10_000
@@ -61,14 +62,6 @@ class WorkloadRequest(NamedTuple):
     forced_output: TokenArray | None
     tag: str
     after: int | None
-
-
-class TokenText(Protocol):
-    """Anything that renders token ids as preview text."""
-
-    def text(self, tokens: Sequence[int] | TokenArray) -> str:
-        """Words of ``tokens`` joined by spaces."""
-        ...
 
 
 class Vocabulary:

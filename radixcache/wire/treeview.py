@@ -8,17 +8,10 @@ first-last: ``b87-1727`` read as 1,641 blocks when the node held 17.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
+from radixcache.core.tokens import TokenText as TokenText
 from radixcache.wire.mirror import Mirror, MirrorNode
-
-
-class TokenText(Protocol):
-    """Anything that renders token ids as words (``radixcache.traffic.workloads.Vocabulary``)."""
-
-    def text(self, tokens: Sequence[int]) -> str:
-        """Words of ``tokens`` joined by spaces."""
-        ...
 
 MAX_RANGES = 4
 PREVIEW_TOKENS = 6

@@ -9,9 +9,9 @@ ends). ``tree --kv-events`` and the inspector's KV-event screen both draw these 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
+from radixcache.core.tokens import TokenText
 from radixcache.wire.endpoints import gc_paused
 from radixcache.wire.kvevents.codec import BlockHash
 from radixcache.wire.kvevents.view import Block, BlockView
@@ -102,14 +102,11 @@ def top_prefixes(rows: list[RadixRow], k: int = 5) -> list[RadixRow]:
     return sorted(rows, key=lambda r: r.subtree, reverse=True)[:k]
 
 
-TokenText = Callable[[list[int]], str]
-
-
 def row_label(row: RadixRow, text: TokenText | None = None) -> str:
     """``c9b22ad84b2b0000 ×12 [192 tok] "preview" GPU`` for one node."""
     head = hash_label(row.blocks[0].hash)
     count = f" ×{len(row.blocks)}" if len(row.blocks) > 1 else ""
-    words = text(row.preview()) if text is not None else str(row.preview())
+    words = text.text(row.preview()) if text is not None else str(row.preview())
     kids = f"  {row.children} children" if row.children > 1 else ""
     return f"{head}{count} [{row.tokens} tok] {words[:40]}  {row.holders()}{kids}"
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from radixcache.core.tokens import TokenText
 from radixcache.wire.kvevents.pubsub import KVEventsClient
-from radixcache.wire.kvevents.radix import TokenText, tree_lines
+from radixcache.wire.kvevents.radix import tree_lines
 
 
 def counter_lines(client: KVEventsClient) -> list[tuple[str, str]]:
