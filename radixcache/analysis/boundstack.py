@@ -32,8 +32,8 @@ from radixcache.analysis.hashstack import (
     BAD_LENGTH,
     BAD_ORDER,
     HashStackError,
+    _account,
     _fen_add,
-    _fen_after,
     _jit,
     renumber_stamps,
 )
@@ -147,27 +147,6 @@ def _run(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, block: int, dept
         st[9] = r
         if st[1] >= depth + max(depth, SLACK):
             _cut(depth, keys, last, length, fen, spare, shift, st)
-
-
-@_jit
-def _account(path: np.ndarray, was: np.ndarray, m: int, length: np.ndarray, fen: np.ndarray,
-             hist: np.ndarray, st: np.ndarray) -> None:
-    """``hashstack._account``, histogramming only the distances below ``len(hist)``."""
-    j, top = 0, len(hist)
-    while j < m:
-        q, lo = was[j], j
-        d = _fen_after(fen, st[2], q)
-        while j < m and was[j] == q:
-            if d + j - lo < top:
-                hist[d + j - lo] += length[path[j]]
-            j += 1
-    j = 0
-    while j < m:
-        q, lo = was[j], j
-        while j < m and was[j] == q:
-            j += 1
-        _fen_add(fen, q, lo - j)
-        st[2] += lo - j
 
 
 class BoundedStack:

@@ -147,13 +147,16 @@ def _run(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, wants: np.ndarra
 def _account(path: np.ndarray, was: np.ndarray, m: int, length: np.ndarray, fen: np.ndarray,
              hist: np.ndarray, st: np.ndarray) -> None:
     """Histogram the ``m`` matched blocks' tokens by stack distance, then move their groups
-    (all queries before any update: moving a shallow group changes the deeper ones' distances)."""
-    j = 0
+    (all queries before any update: moving a shallow group changes the deeper ones' distances).
+    Only the distances below ``len(hist)`` are counted (``HashStack`` grows ``hist`` past every
+    distance; ``boundstack`` keeps it at its depth)."""
+    j, top = 0, len(hist)
     while j < m:
         q, lo = was[j], j
         d = _fen_after(fen, st[2], q)
         while j < m and was[j] == q:
-            hist[d + j - lo] += length[path[j]]
+            if d + j - lo < top:
+                hist[d + j - lo] += length[path[j]]
             j += 1
     j = 0
     while j < m:
