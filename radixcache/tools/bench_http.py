@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 import httpx
 import numpy as np
 
-from radixcache.wire.endpoints import free_ports
+from radixcache.tools.bench_serve import served
 
 
 class BenchHttpConfig(NamedTuple):
@@ -38,33 +36,6 @@ class BenchHttpConfig(NamedTuple):
     concurrent: int = 500
     big_prompts: int = 200
     big_chars: int = 900_000
-
-
-@contextlib.contextmanager
-def served(blocks: int) -> Iterator[tuple[str, int]]:
-    """``serve --http`` in a child process: (its URL, its pid) once ``/health`` answers."""
-    port = free_ports(4)
-    root = Path(__file__).resolve().parents[2]
-    argv = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--http",
-            str(port + 3), "--blocks", str(blocks)]
-    proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port + 3}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.2)
-        else:
-            why = (f"exited ({proc.returncode})" if proc.poll() is not None
-                   else "did not answer /health within 120 s")
-            raise RuntimeError(f"serve --http {why}")
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def rss_mb(pid: int) -> float:
@@ -149,5 +120,5 @@ def run(config: BenchHttpConfig, phase: Callable[[str], None]) -> dict[str, obje
             out.update(await _big_words(c, url, pid, config.big_prompts, config.big_chars))
         return out
 
-    with served(config.blocks) as (url, pid):
-        return asyncio.run(main(url, pid))
+    with served(config.blocks) as server:  # serve's own step budget (512 tokens)
+        return asyncio.run(main(server.url, server.pid))
