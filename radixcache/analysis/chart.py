@@ -5,19 +5,19 @@ the maximum, the pool when one is known, other policies' curves (libCacheSim) an
 curve's error band; legend outside the data, a short title.
 
 The input is the figures of ``radixcache whatif`` (``answers.summary``). The file is written
-whole or not at all (``core.files.Output``: beside its name, then renamed; a full disk leaves
+whole or not at all (``core.files.write_with``: beside its name, then renamed; a full disk leaves
 no half chart and the old one unchanged)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from radixcache.core.files import FileRefused, Output, WriteFailed, output_kind
+from radixcache.core.files import FileRefused, WriteFailed, output_kind, write_with
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -145,20 +145,11 @@ def draw(path: Path, fig: Fig) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=9)
     from matplotlib import rc_context
 
-    try:
-        out = Output(path)
-    except (FileRefused, WriteFailed) as exc:
-        raise ChartError(str(exc)) from None
-    try:  # SVG text stays text: searchable, and editable in a report
+    def save(file: BinaryIO) -> None:  # SVG text stays text: searchable, editable in a report
         with rc_context({"svg.fonttype": "none"}):
-            figure.savefig(out.file, format=path.suffix.lower()[1:], dpi=120)
-    except OSError as exc:
-        out.discard()
-        raise ChartError(out.failure(exc)) from None
-    except BaseException:
-        out.discard()
-        raise
+            figure.savefig(file, format=path.suffix.lower()[1:], dpi=120)
+
     try:
-        out.commit()
+        write_with(path, save)
     except (FileRefused, WriteFailed) as exc:
         raise ChartError(str(exc)) from None

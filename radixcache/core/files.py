@@ -31,6 +31,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -240,9 +241,16 @@ def _sync_directory(directory: Path) -> None:
 def write_whole(path: str | os.PathLike[str], data: bytes) -> None:
     """``data`` as the file at ``path``, all or nothing (``Output``); interrupted (Ctrl-C
     included), the temporary file is removed."""
+    write_with(path, lambda file: file.write(data))
+
+
+def write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+    """What ``write`` writes into its file as the file at ``path``, all or nothing
+    (``Output``): an ``OSError`` of ``write`` is ``WriteFailed``; any other exception (Ctrl-C
+    included) removes the temporary file and propagates."""
     out = Output(path)
     try:
-        out.file.write(data)
+        write(out.file)
     except OSError as exc:
         out.discard()
         raise WriteFailed(out.failure(exc)) from None
