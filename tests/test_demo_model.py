@@ -11,8 +11,6 @@ import sys
 import threading
 from pathlib import Path
 
-import pytest
-
 from cli.cmd_demo import running_demo
 from cli.options import model_args
 from inspector.feed import Feed
@@ -20,16 +18,12 @@ from inspector.live import LiveSource
 from radixcache.core import tokens as tk
 from radixcache.serving.policy import SchedulePolicy
 from radixcache.traffic.folder_tokenizer import FolderTokenizer
-from tests.helpers.checkpoints import build
+from tests.helpers.checkpoints import folder_fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("TinyQwen-demo")
-    build("qwen2", path)
-    return path
+folder = folder_fixture("qwen2", "TinyQwen-demo")
 
 
 def test_demo_headless_with_a_model_folder_builds_its_tree(folder: Path) -> None:

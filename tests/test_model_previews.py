@@ -31,18 +31,14 @@ from radixcache.serving.stats import Stats
 from radixcache.traffic.folder_tokenizer import FolderTokenizer
 from radixcache.wire import commands as cmd
 from radixcache.wire.endpoints import Endpoints, free_ports
-from tests.helpers.checkpoints import build
+from tests.helpers.checkpoints import folder_fixture
 from tests.helpers.pilot import NoNvml, sync, type_line, wait_until
 
 PER_TOKEN = 2 * 2 * 16 * 4 * 2  # layers x KV heads x head dim x float32 x (K, V): 512 bytes
 PER_BLOCK = PER_TOKEN * 16
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("TinyLlama-previews")
-    build("llama", path)
-    return path
+folder = folder_fixture("llama", "TinyLlama-previews")
 
 
 def _engine(folder: Path) -> Engine:

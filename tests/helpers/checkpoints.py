@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 VOCAB = 320
@@ -94,3 +95,16 @@ def build(arch: str, folder: Path) -> Any:
     model.save_pretrained(folder)
     _tokenizer(folder)
     return model
+
+
+def folder_fixture(arch: str, name: str) -> Any:
+    """A module-scoped fixture ``folder``: the ``arch`` checkpoint built once per test module
+    in a fresh temporary folder named after ``name`` (assign it to ``folder`` in the module)."""
+
+    @pytest.fixture(scope="module", name="folder")
+    def _folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        path = tmp_path_factory.mktemp(name)
+        build(arch, path)
+        return path
+
+    return _folder
