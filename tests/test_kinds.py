@@ -59,6 +59,7 @@ def stream() -> list[ev.AnyEvent]:
         ev.Reset(),
         ev.Digest(Mirror(B, N).digest()),
         ev.RequestCached(1, 11),  # (a request's prompt cached while it decodes)
+        ev.Retract(1, 12, 3),  # (a running request retracted into the tree)
         ev.Queue("lpm", 3, 1, [ev.Waiting(2, ev.WaitReason.SHARING, 1, 1, 0, 8)]),
     ]
 

@@ -59,7 +59,8 @@ class Follower:
             ev.Extend: m[ev.Extend], ev.Evict: m[ev.Evict], ev.RequestCached: m[ev.RequestCached],
             ev.Reset: m[ev.Reset], ev.Snapshot: self._snapshot,
             **dict.fromkeys((ev.Split, ev.Merge, ev.BlockAlloc, ev.BlockFree, ev.Cow,
-                             ev.Watermark, ev.Counters, ev.Fault, ev.Digest, ev.Queue)),
+                             ev.Watermark, ev.Counters, ev.Fault, ev.Digest, ev.Queue,
+                             ev.Retract)),
         })  # (the None rows: kinds that change nothing either keeps)
         return table
 

@@ -307,7 +307,7 @@ _HANDLERS: Mapping[type, Callable[[MissHistory, Any], None]] = exhaustive(
      ev.RequestCached: MissHistory._cached,
      ev.Reset: MissHistory._reset, ev.Snapshot: MissHistory.restart},
     ignored=(ev.Split, ev.Merge, ev.Access, ev.BlockAlloc, ev.BlockFree, ev.Cow, ev.Watermark,
-             ev.Counters, ev.Fault, ev.Digest, ev.Queue),
+             ev.Counters, ev.Fault, ev.Digest, ev.Queue, ev.Retract),
 )
 
 def _held_unmatched(lo: int, hi: int, p: int, dropped: int) -> list[Span]:

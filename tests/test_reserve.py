@@ -1,0 +1,212 @@
+"""Growing leases and retraction (``serving.reserve``, issue 35): under ``--reserve grow`` a
+running request holds what it wrote and what its next step writes, a step that finds no block
+retracts running requests into the tree, and every output (and stream) equals the request
+served alone. A hypothesis state machine drives random requests with random ``max_tokens``,
+early ends and tiny pools, and checks the engine after every step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from radixcache.core import events as ev
+from radixcache.serving.engine import Engine, EngineConfig, RequestRejected, TokenPolicy
+from radixcache.serving.policy import SchedulePolicy
+from radixcache.serving.requests import StopAfter
+from radixcache.serving.reserve import Reserve, victim
+from radixcache.serving.sampling import RequestPolicy, Sampling
+from radixcache.traffic.tokenizer import shipped
+
+B = 4
+TOK = shipped()
+Make = Callable[[], TokenPolicy | None]
+
+
+def _policy(stop: int | None, seed: int | None) -> Make:
+    """A fresh token policy each call: stop after ``stop`` tokens (greedy), or seeded
+    sampling (``seed``), or none (greedy to ``max_new``)."""
+    if seed is not None:
+        return lambda: RequestPolicy(Sampling(temperature=1.0, seed=seed), TOK)
+    if stop is not None:
+        return lambda: StopAfter(stop)
+    return lambda: None
+
+
+def _alone(prompt: np.ndarray, max_new: int, make: Make) -> list[int]:
+    e = Engine(EngineConfig(num_blocks=256, block_size=B, record_events=False))
+    try:
+        h = e.submit(prompt, max_new, policy=make())
+        while e.busy():
+            e.step()
+        return h.result(0).tokens
+    finally:
+        e.close()
+
+
+def _drive(e: Engine, steps: int = 4000) -> None:
+    for _ in range(steps):
+        if not e.busy():
+            return
+        e.step()
+        e.check()
+    raise AssertionError(f"not done after {steps} steps: a deadlock or a livelock")
+
+
+def _case(n: int, seed: int) -> list[tuple[np.ndarray, int, Make]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        prompt = rng.integers(0, 300, size=int(rng.integers(3, 30))).astype(np.uint32)
+        max_new = int(rng.integers(10, 70))
+        stop = int(rng.integers(1, max_new + 1))
+        out.append((prompt, max_new, _policy(stop if i % 3 else None, None)))
+    return out
+
+
+@pytest.mark.parametrize("schedule", list(SchedulePolicy))
+def test_retraction_keeps_every_output_and_stream_equal_to_alone(schedule: SchedulePolicy) -> None:
+    """16 requests on a pool of 34 blocks: some are retracted (the events say so, with the
+    tokens kept), every output and every stream equals the request served alone."""
+    case = _case(16, 0)
+    e = Engine(EngineConfig(num_blocks=34, block_size=B, reserve=Reserve.GROW,
+                            schedule=schedule))
+    try:
+        streams: list[list[int]] = [[] for _ in case]
+        handles = [e.submit(p, m, policy=make(), on_token=streams[i].append)
+                   for i, (p, m, make) in enumerate(case)]
+        _drive(e)
+        outs = [h.result(0).tokens for h in handles]
+        events = e.take_events()
+        stats = e.stats()
+    finally:
+        e.close()
+    assert outs == [_alone(p, m, make) for p, m, make in case]
+    assert streams == outs
+    retracts = [x for x in events if isinstance(x, ev.Retract)]
+    assert stats.retractions == len(retracts) > 0
+    assert stats.retracted_tokens == sum(x.kept_tokens for x in retracts)
+    assert stats.retracted_from_tree + stats.retracted_recomputed == stats.retracted_tokens
+    assert stats.reserve == "grow"
+
+
+def test_grow_holds_only_what_is_written() -> None:
+    """One request with max_new 60 that stops after 5: under grow it holds the blocks of its
+    prompt and what it wrote, never its worst case (full holds all 17 blocks)."""
+    prompt = np.arange(1, 9, dtype=np.uint32)  # 8 tokens: 2 blocks
+    held = {}
+    for reserve in Reserve:
+        e = Engine(EngineConfig(num_blocks=64, block_size=B, reserve=reserve))
+        try:
+            h = e.submit(prompt, 60, policy=StopAfter(5))
+            most = 0
+            while e.busy():
+                e.step()
+                e.check()
+                most = max(most, e.pinned_blocks())
+            assert h.result(0).tokens == _alone(prompt, 60, lambda: StopAfter(5))
+            held[reserve] = most
+        finally:
+            e.close()
+    assert held == {Reserve.FULL: 17, Reserve.GROW: 3}  # (8 + 60 - 1) / 4; (8 + 5 - 1) / 4
+
+
+def test_a_request_that_never_fits_is_refused_and_a_lone_one_that_fits_runs() -> None:
+    """Worst case past the pool: refused at submit under both rules. A lone request whose
+    worst case is the whole pool runs to its end under grow, beside others that retract."""
+    e = Engine(EngineConfig(num_blocks=8, block_size=B, reserve=Reserve.GROW))
+    try:
+        with pytest.raises(RequestRejected, match="need 9 blocks; the pool has 8"):
+            e.submit(np.arange(1, 5, dtype=np.uint32), 30).result(0)
+        big = e.submit(np.arange(1, 5, dtype=np.uint32), 29)  # 32 positions: all 8 blocks
+        small = [e.submit(np.arange(10 + i, 14 + i, dtype=np.uint32), 12) for i in range(3)]
+        _drive(e)
+        assert len(big.result(0).tokens) == 29
+        assert [len(h.result(0).tokens) for h in small] == [12, 12, 12]
+    finally:
+        e.close()
+
+
+class _Named:
+    def __init__(self, rid: int, retractions: int) -> None:
+        self.id, self.retractions = rid, retractions
+        self.max_new, self.output = 1, []
+
+    def early(self) -> bool:
+        return False
+
+
+def test_victim_order_newest_first_protected_last() -> None:
+    rs = [_Named(0, 0), _Named(1, 1), _Named(2, 2)]
+    assert victim(rs).id == 1  # the newest is protected (2 retractions already)
+    assert victim([_Named(0, 2), _Named(1, 3)]).id == 1  # all protected: the newest
+
+
+class GrowMachine(RuleBasedStateMachine):
+    """Random requests (prompts from a few shared stems, random max_tokens, early ends by
+    StopAfter or seeded sampling) on a tiny pool under grow; every step is checked (no leak:
+    ``engine.check``), the run ends (no deadlock) and every output equals serving it alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine: Engine | None = None
+        self.sent: list[tuple[np.ndarray, int, Make, object]] = []
+
+    @precondition(lambda self: self.engine is None)
+    @rule(blocks=st.integers(6, 40), schedule=st.sampled_from(list(SchedulePolicy)))
+    def start(self, blocks: int, schedule: SchedulePolicy) -> None:
+        self.engine = Engine(EngineConfig(num_blocks=blocks, block_size=B, reserve=Reserve.GROW,
+                                          schedule=schedule, max_step_tokens=24,
+                                          share_min_tokens=4))
+
+    @precondition(lambda self: self.engine is not None)
+    @rule(stem=st.integers(0, 2), tail=st.lists(st.integers(0, 500), min_size=1, max_size=9),
+          max_new=st.integers(1, 40), stop=st.none() | st.integers(1, 40),
+          seed=st.none() | st.integers(0, 3))
+    def submit(self, stem: int, tail: list[int], max_new: int, stop: int | None,
+               seed: int | None) -> None:
+        assert self.engine is not None
+        prompt = np.array([*range(stem * 7, stem * 7 + 6), *tail], dtype=np.uint32)
+        make = _policy(stop, seed)
+        h = self.engine.submit(prompt, max_new, policy=make())
+        self.sent.append((prompt, max_new, make, h))
+
+    @precondition(lambda self: self.engine is not None)
+    @rule(n=st.integers(1, 6))
+    def step(self, n: int) -> None:
+        assert self.engine is not None
+        for _ in range(n):
+            self.engine.step()
+            self.engine.check()
+
+    @invariant()
+    def checked(self) -> None:
+        if self.engine is not None:
+            self.engine.check()
+
+    def teardown(self) -> None:
+        e = self.engine
+        if e is None:
+            return
+        try:
+            _drive(e)
+            for prompt, max_new, make, h in self.sent:
+                err = h.exception(0)  # type: ignore[attr-defined]
+                if -(-(len(prompt) + max_new - 1) // B) > e.config.num_blocks:
+                    assert isinstance(err, RequestRejected)
+                    continue
+                assert err is None, err
+                assert h.result(0).tokens == _alone(prompt, max_new, make)  # type: ignore[attr-defined]
+            assert e.pool.free_blocks + len(e.tree.request_blocks()) <= e.config.num_blocks
+            assert not e.tree.request_blocks()  # nothing leased once all finished
+        finally:
+            e.close()
+
+
+TestGrowMachine = GrowMachine.TestCase
+TestGrowMachine.settings = settings(max_examples=25, stateful_step_count=20, deadline=None,
+                                    suppress_health_check=[HealthCheck.too_slow])
