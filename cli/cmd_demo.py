@@ -19,7 +19,7 @@ from rich.table import Table
 
 from cli.app import app
 from cli.bounds import MAX_BLOCKS
-from cli.options import SCHEDULE_HELP
+from cli.options import RESERVE_HELP, SCHEDULE_HELP, ReserveRule
 from radixcache.serving.policy import SchedulePolicy
 from radixcache.tools.demo import (
     DEFAULT_MIX,
@@ -41,10 +41,10 @@ QUIT_GRACE_S = 0.4
 
 @contextlib.contextmanager
 def running_demo(blocks: int, mix: tuple[str, ...], interval_s: float,
-                 schedule: SchedulePolicy = SchedulePolicy.FCFS,
+                 schedule: SchedulePolicy = SchedulePolicy.FCFS, reserve: str = "full",
                  ) -> Iterator[tuple[EngineProcess, MixLoop]]:
     """An engine that answers, fed by a running mix loop; both stopped on the way out."""
-    with EngineProcess(blocks, schedule=schedule.value) as engine:
+    with EngineProcess(blocks, schedule=schedule.value, reserve=reserve) as engine:
         engine.start()
         engine.wait_ready()
         loop = MixLoop(engine, mix, interval_s).start()
@@ -178,6 +178,7 @@ def demo(
     interval: float = typer.Option(0.7, min=0.05, help="Seconds between two workloads."),
     as_json: bool = typer.Option(False, "--json", help="With --no-inspect: one JSON object."),
     schedule: SchedulePolicy = typer.Option(DEMO_SCHEDULE, help=SCHEDULE_HELP),
+    reserve: ReserveRule = typer.Option(ReserveRule.FULL, help=RESERVE_HELP),
 ) -> None:
     """Start an engine with a looping mixed workload and open the inspector on it (see
     ``DEMO_HELP``); the engine process is stopped however the demo ends."""
@@ -186,10 +187,11 @@ def demo(
     lines = _parse_mix(mix)
     _interrupt_on_sigterm()
     if not no_inspect:
-        with EngineProcess(blocks, grace_s=QUIT_GRACE_S, schedule=schedule.value) as engine:
+        with EngineProcess(blocks, grace_s=QUIT_GRACE_S, schedule=schedule.value,
+                           reserve=reserve.value) as engine:
             _run_inspector(engine.start(), lines, interval)
         _leave_now()
-    with running_demo(blocks, lines, interval, schedule) as (engine, loop):
+    with running_demo(blocks, lines, interval, schedule, reserve.value) as (engine, loop):
         stats = headless(engine, loop, seconds)
     if as_json:
         typer.echo(_json(stats))

@@ -23,9 +23,11 @@ from cli.app import CliError, app
 from cli.bounds import MAX_BLOCKS, MAX_THREADS, WEEK_S
 from cli.options import (
     CURVE_HELP,
+    RESERVE_HELP,
     SCHEDULE_HELP,
     AnswerMode,
     ModelSize,
+    ReserveRule,
     engine_config,
     sized_workload,
 )
@@ -76,6 +78,7 @@ def record(
     schedule: SchedulePolicy = typer.Option(
         SchedulePolicy.DFS_WEIGHT,  # as the demo (cmd_demo.DEMO_SCHEDULE)
         help="Headless: " + SCHEDULE_HELP),
+    reserve: ReserveRule = typer.Option(ReserveRule.FULL, help="Headless: " + RESERVE_HELP),
     keyframe_every: int = typer.Option(50_000, min=1,
                                         help="Events between snapshot keyframes."),
     curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),
@@ -94,7 +97,7 @@ def record(
     w = _first_requests(workload, workload_args, requests)
     n = len(w.requests)
     engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value),
-                                  schedule))
+                                  schedule, reserve))
     header: dict[str, str | int | float] = {
         "num_blocks": blocks, "block_size": 16, "model": model.value, "answers": answers.value,
         "workload": f"{workload} {workload_args}".strip(), "requests": n,

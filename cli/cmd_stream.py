@@ -17,7 +17,15 @@ from rich.console import Console
 
 from cli.app import RUN, app
 from cli.bounds import MAX_BLOCKS, MAX_THREADS, WEEK_S
-from cli.options import CURVE_HELP, SCHEDULE_HELP, AnswerMode, ModelSize, engine_config
+from cli.options import (
+    CURVE_HELP,
+    RESERVE_HELP,
+    SCHEDULE_HELP,
+    AnswerMode,
+    ModelSize,
+    ReserveRule,
+    engine_config,
+)
 from radixcache.serving.policy import SchedulePolicy
 from radixcache.wire.endpoints import LOOPBACK_HOSTS, BindPolicy, EndpointError, Endpoints
 from radixcache.wire.security import CurveError, create_keys
@@ -116,6 +124,7 @@ def serve(
     threads: int = typer.Option(1, min=1, max=MAX_THREADS,
                                  help="torch CPU threads (1 is fastest for the tiny model)."),
     schedule: SchedulePolicy = typer.Option(SchedulePolicy.FCFS, help=SCHEDULE_HELP),
+    reserve: ReserveRule = typer.Option(ReserveRule.FULL, help=RESERVE_HELP),
     digest_every: int = typer.Option(64, min=0,
                                       help="A Digest event every N batches (0: none)."),
     curve_keys: Path | None = typer.Option(None, help=CURVE_HELP + " Every socket bound is a "
@@ -141,7 +150,7 @@ def serve(
 
     at = _http_host(http, endpoint_host, allow_remote)
     engine = Engine(engine_config(model, blocks, device, threads, Answers(answers.value),
-                                  schedule))
+                                  schedule, reserve))
     config = ServerConfig(LoopConfig(digest_every, program=DEFAULT_PROGRAM if loop else ()),
                           block_size=16, num_blocks=blocks)
     server = _bind(engine, config, _endpoints(port, endpoint_host, ipc), allow_remote,

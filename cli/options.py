@@ -16,6 +16,18 @@ SCHEDULE_HELP = ("How waiting requests are admitted: fcfs (arrival order), lpm (
                  "prefix first) or dfs-weight (depth-first over the cached tree); the last "
                  "two also hold a request whose prefix a running request is computing.")
 
+RESERVE_HELP = ("How running requests hold KV blocks: full (the worst case, prompt + max_tokens, "
+                "from admission on) or grow (what they wrote and their next step's; admitted by "
+                "expected need, retracted into the tree when a step finds no block).")
+
+
+class ReserveRule(enum.StrEnum):
+    """The values of ``radixcache.serving.reserve.Reserve`` (imported when a command runs)."""
+
+    FULL = "full"
+    GROW = "grow"
+
+
 CURVE_HELP = ("A key directory from `radixcache keys DIR`: CURVE-encrypt and authenticate "
               "(for non-loopback use).")
 
@@ -36,17 +48,19 @@ class AnswerMode(enum.StrEnum):
 
 
 def engine_config(model: ModelSize, blocks: int, device: str | None, threads: int,
-                  answers: Answers, schedule: SchedulePolicy = SchedulePolicy.FCFS) -> EngineConfig:
+                  answers: Answers, schedule: SchedulePolicy = SchedulePolicy.FCFS,
+                  reserve: ReserveRule = ReserveRule.FULL) -> EngineConfig:
     """The engine's configuration for these options (sets torch's CPU threads)."""
     import torch
 
     from radixcache.serving.engine import EngineConfig
     from radixcache.serving.model import ModelConfig, tiny_model
+    from radixcache.serving.reserve import Reserve
 
     torch.set_num_threads(threads)
     mc = tiny_model() if model is ModelSize.TINY else ModelConfig()
     return EngineConfig(num_blocks=blocks, model=mc, device=device, answers=answers,
-                        schedule=schedule)
+                        schedule=schedule, reserve=Reserve(reserve.value))
 
 
 def sized_workload(name: str, args: str, requests: int) -> Workload:

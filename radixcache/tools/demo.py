@@ -73,9 +73,11 @@ class EngineProcess:
     ``start()`` then ``wait_ready()``; ``stop()`` (idempotent, also on ``__exit__``) ends the
     process and removes the directory, so nothing is left behind."""
 
-    def __init__(self, blocks: int, grace_s: float = 5.0, schedule: str = "fcfs") -> None:
+    def __init__(self, blocks: int, grace_s: float = 5.0, schedule: str = "fcfs",
+                 reserve: str = "full") -> None:
         self.blocks = blocks
         self.schedule = schedule
+        self.reserve = reserve
         self.grace_s = grace_s
         self.dir = Path(tempfile.mkdtemp(prefix="rc-demo-", dir=_short_tmp()))
         self.endpoints = Endpoints.ipc(str(self.dir / "engine"))
@@ -87,7 +89,8 @@ class EngineProcess:
     def command(self) -> list[str]:
         """The engine's command line: this interpreter running ``radixcache serve``."""
         return [sys.executable, "-m", "cli.main", "serve", "--ipc", str(self.dir / "engine"),
-                "--blocks", str(self.blocks), "--schedule", self.schedule]
+                "--blocks", str(self.blocks), "--schedule", self.schedule,
+                "--reserve", self.reserve]
 
     def start(self) -> EngineProcess:
         """Start ``command()`` with its output going to DIR/engine.log."""
