@@ -210,3 +210,14 @@ class GrowMachine(RuleBasedStateMachine):
 TestGrowMachine = GrowMachine.TestCase
 TestGrowMachine.settings = settings(max_examples=25, stateful_step_count=20, deadline=None,
                                     suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_metrics_count_retractions_as_vllm_preemptions() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from radixcache.serving.prometheus import Counters, EngineCollector
+
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(lambda: Counters(1, 2, 1, 3, 0, 0, 4, 8, 0, 16, 5), "m"))
+    text = generate_latest(registry).decode()
+    assert 'vllm:num_preemptions_total{model_name="m"} 5.0' in text
