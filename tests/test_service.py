@@ -211,7 +211,8 @@ def test_the_engine_and_the_driver_serve_one_workload_through_the_same_loop() ->
                 "evicted_tokens", "cache", "model", "device", "schedule", "held_for_sharing",
                 "shared_in_forward",
                 "aged", "waiting_order", "waiting_sharing", "waiting_pool", "waiting_batch",
-                "waiting_paused", "failed"}
+                "waiting_paused", "failed", "reserve", "retractions", "retracted_tokens",
+                "retracted_from_tree", "retracted_recomputed"}
         assert set(driver.stats().figures()) == set(engine.stats().figures()) == keys
         d, e = driver.stats(), engine.stats()
         assert (d.finished, e.finished, d.model, d.paused) == (
