@@ -249,16 +249,16 @@ def test_the_memory_section_reports_both_rules_with_stable_keys() -> None:
     rng = np.random.default_rng(3)
     reqs = [(rng.integers(0, 300, size=int(rng.integers(4, 20))).astype(np.uint32),
              int(rng.integers(1, 30))) for _ in range(10)]
-    figures = [memory_pass(reqs, 40, _config(num_blocks=40, max_running=10, reserve=rule),
-                           lambda _d, _t: None) for rule in (Reserve.FULL, Reserve.GROW)]
+    figures = [memory_pass(reqs, 40, _config(num_blocks=40, max_running=10, reserve=how),
+                           lambda _d, _t: None) for how in (Reserve.FULL, Reserve.GROW)]
     report = memory_report(*figures, blocks=40, max_tokens=40)["memory"]
     assert isinstance(report, dict)
     keys = {"running_mean", "written_over_held", "retractions", "retracted_tokens_from_tree",
             "retracted_tokens_recomputed", "requests_per_s", "ttft_ms_p50", "ttft_ms_p99",
             "failed", "outputs_equal"}
-    for rule in ("full", "grow"):
-        assert keys <= set(report[rule])
-        assert report[rule]["failed"] == 0 and report[rule]["outputs_equal"] is True
+    for name in ("full", "grow"):
+        assert keys <= set(report[name])
+        assert report[name]["failed"] == 0 and report[name]["outputs_equal"] is True
     assert report["full"]["retractions"] == 0
     assert report["grow"]["written_over_held"] > report["full"]["written_over_held"]
     assert report["grow"]["running_mean"] > report["full"]["running_mean"]
