@@ -262,3 +262,21 @@ def test_the_memory_section_reports_both_rules_with_stable_keys() -> None:
     assert report["full"]["retractions"] == 0
     assert report["grow"]["written_over_held"] > report["full"]["written_over_held"]
     assert report["grow"]["running_mean"] > report["full"]["running_mean"]
+
+
+def test_retraction_with_the_cache_off_recomputes_and_stays_equal() -> None:
+    """Cache off: a retracted request keeps nothing (its blocks are freed, ``kept_tokens``
+    0) and recomputes; its output is still the one served alone."""
+    case = _case(16, 0)
+    e = Engine(_config(num_blocks=34, reserve=Reserve.GROW, cache=False, record_events=True))
+    try:
+        handles = [e.submit(p, m, policy=make()) for p, m, make in case]
+        _drive(e)
+        outs = [h.result(0).tokens for h in handles]
+        retracts = [x for x in e.take_events() if isinstance(x, ev.Retract)]
+        stats = e.stats()
+    finally:
+        e.close()
+    assert outs == [_alone(p, m, make) for p, m, make in case]
+    assert retracts and all(x.kept_tokens == 0 for x in retracts)
+    assert stats.retracted_tokens == stats.retracted_from_tree == 0
