@@ -23,8 +23,10 @@ from cli.options import (
     DTYPE_HELP,
     KV_MEMORY_HELP,
     MODEL_HELP,
+    RESERVE_HELP,
     SCHEDULE_HELP,
     ModelSize,
+    ReserveRule,
     check_kv_memory,
     kv_memory_args,
     model_args,
@@ -51,10 +53,11 @@ QUIT_GRACE_S = 0.4
 @contextlib.contextmanager
 def running_demo(blocks: int, mix: tuple[str, ...], interval_s: float,
                  schedule: SchedulePolicy = SchedulePolicy.FCFS, model: tuple[str, ...] = (),
-                 ) -> Iterator[tuple[EngineProcess, MixLoop]]:
+                 reserve: str = "full") -> Iterator[tuple[EngineProcess, MixLoop]]:
     """An engine that answers, fed by a running mix loop; both stopped on the way out.
-    ``model``: ``serve``'s model arguments (``model_args``)."""
-    with EngineProcess(blocks, schedule=schedule.value, model_args=model) as engine:
+    ``model``: ``serve``'s model arguments (``model_args``); ``reserve``: its ``--reserve``."""
+    with EngineProcess(blocks, schedule=schedule.value, model_args=model,
+                       reserve=reserve) as engine:
         engine.start()
         engine.wait_ready()
         loop = MixLoop(engine, mix, interval_s).start()
@@ -191,6 +194,7 @@ def demo(
     model: str = typer.Option(ModelSize.TINY.value, help=MODEL_HELP),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     kv_memory: str | None = typer.Option(None, help=KV_MEMORY_HELP, callback=check_kv_memory),
+    reserve: ReserveRule = typer.Option(ReserveRule.FULL, help=RESERVE_HELP),
 ) -> None:
     """Start an engine with a looping mixed workload and open the inspector on it (see
     ``DEMO_HELP``); the engine process is stopped however the demo ends."""
@@ -201,10 +205,11 @@ def demo(
     serve_args = model_args(model, dtype) + kv_memory_args(kv_memory)
     if not no_inspect:
         with EngineProcess(blocks, grace_s=QUIT_GRACE_S, schedule=schedule.value,
-                           model_args=serve_args) as engine:
+                           model_args=serve_args, reserve=reserve.value) as engine:
             _run_inspector(engine.start(), lines, interval)
         _leave_now()
-    with running_demo(blocks, lines, interval, schedule, serve_args) as (engine, loop):
+    with running_demo(blocks, lines, interval, schedule, serve_args,
+                      reserve.value) as (engine, loop):
         stats = headless(engine, loop, seconds)
     if as_json:
         typer.echo(_json(stats))

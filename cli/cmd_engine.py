@@ -72,6 +72,12 @@ def bench_engine(
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     kv_memory: str | None = typer.Option(None, help="Without --schedule: " + KV_MEMORY_HELP,
                                          callback=check_kv_memory),
+    section: str | None = typer.Option(None, help="memory: ShareGPT requests (1,100 unless "
+                                       "--requests) submitted at once with --max-tokens, each "
+                                       "ending at its recorded answer length, on a 2,048-block "
+                                       "pool (unless --blocks), under --reserve full and grow."),
+    max_tokens: int = typer.Option(2000, min=1, max=1 << 20,
+                                   help="With --section memory: each request's max_tokens."),
 ) -> None:
     """Serve one workload with the cache on, then off; compare prefill work, TTFT, decode rate.
     With --schedule: the demo's mix under each scheduling policy (hit rate against the
@@ -79,7 +85,13 @@ def bench_engine(
     if schedule is not None and kv_memory is not None:
         raise typer.BadParameter("sizes the pool of the cache on/off comparison: give "
                                  "--blocks with --schedule", param_hint="--kv-memory")
-    if schedule is not None:
+    if section is not None:
+        if section != "memory":
+            raise typer.BadParameter(f"unknown section {section!r} (memory)",
+                                     param_hint="--section")
+        _memory(requests or 1100, blocks if _given("--blocks") else 2048, max_tokens,
+                step_tokens, as_json)
+    elif schedule is not None:
         from cli.bench_schedule import bench_schedule
 
         bench_schedule(schedule, mix, rounds, interval,
@@ -135,6 +147,48 @@ def _cache_on_off(workload: str, requests: int | None, blocks: int, step_tokens:
         typer.echo(json.dumps(report))
     else:
         _print_table(report)
+
+
+def _memory(requests: int, blocks: int, max_tokens: int, step_tokens: int,
+            as_json: bool) -> None:
+    """``bench engine --section memory``: the same requests under both reserve rules."""
+    import torch
+
+    from radixcache.serving.engine import EngineConfig
+    from radixcache.serving.reserve import Reserve
+    from radixcache.tools.bench_engine import memory_pass, memory_report, memory_requests
+    from radixcache.traffic.sharegpt_text import DatasetUnavailable
+
+    torch.set_num_threads(1)
+    try:
+        reqs = memory_requests(requests)
+    except DatasetUnavailable as err:
+        typer.echo(f"bench engine --section memory: {err}", err=True)
+        raise typer.Exit(1) from None
+    figures = []
+    for reserve in (Reserve.FULL, Reserve.GROW):
+        cfg = EngineConfig(num_blocks=blocks, max_step_tokens=step_tokens, record_events=False,
+                           max_running=len(reqs), reserve=reserve)
+        columns = (TextColumn(f"reserve {reserve.value}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task("requests", total=len(reqs))
+            figures.append(memory_pass(reqs, max_tokens, cfg, partial(_completed, bar, task)))
+    report = memory_report(*figures, blocks=blocks, max_tokens=max_tokens)
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    mem = report["memory"]
+    assert isinstance(mem, dict)
+    t = Table(title=f"bench engine --section memory: {len(reqs)} ShareGPT requests, max_tokens "
+              f"{max_tokens}, {blocks} blocks")
+    for col in ("", "reserve full", "reserve grow"):
+        t.add_column(col, justify="right")
+    for key in ("running_mean", "written_over_held", "retractions", "retracted_tokens_from_tree",
+                "retracted_tokens_recomputed", "requests_per_s", "ttft_ms_p50", "ttft_ms_p99",
+                "failed", "outputs_equal", "wall_s"):
+        t.add_row(key, str(mem["full"][key]), str(mem["grow"][key]))
+    Console().print(t)
 
 
 def _given(option: str) -> bool:

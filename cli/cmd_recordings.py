@@ -26,9 +26,11 @@ from cli.options import (
     DTYPE_HELP,
     KV_MEMORY_HELP,
     MODEL_HELP,
+    RESERVE_HELP,
     SCHEDULE_HELP,
     AnswerMode,
     ModelSize,
+    ReserveRule,
     check_kv_memory,
     checked_engine,
     sized_workload,
@@ -82,6 +84,7 @@ def record(
     schedule: SchedulePolicy = typer.Option(
         SchedulePolicy.DFS_WEIGHT,  # as the demo (cmd_demo.DEMO_SCHEDULE)
         help="Headless: " + SCHEDULE_HELP),
+    reserve: ReserveRule = typer.Option(ReserveRule.FULL, help="Headless: " + RESERVE_HELP),
     keyframe_every: int = typer.Option(50_000, min=1,
                                         help="Events between snapshot keyframes."),
     curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),
@@ -100,7 +103,7 @@ def record(
     w = _first_requests(workload, workload_args, requests)
     n = len(w.requests)
     engine = checked_engine(model, blocks, device, threads, Answers(answers.value), schedule,
-                            dtype=dtype, kv_memory=kv_memory)
+                            dtype=dtype, kv_memory=kv_memory, reserve=reserve)
     header: dict[str, str | int | float] = {
         "num_blocks": engine.config.num_blocks, "block_size": 16, "model": model,
         "answers": answers.value, "workload": f"{workload} {workload_args}".strip(), "requests": n,

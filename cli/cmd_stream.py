@@ -22,9 +22,11 @@ from cli.options import (
     DTYPE_HELP,
     KV_MEMORY_HELP,
     MODEL_HELP,
+    RESERVE_HELP,
     SCHEDULE_HELP,
     AnswerMode,
     ModelSize,
+    ReserveRule,
     checked_engine,
 )
 from radixcache.serving.policy import SchedulePolicy
@@ -130,6 +132,7 @@ def serve(
                                      help="Tokens per step (the prefill chunk budget): lower "
                                      "bounds inter-token latency behind long prompts, higher "
                                      "batches more (see `bench serve --step-tokens`)."),
+    reserve: ReserveRule = typer.Option(ReserveRule.FULL, help=RESERVE_HELP),
     digest_every: int = typer.Option(64, min=0,
                                       help="A Digest event every N batches (0: none)."),
     curve_keys: Path | None = typer.Option(None, help=CURVE_HELP + " Every socket bound is a "
@@ -155,7 +158,8 @@ def serve(
 
     at = _http_host(http, endpoint_host, allow_remote)
     engine = checked_engine(model, blocks, device, threads, Answers(answers.value), schedule,
-                            dtype=dtype, kv_memory=kv_memory, step_tokens=step_tokens)
+                            dtype=dtype, kv_memory=kv_memory, step_tokens=step_tokens,
+                            reserve=reserve)
     config = ServerConfig(LoopConfig(digest_every, program=DEFAULT_PROGRAM if loop else ()),
                           block_size=16, num_blocks=engine.config.num_blocks)
     server = _bind(engine, config, _endpoints(port, endpoint_host, ipc), allow_remote,

@@ -18,6 +18,18 @@ SCHEDULE_HELP = ("How waiting requests are admitted: fcfs (arrival order), lpm (
                  "prefix first) or dfs-weight (depth-first over the cached tree); the last "
                  "two also hold a request whose prefix a running request is computing.")
 
+RESERVE_HELP = ("How running requests hold KV blocks: full (the worst case, prompt + max_tokens, "
+                "from admission on) or grow (what they wrote and their next step's; admitted by "
+                "expected need, retracted into the tree when a step finds no block).")
+
+
+class ReserveRule(enum.StrEnum):
+    """The values of ``radixcache.serving.reserve.Reserve`` (imported when a command runs)."""
+
+    FULL = "full"
+    GROW = "grow"
+
+
 CURVE_HELP = ("A key directory from `radixcache keys DIR`: CURVE-encrypt and authenticate "
               "(for non-loopback use).")
 
@@ -96,16 +108,18 @@ def kv_memory_args(value: str | None) -> tuple[str, ...]:
 def engine_config(model: str, blocks: int, device: str | None, threads: int,
                   answers: Answers, schedule: SchedulePolicy = SchedulePolicy.FCFS, *,
                   dtype: str = "auto", kv_memory: str | None = None,
-                  step_tokens: int = 512) -> EngineConfig:
+                  step_tokens: int = 512,
+                  reserve: ReserveRule = ReserveRule.FULL) -> EngineConfig:
     """The engine's configuration for these options (sets torch's CPU threads). ``model`` is
-    ``tiny``, ``default`` or a model folder; ``step_tokens`` the per-step token budget. Raises
-    ``ValueError`` (``CheckpointError``) with one line for a folder it cannot serve or a bad
-    ``kv_memory``."""
+    ``tiny``, ``default`` or a model folder; ``step_tokens`` the per-step token budget,
+    ``reserve`` the lease rule. Raises ``ValueError`` (``CheckpointError``) with one line for
+    a folder it cannot serve or a bad ``kv_memory``."""
     import torch
 
     from radixcache.serving.checkpoint import Checkpoint, choose_dtype, read_spec
     from radixcache.serving.engine import EngineConfig
     from radixcache.serving.model import ModelConfig, resolve_device, tiny_model
+    from radixcache.serving.reserve import Reserve
 
     torch.set_num_threads(threads)
     checkpoint = None
@@ -125,7 +139,8 @@ def engine_config(model: str, blocks: int, device: str | None, threads: int,
         free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else None
         blocks = max(1, kv_memory_bytes(kv_memory, free) // per_block)
     return EngineConfig(num_blocks=blocks, model=mc, device=device, answers=answers,
-                        schedule=schedule, checkpoint=checkpoint, max_step_tokens=step_tokens)
+                        schedule=schedule, checkpoint=checkpoint, max_step_tokens=step_tokens,
+                        reserve=Reserve(reserve.value))
 
 
 def model_args(model: str, dtype: str) -> tuple[str, ...]:
@@ -140,7 +155,7 @@ def model_args(model: str, dtype: str) -> tuple[str, ...]:
 def checked_engine(model: str, blocks: int, device: str | None, threads: int,
                    answers: Answers, schedule: SchedulePolicy = SchedulePolicy.FCFS, *,
                    dtype: str = "auto", kv_memory: str | None = None,
-                   step_tokens: int = 512) -> Engine:
+                   step_tokens: int = 512, reserve: ReserveRule = ReserveRule.FULL) -> Engine:
     """The engine for these options (``engine_config``); a folder it cannot serve or a bad
     option exits 2 with one line on stderr."""
     import typer
@@ -150,7 +165,7 @@ def checked_engine(model: str, blocks: int, device: str | None, threads: int,
     try:
         return Engine(engine_config(model, blocks, device, threads, answers, schedule,
                                     dtype=dtype, kv_memory=kv_memory,
-                                    step_tokens=step_tokens))
+                                    step_tokens=step_tokens, reserve=reserve))
     except (ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -214,7 +214,8 @@ class Feed:
             case ev.Reset():
                 self._after_snapshot(d, batch.ts, "the cache was reset")
             case (ev.RequestStart() | ev.RequestFinish() | ev.Counters() | ev.Fault()
-                  | ev.Digest() | ev.RequestCached() | ev.Queue()):
+                  | ev.Digest() | ev.RequestCached() | ev.Queue()
+                  | ev.Retract()):
                 pass  # the log has them; the panes read them off the mirror
             case _:
                 assert_never(e)

@@ -256,7 +256,7 @@ def test_demo_stops_its_engine_when_the_inspector_raises(
     with pytest.raises(RuntimeError, match="inspector crashed"):
         demo_mod.demo(no_inspect=False, seconds=1.0, blocks=64, mix="fork 2", interval=0.5,
                       as_json=False, schedule=demo_mod.DEMO_SCHEDULE, model="tiny", dtype="auto",
-                      kv_memory=None)
+                      kv_memory=None, reserve=demo_mod.ReserveRule.FULL)
     (engine,) = engines
     # the inspector starts at once, so the engine may still be importing when it is stopped
     assert engine.proc is not None and engine.proc.returncode in (0, -signal.SIGTERM)
@@ -277,7 +277,7 @@ def test_engine_command_is_radixcache_serve_on_private_ipc() -> None:
     try:
         assert engine.command() == [sys.executable, "-m", "cli.main", "serve", "--ipc",
                                     str(engine.dir / "engine"), "--blocks", "512",
-                                    "--schedule", "fcfs"]
+                                    "--schedule", "fcfs", "--reserve", "full"]
         assert engine.endpoints.events == f"ipc://{engine.dir}/engine-events"
     finally:
         engine.stop()

@@ -59,6 +59,7 @@ def stream() -> list[ev.AnyEvent]:
         ev.Reset(),
         ev.Digest(Mirror(B, N).digest()),
         ev.RequestCached(1, 11),  # (a request's prompt cached while it decodes)
+        ev.Retract(1, 12, 3),  # (a running request retracted into the tree)
         ev.Queue("lpm", 3, 1, [ev.Waiting(2, ev.WaitReason.SHARING, 1, 1, 0, 8)]),
     ]
 
@@ -147,6 +148,7 @@ def test_the_feed_and_the_log_take_every_kind() -> None:
         "merge": "n2+n3", "wm": "2/8 blocks", "counters": "", "reset": "", "digest": "",
         "fault": "thread rc-service-loop died: RuntimeError: boom",
         "rcached": "req 1: 11 tok of its prompt cached, readable now",
+        "retract": "retracted r1: 12 tokens kept in the tree, 3 blocks freed",
         "queue": "lpm: 1 waiting (the stats pane says why)"}
 
 
@@ -156,7 +158,7 @@ def test_the_exports_take_every_kind() -> None:
         TAGS[type(e)] for e in stream()]
     names = [e["name"] for e in perfetto_events([batch]) if e.get("ph") != "M"]
     assert names == ["req 1", "req 1", "split", "cow", "evict", "merge", "pool", "reset",
-                     "prompt cached", "queue"]
+                     "prompt cached", "retracted", "queue"]
 
 
 def _dispatchers() -> set[str]:

@@ -224,7 +224,8 @@ def test_the_engine_and_the_driver_serve_one_workload_through_the_same_loop() ->
                 "shared_in_forward",
                 "aged", "waiting_order", "waiting_sharing", "waiting_pool", "waiting_batch",
                 "waiting_paused", "failed", "kv_bytes_per_block", "kv_bytes_per_token",
-                "model_dir"}
+                "model_dir", "reserve", "retractions", "retracted_tokens",
+                "retracted_from_tree", "retracted_recomputed"}
         assert named == [keys, keys]
         d, e = driver.stats(), engine.stats()
         assert (d.finished, e.finished, d.model, d.paused) == (

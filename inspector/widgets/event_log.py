@@ -45,6 +45,7 @@ _LINES: Mapping[type[ev.Event], str] = exhaustive("inspector.event_log", {
     ev.RequestStart: "req {req} {prompt_tokens} tok, {hit_tokens} hit",
     ev.RequestFinish: "req {req} +{output_tokens} tok",
     ev.RequestCached: "req {req}: {prompt_tokens} tok of its prompt cached, readable now",
+    ev.Retract: "retracted r{req}: {kept_tokens:,} tokens kept in the tree, {blocks} blocks freed",
     ev.Queue: "{policy}: {waiting} waiting (the stats pane says why)",
     ev.Snapshot: "{nodes} nodes",
     ev.Fault: "thread {thread} died: {error}",

@@ -57,6 +57,7 @@ class Follower:
             ev.Access: self._access, ev.Pin: m[ev.Pin], ev.RequestStart: self._start,
             ev.RequestFinish: self._finish, ev.NodeCreated: m[ev.NodeCreated],
             ev.Extend: m[ev.Extend], ev.Evict: m[ev.Evict], ev.RequestCached: m[ev.RequestCached],
+            ev.Retract: m[ev.Retract],
             ev.Reset: m[ev.Reset], ev.Snapshot: self._snapshot,
             **dict.fromkeys((ev.Split, ev.Merge, ev.BlockAlloc, ev.BlockFree, ev.Cow,
                              ev.Watermark, ev.Counters, ev.Fault, ev.Digest, ev.Queue)),

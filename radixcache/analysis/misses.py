@@ -206,6 +206,12 @@ class MissHistory:
         self._edge = self.mirror.version
         self._match, self._dropped = None, b""  # its re-pin after the insert is no match
 
+    def _retracted(self, _: ev.Retract) -> None:
+        """A running request was retracted into the tree: the events before it are its
+        insert, no other request's (its resumption's re-pin is no match either)."""
+        self._edge = self.mirror.version
+        self._match, self._dropped = None, b""
+
     def _reset(self, _: ev.Reset) -> None:
         self.ghosts.evict_all(self.mirror.version, self.mirror.seq)
         self.resets.add(self.mirror.seq)
@@ -304,7 +310,7 @@ _HANDLERS: Mapping[type, Callable[[MissHistory, Any], None]] = exhaustive(
     {ev.NodeCreated: MissHistory._held, ev.Extend: MissHistory._held,
      ev.Evict: MissHistory._evicted, ev.Pin: MissHistory._pin,
      ev.RequestStart: MissHistory.start, ev.RequestFinish: MissHistory.finish,
-     ev.RequestCached: MissHistory._cached,
+     ev.RequestCached: MissHistory._cached, ev.Retract: MissHistory._retracted,
      ev.Reset: MissHistory._reset, ev.Snapshot: MissHistory.restart},
     ignored=(ev.Split, ev.Merge, ev.Access, ev.BlockAlloc, ev.BlockFree, ev.Cow, ev.Watermark,
              ev.Counters, ev.Fault, ev.Digest, ev.Queue),

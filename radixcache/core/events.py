@@ -25,7 +25,7 @@ import msgspec
 SCHEMA_VERSION = 6  # 2: Extend; 3: Counters, Fault; 4: tail eviction, Access.end,
 # NodeState.older, Merge.keeps_times; 5: Queue, RequestCached, Counters.schedule;
 # 6: RequestCached may come before the prompt's forward, for its whole blocks, and twice
-# per request (docs/wire-format.md). Readers read every version from 1 up to this one.
+# per request, Retract (docs/wire-format.md). Readers read every version from 1 up to this one.
 
 
 class Event(msgspec.Struct, tag_field="kind", array_like=True, frozen=True):
@@ -158,6 +158,19 @@ class RequestStart(Event, tag="rstart", frozen=True):
     req: int
     prompt_tokens: int
     hit_tokens: int
+
+
+class Retract(Event, tag="retract", frozen=True):
+    """Request ``req`` was retracted (schema 6): a step found no block for the running
+    requests' growing leases (``--reserve grow``), so it left the running batch. Its first
+    ``kept_tokens`` computed tokens went into the tree (the tree events right before it are
+    that insert; 0 with the cache off), its pin dropped and its ``blocks`` private blocks
+    were let go (into the tree, evictable, or back on the free list). It waits at the head of
+    the queue and resumes with no new ``RequestStart``, matching what the tree kept."""
+
+    req: int
+    kept_tokens: int
+    blocks: int
 
 
 class RequestFinish(Event, tag="rfinish", frozen=True):
@@ -308,6 +321,7 @@ AnyEvent = (
     | RequestStart
     | RequestCached
     | RequestFinish
+    | Retract
     | Snapshot
     | Reset
     | Digest

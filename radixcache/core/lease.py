@@ -108,6 +108,34 @@ class Leases:
             self.log.emit(ev.BlockAlloc(blocks))
         return lease
 
+    def grow(self, lease: Lease, total: int) -> int:
+        """Extend ``lease`` to cover ``total`` positions (a growing lease, ``--reserve grow``):
+        the block it writes in last is claimed further, and a block is taken for each block
+        boundary it crosses (evicting LRU leaves for it). Returns the blocks taken; raises
+        ``PoolExhausted`` (nothing changed) when they cannot be had.
+
+        The lease's last block is its own (private, or the tree block it continues in place,
+        whose slots after the match it claimed): nobody else claims past the lease's end, so
+        raising that claim never touches another request's slots."""
+        B, table = self.B, lease.table
+        if total <= lease.total:
+            return 0
+        new = -(-total // B) - len(table)
+        if new > 0:
+            self.evictor.make_room(new)
+        j = len(table) - 1
+        if lease.total % B and j >= 0:  # the last block is partly claimed: it is ours
+            assert j >= lease.private_from or table[j] == lease.inplace, "foreign last block"
+            self.alloc.set_claim(table[j], min(B, total - j * B))
+        if new > 0:
+            blocks = self.alloc.alloc(new)
+            table.extend(blocks)
+            self.alloc.set_claim(table[-1], total - (len(table) - 1) * B)
+            if self.log.on:
+                self.log.emit(ev.BlockAlloc(blocks))
+        lease.total = total
+        return max(new, 0)
+
     def _count_copy(self, slots: int) -> None:
         self.stats.cow_copies += 1
         self.stats.slots_copied += slots

@@ -262,6 +262,16 @@ class RadixTree:
                 self.structure.alive(node)  # raises
             return self.leases.allocate(match, total)
 
+    def grow(self, lease: Lease, total: int) -> int:
+        """Extend an outstanding ``lease`` to ``total`` positions, taking a block per block
+        boundary crossed (``Leases.grow``); returns the blocks taken. Raises ``PoolExhausted``
+        (nothing reserved; LRU leaves may have been evicted on the way) or ``TreeError`` for a
+        consumed lease."""
+        with self.lock_:
+            if lease.done:
+                raise TreeError("lease already consumed")
+            return self.leases.grow(lease, total)
+
     def release(self, lease: Lease) -> None:
         """Abort: return every private block of the lease and undo its in-place reservation."""
         with self.lock_:

@@ -50,6 +50,7 @@ from radixcache.serving.requests import (
     RequestFailed,
     RequestRejected,
 )
+from radixcache.serving.reserve import NeedEstimate, Reserve
 
 Started = Callable[[Request], None]
 Emit = Callable[[ev.AnyEvent], None]
@@ -96,6 +97,11 @@ class Waiting:
         """Queue ``req`` last."""
         with self._lock:
             self._waiting[req.id] = req
+
+    def add_first(self, req: Request) -> None:
+        """Queue ``req`` first (a retracted request goes back to the head)."""
+        with self._lock:
+            self._waiting = {req.id: req, **self._waiting}
 
     def take(self, request_id: int) -> Request | None:
         """Remove and return the waiting request ``request_id`` (None: not waiting)."""
@@ -150,6 +156,42 @@ class Admission:
         self._started = started  # called right after each admission (its RequestStart)
         self._emit = emit  # the engine's event log
         self.shared = 0  # requests admitted reading blocks their step's forward writes
+        self.estimate = NeedEstimate()  # what a growing request will still write
+        self.room = 0  # blocks admission may still count on this step (``open``; grow)
+
+    def total(self, req: Request) -> int:
+        """The positions ``req``'s lease covers now: its worst case (``full``) or what its
+        next step writes (``grow``, ``serving.reserve``)."""
+        return req.total if self.config.reserve is Reserve.FULL else req.need()
+
+    def expected_blocks(self, req: Request) -> int:
+        """Blocks ``req`` is expected to take from now on (``serving.reserve``)."""
+        return -(-self.estimate.tokens(req) // self.config.block_size)
+
+    def open(self, running: Sequence[Request]) -> None:
+        """Start a step's admissions (``grow``): the room is the pool less the blocks the
+        running requests hold and the blocks they are expected to take."""
+        if self.config.reserve is Reserve.FULL:
+            return
+        held: set[int] = set()
+        future = 0
+        for r in running:
+            if r.lease is not None:
+                held.update(r.lease.table)
+            future += self.expected_blocks(r)
+        self.room = self.pool.num_blocks - len(held) - future
+
+    def _fits(self, req: Request, m: MatchResult, *, has_running: bool) -> bool:
+        """Whether ``req`` fits the room (``grow``; with nothing running it always may, the
+        lease decides); counts it in when it does."""
+        if self.config.reserve is Reserve.FULL:
+            return True
+        B = self.config.block_size
+        want = -(-len(req.fill) // B) - m.length // B + self.expected_blocks(req)
+        if has_running and want > self.room:
+            return False
+        self.room -= want
+        return True
 
     # -- one request -----------------------------------------------------------------------
     def admit(self, req: Request, inflight: list[Request],
@@ -160,7 +202,11 @@ class Admission:
         from the queue) is let go, nothing held: None, not in ``inflight``. ``copies``: the
         blocks this step's first forward writes, whose boundary copies it makes again."""
         try:
-            got = self._allocate(self._pin_prefix(req), req, has_running=bool(inflight))
+            m = self._pin_prefix(req)
+            if not self._fits(req, m, has_running=bool(inflight)):
+                self.tree.unpin(m.node)
+                return POOL
+            got = self._allocate(m, req, has_running=bool(inflight))
         except PromptTooLarge as err:
             return self._refuse(req, RequestRejected(f"request {req.id}: {err}"))
         except Exception as exc:  # the tree refused it (a bug): it fails, nothing pinned
@@ -185,9 +231,9 @@ class Admission:
         return error if self.waiting.take(req.id) is not None else None
 
     def _pin_prefix(self, req: Request) -> MatchResult:
-        if not self.config.cache or len(req.prompt) < 2:
+        if not self.config.cache or len(req.fill) < 2:
             return self._pin_root()
-        return self.tree.match_and_pin(req.prompt[:-1])
+        return self.tree.match_and_pin(req.fill[:-1])
 
     def _pin_root(self) -> MatchResult:
         self.tree.pin(self.tree.root)
@@ -201,7 +247,7 @@ class Admission:
         or the matched path may be what keeps it from fitting, and nothing else will unpin.
         """
         try:
-            return m, self.tree.allocate(m, req.total)
+            return m, self.tree.allocate(m, self.total(req))
         except PoolExhausted:
             self.tree.unpin(m.node)
         except Exception:  # PromptTooLarge, or a bug: unpinned either way
@@ -211,7 +257,7 @@ class Admission:
             return None
         m = self._pin_root()
         try:
-            return m, self.tree.allocate(m, req.total)
+            return m, self.tree.allocate(m, self.total(req))
         except PoolExhausted:
             self.tree.unpin(m.node)
             return None
@@ -230,7 +276,7 @@ class Admission:
         m = self.tree.match_and_pin(tokens)
         self.tree.unpin(r.match.node)
         r.match = r.match._replace(node=m.node)
-        r.lease = self.tree.allocate(m, r.total)
+        r.lease = self.tree.allocate(m, self.total(r))
         return m
 
     def cache_prompt(self, r: Request, policy: SchedulePolicy) -> None:
@@ -245,7 +291,7 @@ class Admission:
         engine, the baseline), with none spare, with the cache off or nothing left to decode,
         the prompt is inserted with the answer at the finish. When the tree refuses it, ``r``
         fails (``r.error``)."""
-        if not (self.config.cache and policy.cache_aware) \
+        if not (self.config.cache and policy.cache_aware) or r.fill is not r.prompt \
                 or len(r.output) >= r.max_new or self.pool.free_blocks < 1 \
                 or (r.published and not len(r.prompt) % self.config.block_size):
             return  # (published whole before its prefill: ``serving.scheduler``)
@@ -292,7 +338,7 @@ class Admission:
     def peek(self, i: int, req: Request) -> Candidate:
         """``req``'s candidate at position ``i``: where its cached match ends, touching
         nothing."""
-        if not self.config.cache or len(req.prompt) < 2:
+        if not self.config.cache or len(req.fill) < 2:
             return Candidate(i, self.tree.root, 0)
         node, cached = self.tree.peek(req.key)
         return Candidate(i, node, cached)

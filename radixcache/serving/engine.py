@@ -9,6 +9,13 @@ Life of one request (``requests.Request``)::
                 │                       (its whole blocks before it, when sharers come beside)
                 └── PromptTooLarge: failed at once (RequestRejected on its handle)
 
+Under ``--reserve grow`` (``serving.reserve``) the lease covers only what the next step
+writes: each step first grows every running lease (a block per block boundary crossed), and
+when the pool has none left after eviction, retracts running requests into the tree
+(``_retract``: its computed tokens inserted, unpinned, back at the queue's head; a ``Retract``
+event); a retracted request resumes by prefilling its prompt and output so far, which it
+mostly matches, so its output and stream go on unchanged.
+
 The match is capped at ``len(prompt) - 1`` (the model needs at least one new token to produce
 the first output's logits), so a full hit recomputes the last prompt token only. The last
 generated token's K/V are never written: the request holds ``len(prompt) + max_new - 1``
@@ -58,7 +65,7 @@ import torch
 from radixcache.core import events as ev
 from radixcache.core import tokens as tk
 from radixcache.core.invariants import InvariantError
-from radixcache.core.pool import KVPool
+from radixcache.core.pool import KVPool, PoolExhausted
 from radixcache.core.tree import RadixTree
 from radixcache.serving.checkpoint import build_model, folder_tokenizer
 from radixcache.serving.memory import MemorySource
@@ -78,6 +85,7 @@ from radixcache.serving.requests import TokenPolicy as TokenPolicy
 from radixcache.serving.requests import WorkloadRun as WorkloadRun
 from radixcache.serving.requests import fold_answers as fold_answers
 from radixcache.serving.requests import percentiles as percentiles
+from radixcache.serving.reserve import Reserve, victim
 from radixcache.serving.running import Running
 from radixcache.serving.scheduler import Scheduler
 from radixcache.serving.service import Submitted, check_room
@@ -180,7 +188,9 @@ class Engine(TreeService):
         """``tree.check()``, and that the tree's pins and private blocks are exactly those of
         the running requests: one pin per running request (each pins its matched node), and
         the leases' private blocks are theirs. A pin or lease that outlived its request (a
-        block drawn "locked" with nothing running) raises ``InvariantError``. Call between
+        block drawn "locked" with nothing running) raises ``InvariantError``; so does a lease
+        that does not cover exactly its blocks and what its request wrote, or (``grow``) covers
+        more than its next step writes. Call between
         steps, under the loop's lock."""
         self.tree.check()
         leases = [r.lease for r in self.running.requests if r.lease is not None]
@@ -193,8 +203,24 @@ class Engine(TreeService):
             problems.append(f"private blocks {sorted(held ^ private)[:8]} belong to no "
                             "running request" if held - private else
                             f"running requests' blocks {sorted(private - held)[:8]} not held")
+        problems += self._lease_problems()
         if problems:
             raise InvariantError("; ".join(problems))
+
+    def _lease_problems(self) -> list[str]:
+        """Each running request's lease covers exactly its blocks, every position it wrote,
+        and (``grow``) nothing past what its next step writes; (``full``) its worst case."""
+        B, grow = self.config.block_size, self.config.reserve is Reserve.GROW
+        out = []
+        for r in self.running.requests:
+            lease = r.lease
+            if lease is None:
+                continue
+            top = r.need() if grow else r.total
+            if len(lease.table) != -(-lease.total // B) or not r.computed <= lease.total <= top:
+                out.append(f"request {r.id}'s lease covers {lease.total} positions in"
+                           f" {len(lease.table)} blocks; it wrote {r.computed}, may hold {top}")
+        return out[:4]
 
     def busy(self) -> bool:
         """True when ``step`` has work: running requests, or waiting ones while not paused."""
@@ -207,6 +233,8 @@ class Engine(TreeService):
         lock and publishes the events it recorded (a test may call it from one thread)."""
         t0 = time.perf_counter()
         self._drop_aborted()
+        if self.config.reserve is Reserve.GROW:
+            self._grow()
         plan = self.scheduler.plan(self.running.requests, paused=self.paused)
         self._start(plan.admitted, plan.rejected)
         work = self.running.step(plan, self.scheduler.admission)
@@ -278,7 +306,11 @@ class Engine(TreeService):
             waiting_order=q[ev.WaitReason.ORDER], waiting_sharing=q[ev.WaitReason.SHARING],
             waiting_pool=q[ev.WaitReason.POOL], waiting_batch=q[ev.WaitReason.BATCH],
             waiting_paused=q[ev.WaitReason.PAUSED], failed=self.totals.failed,
-            model_dir=self.model_dir)
+            model_dir=self.model_dir,
+            reserve=self.config.reserve.value, retractions=self.totals.retractions,
+            retracted_tokens=self.totals.retracted_tokens,
+            retracted_from_tree=self.totals.retracted_from_tree,
+            retracted_recomputed=self.totals.retracted_recomputed)
 
     def reset(self) -> int:
         """Cancel every waiting and running request (their handles fail with
@@ -355,11 +387,61 @@ class Engine(TreeService):
             self._emit(queue)
 
     def _started(self, req: Request) -> None:
-        """A request was admitted (match pinned, blocks leased): count it, say so."""
+        """A request was admitted (match pinned, blocks leased): count it, say so. A retracted
+        one admitted again counts what its match took back from the tree, not a new start."""
+        if req.hit >= 0:
+            back = min(req.computed, req.kept)
+            self.totals.retracted_from_tree += back
+            self.totals.retracted_recomputed += req.kept - back
+            return
         req.admitted = time.perf_counter()
+        req.hit = req.computed
         self.totals.prompt_tokens += len(req.prompt)
         self.totals.hit_tokens += req.computed
         self._emit(ev.RequestStart(req.id, len(req.prompt), req.computed))
+
+    # -- growing leases (``serving.reserve``) ----------------------------------------------------
+    def _grow(self) -> None:
+        """Extend every running request's lease to what its next step writes, oldest first;
+        when the pool has no block left (the tree evicted what it could), retract running
+        requests (``reserve.victim``) until it does."""
+        admission = self.scheduler.admission
+        retracted = False
+        for r in list(self.running.requests):
+            while r.lease is not None:
+                try:
+                    self.tree.grow(r.lease, r.need())
+                    break
+                except PoolExhausted:
+                    self._retract(victim(self.running.requests))
+                    retracted = True
+        if retracted:
+            admission.estimate.retracted()
+        else:
+            admission.estimate.step()
+
+    def _retract(self, r: Request) -> None:
+        """Take ``r`` off the running batch: its computed tokens go into the tree (cache on;
+        else its blocks are freed), its pin drops, and it waits at the head of the queue to
+        resume where it stopped (``Request.resume``)."""
+        assert r.lease is not None and r.match is not None
+        self.running.take({r.id})
+        held = len(r.lease.table) - r.lease.private_from
+        written = r.computed  # positions whose K/V are in the pool
+        if self.config.cache and written > r.match.length:
+            seq = np.concatenate([r.prompt, np.asarray(r.output, dtype=np.uint32)])[:written]
+            self.tree.insert(seq, r.lease)
+        else:
+            self.tree.release(r.lease)
+            written = written if self.config.cache else 0
+        self.tree.unpin(r.match.node)
+        r.retractions += 1
+        r.kept = written
+        self.totals.retractions += 1
+        self.totals.retracted_tokens += written
+        self._emit(ev.Retract(r.id, written, held))
+        r.resume()
+        self.scheduler.requeue(r)
 
     def _fail_running(self, failed: list[Request]) -> None:
         """Fail the running requests this step failed (``Request.error``): their lease

@@ -127,4 +127,4 @@ class EngineBackend:
         s, e = self._loop.stats(), self.engine
         return Counters(s.finished, s.prompt_tokens, s.hit_tokens, s.output_tokens,
                         s.running, s.waiting, s.used_blocks, s.num_blocks, e.pinned_blocks(),
-                        e.config.block_size)
+                        e.config.block_size, s.retractions)

@@ -4,7 +4,8 @@ dashboards read (``docs/grafana-radixcache.json`` draws every panel from them).
 Two sources, one registry per front:
 
 - the engine's figures, read at each scrape (``EngineCollector``): requests running and
-  waiting, prefix-cache queries and hits (tokens), prompt tokens, the KV pool. vLLM's
+  waiting, prefix-cache queries and hits (tokens), prompt tokens, the KV pool, retractions
+  (``vllm:num_preemptions_total``: vLLM's preemptions, here retractions into the tree). vLLM's
   ``kv_cache_usage_perc`` means what vLLM means: blocks held by running requests over all
   blocks (cached blocks no request pins are evictable, so they count as free, as vLLM's free
   queue counts them); ``radixcache:kv_cache_cached_perc`` is the cached share on its own.
@@ -51,6 +52,7 @@ class Counters(NamedTuple):
     num_blocks: int
     pinned_blocks: int  # held by running requests; used - pinned are cached and evictable
     block_size: int
+    retractions: int = 0  # running requests retracted into the tree (``--reserve grow``)
 
 
 class RequestTimes(NamedTuple):
@@ -103,6 +105,8 @@ class EngineCollector(Collector):
             ("sglang:prompt_tokens", "Prompt tokens of admitted requests.", c.prompt_tokens),
             ("sglang:cached_tokens", "Prompt tokens served from the prefix cache.",
              c.hit_tokens),
+            ("vllm:num_preemptions", "Running requests retracted (preempted) when a step found "
+             "no KV block; their computed tokens went into the tree.", c.retractions),
         )
         for name, doc, value in counters:
             f = CounterMetricFamily(name, doc, labels=["model_name"])

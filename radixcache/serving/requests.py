@@ -19,6 +19,7 @@ from radixcache.core.tree import Lease, MatchResult
 from radixcache.serving.checkpoint import Checkpoint
 from radixcache.serving.model import ModelConfig, SeqInput
 from radixcache.serving.policy import SchedulePolicy
+from radixcache.serving.reserve import Reserve
 from radixcache.traffic.workloads import Workload, WorkloadRequest
 
 TokenArray = npt.NDArray[np.uint32]
@@ -36,6 +37,27 @@ class TokenPolicy(Protocol):
     def stops_at(self, token: int) -> bool:
         """True when the request ends with ``token`` (called right after ``choose``)."""
         ...
+
+
+class StopAfter:
+    """A ``TokenPolicy``: the greedy choice, ending after ``n`` tokens, as a real model ends at
+    its end of sequence (the seeded tiny model never does; a workload's recorded answer
+    length drives it, ``bench engine --section memory``). Its count lives on the object, so it
+    survives a retraction like a sampler's state."""
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"stop_after must be >= 1, got {n}")
+        self.n, self.chosen = n, 0
+
+    def choose(self, logits: torch.Tensor) -> int:
+        """The argmax of ``logits``."""
+        self.chosen += 1
+        return int(logits.argmax())
+
+    def stops_at(self, token: int) -> bool:
+        """True at its ``n``-th token."""
+        return self.chosen >= self.n
 
 
 class EngineError(Exception):
@@ -92,7 +114,9 @@ class EngineConfig:
     (``serving.scheduler``); ``share_in_forward``: instead of waiting, such a request is
     admitted at once and reads the shared blocks in the forward that writes them, when that
     forward ends the sharer's prefill (False: it always waits for the insert). ``checkpoint``:
-    serve that local folder's model (``serving.checkpoint``) instead of the seeded ``model``."""
+    serve that local folder's model (``serving.checkpoint``) instead of the seeded ``model``.
+    ``reserve``: a lease of the worst case at admission, or leases that grow
+    (``serving.reserve``)."""
 
     num_blocks: int = 4096
     block_size: int = 16
@@ -110,6 +134,7 @@ class EngineConfig:
     share_min_tokens: int = 32
     share_in_forward: bool = True
     checkpoint: Checkpoint | None = None  # a Hugging Face folder to serve instead of ``model``
+    reserve: Reserve = Reserve.FULL  # how running requests hold blocks (``serving.reserve``)
 
 
 class RequestMetrics(NamedTuple):
@@ -192,9 +217,39 @@ class Request:
     held: bool = False  # was held for a running request's insert at least once
     published: bool = False  # its prompt's blocks went in the tree before its prefill ran
     error: str | None = None  # why a step failed it (then the engine fails its handle)
+    fill: TokenArray = field(default_factory=lambda: np.zeros(0, dtype=np.uint32))
+    retractions: int = 0  # times it was retracted into the tree (``serving.retract``)
+    hit: int = -1  # tokens its first admission served from the cache (-1: not admitted yet)
+    kept: int = 0  # tokens its last retraction put in the tree (what its resumption may hit)
 
     def __post_init__(self) -> None:
+        self.fill = self.prompt
         self.key = self.prompt[:-1].astype("<u4").tobytes()
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether its next forward computes ``fill`` (its prompt; after a retraction its
+        prompt and output so far), not one decode."""
+        return self.computed < len(self.fill)
+
+    def early(self) -> bool:
+        """Whether it may end before ``max_new`` (a token policy may stop it; a forced answer
+        or the plain greedy choice runs to the end): what ``serving.reserve`` estimates."""
+        return self.policy is not None and self.forced is None
+
+    def need(self) -> int:
+        """Positions its lease must cover for its next step (a growing lease): its ``fill``
+        while prefilling, else everything written so far and the next decode's position."""
+        return len(self.fill) if self.prefilling else len(self.prompt) + len(self.output)
+
+    def resume(self) -> None:
+        """Made waiting again by a retraction: its next admission prefills its prompt and
+        output so far (matching what the retraction kept in the tree), and the last token of
+        that prefill is the decode it would have run, so its output goes on unchanged."""
+        self.fill = np.concatenate([self.prompt, np.asarray(self.output, dtype=np.uint32)]) \
+            if self.output else self.prompt
+        self.key = self.fill[:-1].astype("<u4").tobytes()
+        self.match, self.lease, self.computed, self.published = None, None, 0, False
 
     @property
     def total(self) -> int:
@@ -203,7 +258,7 @@ class Request:
 
     def metrics(self, now: float) -> RequestMetrics:
         """This request's figures, finished at ``now`` (``time.perf_counter``)."""
-        hit = self.match.length if self.match is not None else 0
+        hit = max(self.hit, 0)
         span = now - self.first_token_at
         n = len(self.output)
         rate = (n - 1) / span if n > 1 and span > 0 else 0.0

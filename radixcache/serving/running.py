@@ -125,7 +125,7 @@ class Running:
         return out
 
     def _plan(self) -> tuple[Planned, Planned]:
-        decodes = [(r, r.next_input()) for r in self.requests if r.output]
+        decodes = [(r, r.next_input()) for r in self.requests if not r.prefilling]
         return decodes, self._chunks(self.requests, self.max_step_tokens - len(decodes))
 
     @staticmethod
@@ -136,11 +136,11 @@ class Running:
         for r in requests:
             if budget <= 0:
                 break
-            if r.output:
+            if not r.prefilling:
                 continue
             assert r.lease is not None
-            n = min(len(r.prompt) - r.computed, budget)
-            chunk = r.prompt[r.computed : r.computed + n]
+            n = min(len(r.fill) - r.computed, budget)
+            chunk = r.fill[r.computed : r.computed + n]
             prefills.append((r, SeqInput(chunk, r.computed, r.lease.table)))
             budget -= n
         return prefills
@@ -179,12 +179,13 @@ class Running:
         free = any(r.forced is None for r, _ in group)
         greedy = logits.argmax(-1).tolist() if free else []
         for i, (r, s) in enumerate(group):
+            first = s.start < len(r.fill)  # a prefill chunk (after a retraction: a refill)
             r.computed = s.start + len(s.tokens)
-            first = not r.output
             if first:
-                if r.computed < len(r.prompt):
+                if r.computed < len(r.fill):
                     continue  # an inner prefill chunk: no token yet
-                r.first_token_at = now
+                if not r.output:
+                    r.first_token_at = now
             n = len(r.output)
             try:
                 _next_token(r, logits[i], greedy[i] if free else 0)
@@ -221,10 +222,10 @@ def prefill_ends(requests: list[Request], r: Request, max_step_tokens: int) -> b
     running ones, in admission order): as ``Running._plan`` lays the step out, decodes first,
     then prefill chunks in order, so every prefill before ``r`` and its own must fit what the
     decodes leave of ``max_step_tokens``."""
-    left = max_step_tokens - sum(1 for q in requests if q.output)
+    left = max_step_tokens - sum(1 for q in requests if not q.prefilling)
     for q in requests:
-        if not q.output:
-            left -= len(q.prompt) - q.computed
+        if q.prefilling:
+            left -= len(q.fill) - q.computed
             if q is r:
                 return left >= 0
     return False
@@ -236,7 +237,7 @@ def _tokens(planned: Planned) -> int:
 
 def _ending(prefills: Planned) -> set[int]:
     """The requests whose last prefill chunk is in ``prefills``."""
-    return {r.id for r, s in prefills if s.start + len(s.tokens) == len(r.prompt)}
+    return {r.id for r, s in prefills if s.start + len(s.tokens) == len(r.fill)}
 
 
 # The waste one forward may carry before another forward is cheaper: query-key pairs of

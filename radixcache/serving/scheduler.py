@@ -113,6 +113,11 @@ class Scheduler:
         req.queued = self.steps
         self._waiting.add(req)
 
+    def requeue(self, req: Request) -> None:
+        """Put a retracted ``req`` back at the head of the queue (thread-safe); its wait so far
+        still counts towards aging."""
+        self._waiting.add_first(req)
+
     def __len__(self) -> int:
         return len(self._waiting)
 
@@ -166,6 +171,7 @@ class Scheduler:
             self._entries = [ev.Waiting(r.id, ev.WaitReason.PAUSED, r.queued) for r in window]
             return StepPlan(self.policy)
         p = _Plan(running, self.config.block_size)
+        self.admission.open(running)
         stop: ev.WaitReason | None = None
         for c in self._ordered(window, full=len(p.inflight) >= self.config.max_running):
             req = window[c.position]
@@ -244,7 +250,8 @@ class Scheduler:
         if on.published:
             return True  # earlier in this plan
         n = p.copies.whole(len(on.prompt))
-        if not self.config.share_in_forward or on.output or on.match is None \
+        if not self.config.share_in_forward or not on.prefilling or on.fill is not on.prompt \
+                or on.match is None \
                 or n <= on.computed \
                 or not prefill_ends(p.inflight, on, self.config.max_step_tokens) \
                 or self.pool.free_blocks < 1 \

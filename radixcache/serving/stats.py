@@ -36,6 +36,10 @@ class Totals:
     prefill_tokens: int = 0  # computed (the engine's model) or inserted (the driver)
     output_tokens: int = 0
     busy_s: float = 0.0  # wall time of steps that did work
+    retractions: int = 0  # running requests retracted into the tree (``serving.reserve``)
+    retracted_tokens: int = 0  # the computed tokens those retractions kept in the tree
+    retracted_from_tree: int = 0  # of them, matched again when their request resumed
+    retracted_recomputed: int = 0  # of them, computed again (evicted meanwhile)
 
 
 class Stats(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,6 +88,11 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True):
     # a checkpoint's folder (resolved path): its tokenizer.json is the text of the ids; empty
     # for the seeded model and the tree driver (the workloads' own word ids)
     model_dir: str = ""
+    reserve: str = "full"  # how running requests hold blocks: full, grow (``serving.reserve``)
+    retractions: int = 0  # running requests retracted into the tree when a step found no block
+    retracted_tokens: int = 0  # computed tokens those retractions put in the tree
+    retracted_from_tree: int = 0  # of them, matched again when the request resumed
+    retracted_recomputed: int = 0  # of them, computed again (evicted before it resumed)
 
     @property
     def hit_rate(self) -> float:

@@ -1,5 +1,6 @@
 """``radixcache bench engine``: one workload served with the cache on, then off, on the tiny
-model: prefill tokens computed, TTFT, decode rate."""
+model: prefill tokens computed, TTFT, decode rate; and its memory section: ShareGPT requests
+submitted at once under ``--reserve full`` and ``grow`` (``serving.reserve``), side by side."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
+
 from radixcache.serving.engine import Engine, EngineConfig, RequestResult, percentiles
 from radixcache.serving.loop import BatchSink, LoopConfig, ServiceLoop
+from radixcache.serving.requests import StopAfter, TokenArray
 from radixcache.traffic.workloads import Workload
 
 
@@ -85,3 +89,99 @@ def report(name: str, on: ModeFigures, off: ModeFigures) -> dict[str, float | in
     }
 
 
+
+
+# -- the memory section (issue 35): --reserve full against grow -----------------------------------
+class MemoryFigures(NamedTuple):
+    """One pass of the memory section under one ``Reserve`` rule."""
+
+    requests: int
+    failed: int
+    running_mean: float  # running requests, mean over steps
+    written_over_held: float  # blocks written / blocks held by running requests, mean over steps
+    retractions: int
+    retracted_tokens_from_tree: int
+    retracted_tokens_recomputed: int
+    requests_per_s: float
+    ttft_ms_p50: float
+    ttft_ms_p99: float
+    steps: int
+    wall_s: float
+    outputs: list[list[int] | None]
+
+
+def memory_requests(n: int) -> list[tuple[TokenArray, int]]:
+    """The first ``n`` ShareGPT requests: (prompt, recorded answer length). Raises
+    ``DatasetUnavailable`` without the dataset."""
+    from radixcache.traffic.sharegpt import load_trace
+
+    return [(np.asarray(r.prompt, dtype=np.uint32), max(1, len(r.output)))
+            for r in load_trace(n).requests]
+
+
+def memory_pass(reqs: list[tuple[TokenArray, int]], max_tokens: int, cfg: EngineConfig,
+                progress: Callable[[int, int], None]) -> MemoryFigures:
+    """Submit every request at once with ``max_tokens``, each ending at its recorded answer
+    length (``StopAfter``: the stand-in for an end of sequence), and step the engine until all
+    are done, sampling after each step how many run and how many of their blocks they wrote."""
+    engine = Engine(cfg)
+    B = cfg.block_size
+    t0 = time.perf_counter()
+    handles = [engine.submit(p, max_tokens, policy=StopAfter(min(a, max_tokens)))
+               for p, a in reqs]
+    running = written = 0.0
+    steps = 0
+    while engine.busy():
+        engine.step()
+        steps += 1
+        rs = engine.running.requests
+        running += len(rs)
+        held: set[int] = set()
+        wrote: set[int] = set()
+        for r in rs:
+            if r.lease is not None:
+                held.update(r.lease.table)
+                wrote.update(r.lease.table[: -(-r.computed // B)])
+        written += len(wrote) / len(held) if held else 1.0
+        if steps % 16 == 0:
+            progress(sum(h.done() for h in handles), len(handles))
+    wall = time.perf_counter() - t0
+    stats = engine.stats()
+    engine.close()
+    outs: list[list[int] | None] = []
+    ttfts = []
+    for h in handles:
+        if h.exception(0) is None:
+            res = h.result(0)
+            outs.append(res.tokens)
+            ttfts.append(res.metrics.ttft_ms)
+        else:
+            outs.append(None)
+    p50, p99 = percentiles(ttfts)
+    done = len(ttfts)
+    return MemoryFigures(len(handles), len(handles) - done, running / max(steps, 1),
+                         written / max(steps, 1), stats.retractions, stats.retracted_from_tree,
+                         stats.retracted_recomputed, done / wall if wall else 0.0, p50, p99,
+                         steps, wall, outs)
+
+
+def memory_report(full: MemoryFigures, grow: MemoryFigures, *, blocks: int,
+                  max_tokens: int) -> dict[str, object]:
+    """The section's JSON: ``memory.full`` and ``memory.grow`` (stable keys) and the ratios."""
+    equal = full.outputs == grow.outputs and None not in grow.outputs
+
+    def one(f: MemoryFigures) -> dict[str, float | int | bool]:
+        return {"requests": f.requests, "running_mean": round(f.running_mean, 2),
+                "written_over_held": round(f.written_over_held, 4),
+                "retractions": f.retractions,
+                "retracted_tokens_from_tree": f.retracted_tokens_from_tree,
+                "retracted_tokens_recomputed": f.retracted_tokens_recomputed,
+                "requests_per_s": round(f.requests_per_s, 3),
+                "ttft_ms_p50": round(f.ttft_ms_p50, 1), "ttft_ms_p99": round(f.ttft_ms_p99, 1),
+                "failed": f.failed, "outputs_equal": equal, "steps": f.steps,
+                "wall_s": round(f.wall_s, 2)}
+
+    return {"memory": {"full": one(full), "grow": one(grow), "blocks": blocks,
+                       "max_tokens": max_tokens,
+                       "running_ratio": _ratio(grow.running_mean, full.running_mean),
+                       "requests_per_s_ratio": _ratio(grow.requests_per_s, full.requests_per_s)}}

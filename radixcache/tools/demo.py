@@ -84,10 +84,11 @@ class EngineProcess:
     process and removes the directory, so nothing is left behind."""
 
     def __init__(self, blocks: int, grace_s: float = 5.0, schedule: str = "fcfs",
-                 model_args: tuple[str, ...] = ()) -> None:
+                 model_args: tuple[str, ...] = (), reserve: str = "full") -> None:
         self.blocks = blocks
         self.schedule = schedule
         self.model_args = model_args  # e.g. ("--model", DIR, "--dtype", "auto")
+        self.reserve = reserve
         self.grace_s = grace_s
         self.dir = Path(tempfile.mkdtemp(prefix="rc-demo-", dir=_short_tmp()))
         self.endpoints = Endpoints.ipc(str(self.dir / "engine"))
@@ -99,7 +100,8 @@ class EngineProcess:
     def command(self) -> list[str]:
         """The engine's command line: this interpreter running ``radixcache serve``."""
         return [sys.executable, "-m", "cli.main", "serve", "--ipc", str(self.dir / "engine"),
-                "--blocks", str(self.blocks), "--schedule", self.schedule, *self.model_args]
+                "--blocks", str(self.blocks), "--schedule", self.schedule, *self.model_args,
+                "--reserve", self.reserve]
 
     def start(self) -> EngineProcess:
         """Start ``command()`` with its output going to DIR/engine.log."""

@@ -206,7 +206,7 @@ class RequestTracker:
             case (ev.NodeCreated() | ev.Extend() | ev.Split() | ev.Merge() | ev.Evict() | ev.Pin()
                   | ev.BlockAlloc() | ev.BlockFree() | ev.Cow() | ev.Watermark() | ev.Snapshot()
                   | ev.Reset() | ev.Counters() | ev.Fault() | ev.Digest() | ev.RequestCached()
-                  | ev.Queue()):
+                  | ev.Queue() | ev.Retract()):
                 pass  # no request starts or ends, no path is touched for one (a request's
                 # early prompt insert, before its RequestCached, is followed by its final one)
             case _:

@@ -80,6 +80,13 @@ def perfetto_events(items: Iterable[ev.Batch | Keyframe]) -> Iterator[JsonObj]:
             yield from _trace_event(e, ts)
 
 
+def _request_note(e: ev.RequestCached | ev.Retract) -> JsonObj:
+    """The name and args of a note inside a request's span."""
+    if isinstance(e, ev.RequestCached):
+        return {"name": "prompt cached", "args": {"prompt_tokens": e.prompt_tokens}}
+    return {"name": "retracted", "args": {"kept_tokens": e.kept_tokens, "blocks": e.blocks}}
+
+
 def _trace_event(e: ev.AnyEvent, ts: float) -> Iterator[JsonObj]:
     base: JsonObj = {"pid": _PID, "ts": ts}
     req: JsonObj = {**base, "tid": _REQ_TID}
@@ -104,9 +111,8 @@ def _trace_event(e: ev.AnyEvent, ts: float) -> Iterator[JsonObj]:
             yield _instant(e, base, {"src": e.src, "dst": e.dst, "slots": e.slots})
         case ev.Reset():
             yield _instant(e, base, {})
-        case ev.RequestCached():  # inside its request's span
-            yield {**req, "ph": "n", "cat": "request", "id": e.req, "name": "prompt cached",
-                   "args": {"prompt_tokens": e.prompt_tokens}}
+        case ev.RequestCached() | ev.Retract():  # inside its request's span
+            yield {**req, "ph": "n", "cat": "request", "id": e.req, **_request_note(e)}
         case ev.Queue():  # a counter track: how many wait, and why
             yield {**base, "ph": "C", "name": "queue",
                    "args": {r.value: n for r, n in e.counts().items()}}

@@ -227,7 +227,7 @@ class Mirror:
         if e.req is None:  # a thread died (a failed request is only logged)
             self.fault = e
 
-    def _request(self, e: ev.Queue | ev.RequestCached) -> None:  # (rcached: the events
+    def _request(self, e: ev.Queue | ev.RequestCached | ev.Retract) -> None:  # (rcached: the events
         self.queue = e if isinstance(e, ev.Queue) else self.queue  # before it did its insert)
 
     def _watermark(self, e: ev.Watermark) -> None:
@@ -397,5 +397,6 @@ _HANDLERS: Mapping[type, Callable[[Mirror, Any], None]] = exhaustive(
         ev.Counters: Mirror._counters,
         ev.Fault: Mirror._fault,
         ev.Queue: Mirror._request,
+        ev.Retract: Mirror._request,
     }
 )

@@ -319,6 +319,7 @@ _CHECKS: Mapping[type, Callable[[Any, int], None]] = exhaustive("wire.validate",
     ev.Watermark: _fields_only,
     ev.RequestStart: _fields_only,
     ev.RequestFinish: _fields_only,
+    ev.Retract: _fields_only,
     ev.Reset: _fields_only,
     ev.Counters: _fields_only,
 })

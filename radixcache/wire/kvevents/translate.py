@@ -67,7 +67,8 @@ class KVTranslator:
                     pass  # the mirror's digest check is not needed here
                 case (ev.Pin() | ev.Access() | ev.BlockAlloc() | ev.BlockFree() | ev.Cow()
                       | ev.Watermark() | ev.RequestStart() | ev.RequestFinish() | ev.Counters()
-                      | ev.Fault() | ev.RequestCached() | ev.Queue()):
+                      | ev.Fault() | ev.RequestCached() | ev.Queue()
+                      | ev.Retract()):
                     self.mirror.apply(e)  # no full block is stored or removed
                 case _:
                     assert_never(e)
