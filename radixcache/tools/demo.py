@@ -100,8 +100,8 @@ class EngineProcess:
     def command(self) -> list[str]:
         """The engine's command line: this interpreter running ``radixcache serve``."""
         return [sys.executable, "-m", "cli.main", "serve", "--ipc", str(self.dir / "engine"),
-                "--blocks", str(self.blocks), "--schedule", self.schedule, *self.model_args,
-                "--reserve", self.reserve]
+                "--blocks", str(self.blocks), "--schedule", self.schedule,
+                "--reserve", self.reserve, *self.model_args]
 
     def start(self) -> EngineProcess:
         """Start ``command()`` with its output going to DIR/engine.log."""
