@@ -287,9 +287,9 @@ async def test_filter_all_skips_heartbeats_and_event_lines_line_up() -> None:
         await wait_until(pilot, lambda: app.view.node_count == 3)
         await type_line(pilot, "filter all")
         assert app.messages[-1] == (
-            "✓ showing create extend split merge evict cow alloc free rstart rcached rfinish retract "
-            "snapshot reset digest fault (heartbeats wm, counters, queue hidden: filter wm "
-            "shows them)")
+            "✓ showing create extend split merge evict cow alloc free rstart rcached rfinish "
+            "retract snapshot reset digest fault (heartbeats wm, counters, queue hidden: filter "
+            "wm shows them)")
         lines = str(app.panes.of(EventLog).render()).splitlines()
         assert [line.split(" ", 1)[1] for line in lines[-2:]] == [
             "create  n3 under n1, 2 tok from position 2", "rfinish req 3502 +16 tok"]
