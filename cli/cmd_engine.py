@@ -82,9 +82,10 @@ def bench_engine(
     """Serve one workload with the cache on, then off; compare prefill work, TTFT, decode rate.
     With --schedule: the demo's mix under each scheduling policy (hit rate against the
     what-if curve, in-flight misses, queue wait, TTFT, throughput, equal outputs)."""
-    if schedule is not None and kv_memory is not None:
+    if kv_memory is not None and (schedule is not None or section is not None):
+        given = "--schedule" if schedule is not None else "--section"
         raise typer.BadParameter("sizes the pool of the cache on/off comparison: give "
-                                 "--blocks with --schedule", param_hint="--kv-memory")
+                                 f"--blocks with {given}", param_hint="--kv-memory")
     if section is not None:
         if section != "memory":
             raise typer.BadParameter(f"unknown section {section!r} (memory)",

@@ -42,6 +42,8 @@ CASES = [
     (["bench", "engine", "--kv-memory", "-1MiB"], "bench engine", "'-1MiB' must be positive"),
     (["bench", "engine", "--schedule", "fcfs", "--kv-memory", "1MiB"], "bench engine",
      "sizes the pool of the cache on/off comparison: give --blocks with --schedule"),
+    (["bench", "engine", "--section", "memory", "--kv-memory", "1MiB"], "bench engine",
+     "sizes the pool of the cache on/off comparison: give --blocks with --section"),
 ]
 
 
