@@ -22,6 +22,7 @@ from textual.widgets import Static
 from inspector.sources import Source
 from inspector.widgets.command_line import CommandLine, Parsed, parse
 from inspector.widgets.event_log import KINDS, NOISY, EventLog
+from inspector.widgets.stats import StatsPane
 from radixcache.serving.stats import Stats
 from radixcache.wire import commands as cmd
 
@@ -73,6 +74,7 @@ class CommandReplies:
         if isinstance(reply, cmd.StatsReply):
             try:
                 self.say(f"✓ stats {stats_line(reply)}")
+                self.app.query_one(StatsPane).stats_reply(Stats.of(reply))
             except cmd.CommandError as exc:
                 self.say(f"✗ {line}: {exc}", error=True)
             return

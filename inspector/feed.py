@@ -21,6 +21,7 @@ from enum import Enum
 from typing import assert_never
 
 from inspector.fates import Fates
+from inspector.retractions import Retractions
 from radixcache.analysis.follow import Follower
 from radixcache.core import events as ev
 from radixcache.core.kinds import tag
@@ -95,6 +96,7 @@ class Feed:
         # every event the mirror applies, under this lock (the what-if and why screens)
         self.follow = Follower(self.mirror)
         self.fates = Fates()  # what became of the nodes that left (the selection's note)
+        self.retractions = Retractions()  # each request's retractions (the why screen)
 
     # -- writer side (source threads) ------------------------------------------------------
     def apply(self, batch: ev.Batch) -> bool:
@@ -152,6 +154,8 @@ class Feed:
         sets what a snapshot does not hold (a replay's counters at that point), in the same
         lock hold, so no frame shows the tree of one point with the counts of another."""
         with self.lock:
+            if seq < self.seq:  # back (a replay's seek): its retractions come again
+                self.retractions.clear()
             self.mirror.load_snapshot(snapshot, seq)
             if restore is not None:
                 restore(self.mirror)
@@ -213,9 +217,13 @@ class Feed:
                 self._after_snapshot(d, batch.ts, "a snapshot replaced the tree")
             case ev.Reset():
                 self._after_snapshot(d, batch.ts, "the cache was reset")
-            case (ev.RequestStart() | ev.RequestFinish() | ev.Counters() | ev.Fault()
-                  | ev.Digest() | ev.RequestCached() | ev.Queue()
-                  | ev.Retract()):
+            case ev.Retract():
+                self.retractions.retracted(e, batch.seq, batch.ts)
+            case ev.RequestStart():
+                self.retractions.started(e, batch.seq, batch.ts)
+            case ev.RequestFinish():
+                self.retractions.finished(e, batch.seq, batch.ts)
+            case (ev.Counters() | ev.Fault() | ev.Digest() | ev.RequestCached() | ev.Queue()):
                 pass  # the log has them; the panes read them off the mirror
             case _:
                 assert_never(e)

@@ -22,6 +22,7 @@ from types import MappingProxyType
 from inspector.fates import Fates
 from inspector.feed import Delta, Feed
 from inspector.layout import Row, block_ranges, human_age
+from inspector.retractions import NO_RETRACTIONS, RetractTotals
 from radixcache.core import events as ev
 from radixcache.wire.mirror import Mirror, MirrorNode, MirrorStats, is_victim, next_victims
 
@@ -94,6 +95,7 @@ class Frame:
     # blocks whose cell changed since the previous frame (None: all of them)
     changed: frozenset[int] | None = field(default=None, compare=False)
     queue: ev.Queue | None = None  # the engine's waiting queue and why each waits
+    retractions: RetractTotals = NO_RETRACTIONS  # the stream's retractions so far
 
     def count(self, state: Cell) -> int:
         """Blocks drawn in ``state``."""
@@ -150,7 +152,8 @@ class Builder:
         return Frame(feed.seq, feed.epoch, feed.now(), m.num_blocks, self._bytes,
                      m.num_blocks - free, len(m.nodes) - 1, dataclasses.replace(m.stats),
                      m.counters, m.fault, m.watermark, m.high, m.low,
-                     MappingProxyType(views), tuple(lru), selection, self._changed, m.queue)
+                     MappingProxyType(views), tuple(lru), selection, self._changed, m.queue,
+                     feed.retractions.totals)
 
     def _follow(self, m: Mirror, d: Delta, fates: Fates, wanted: int | None) -> int | None:
         """The selected node at this seq: a merged parent's tokens live on in its child; an

@@ -1,5 +1,7 @@
 """The "why" screen: why one request missed, from the feed's miss history
-(``radixcache.analysis.misses``): its matched path, hit tokens and each missed span's cause.
+(``radixcache.analysis.misses``): its matched path, hit tokens and each missed span's cause;
+then why it waited, when it was retracted (``inspector.retractions``): the tokens each
+retraction kept in the tree and how long it waited to run again.
 
 Opened with enter on a request event in the event log, or ``why REQ`` on the command line.
 It redraws twice a second, so a request still running gets its spans when it finishes.
@@ -51,6 +53,9 @@ class WhyScreen(ModalScreen[None]):
         with self.feed.lock:
             f = self.feed.follow
             self.lines = describe(f.misses, self.req, f.error)
+            retracted = self.feed.retractions.of(self.req)
+            if retracted is not None:
+                self.lines += [Line(text) for text in retracted.lines()]
         out = Text()
         for i, line in enumerate(self.lines):
             style = "bold" if i == 0 else STYLES[line.cause] if line.cause is not None else ""

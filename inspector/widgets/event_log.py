@@ -70,8 +70,8 @@ def _short(value: object) -> object:
 class EventLog(PaneWidget, can_focus=True):
     """The last ``LOG_KEEP`` events, those of the kinds in ``kinds`` shown, newest at the
     bottom. Focused, up/down select an entry (the view holds still around it; end follows the
-    newest again) and enter on a request event (rstart, rfinish) asks for why it missed
-    (``Explain``)."""
+    newest again) and enter on a request event (rstart, rfinish, retract, rcached) asks for
+    why it missed and waited (``Explain``)."""
 
     DEFAULT_CSS = """
     EventLog { width: 1fr; border: round #4c566a; padding: 0 1;
@@ -173,7 +173,8 @@ class EventLog(PaneWidget, can_focus=True):
     def action_explain(self) -> None:
         """Ask the app to explain the selected request (``Explain``)."""
         e = self.selected.event if self.selected is not None else None
-        req = e.req if isinstance(e, ev.RequestStart | ev.RequestFinish) else None
+        req = e.req if isinstance(e, ev.RequestStart | ev.RequestFinish | ev.Retract
+                                  | ev.RequestCached) else None
         self.post_message(self.Explain(req))
 
     def on_click(self, event: events.Click) -> None:

@@ -3,6 +3,11 @@
 The figures are the engine's own when it publishes its counters (``ev.Counters`` with its
 heartbeat), labelled "since engine start" or "since reset N"; before the first heartbeat (or
 from a source without one) they are what this inspector saw, labelled "seen here".
+
+Retractions (``--reserve grow``) are counted from the stream's ``Retract`` events since the
+inspector joined; the heartbeat does not carry the engine's, so what became of the tokens
+they kept (read back from the tree, or computed again) is the engine's at the last ``stats``
+reply (``engine``), marked so.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from inspector.layout import human_count
 from inspector.sources import ConnState, SourceStatus
 from inspector.widgets.pane import Paint, PaneWidget
 from radixcache.core import events as ev
+from radixcache.serving.stats import Stats
 
 _DOT = {ConnState.CONNECTING: ("◌", "#e5c07b"), ConnState.LIVE: ("●", "#98c379"),
         ConnState.LOCAL: ("●", "#61afef"),
@@ -96,6 +102,12 @@ class StatsPane(PaneWidget):
         super().__init__(id=id)
         self.frame = EMPTY
         self.req_per_s = 0.0
+        self.engine: Stats | None = None  # the figures of the last ``stats`` reply
+
+    def stats_reply(self, stats: Stats) -> None:
+        """The engine's figures from a ``stats`` reply (its retraction totals, its reserve)."""
+        self.engine = stats
+        self.refresh()
 
     def paint(self, p: Paint) -> None:
         """Draw the frame's figures with the header's request rate."""
@@ -103,12 +115,14 @@ class StatsPane(PaneWidget):
 
     def show(self, frame: Frame, req_per_s: float) -> None:
         """Copy the figures to draw; the border title says what they count since."""
-        old = (self.frame.stats, self.frame.counters, self.frame.queue, round(self.req_per_s))
+        old = (self.frame.stats, self.frame.counters, self.frame.queue,
+               self.frame.retractions, round(self.req_per_s))
         self.frame, self.req_per_s = frame, req_per_s
         title = f"stats · {figures(frame).label}"  # from the first frame, changed or not
         if self.border_title != title:
             self.border_title = title
-        if old != (frame.stats, frame.counters, frame.queue, round(req_per_s)):
+        if old != (frame.stats, frame.counters, frame.queue, frame.retractions,
+                   round(req_per_s)):
             self.refresh()
 
     def rows(self) -> list[tuple[str, str]]:
@@ -132,6 +146,20 @@ class StatsPane(PaneWidget):
             if held is not None:  # the first request held for another's prompt
                 rows.insert(5, ("  e.g. held", f"r{held.req} for r{held.on_req} "
                                                f"(+{held.shared} tok after n{held.node})"))
+        return rows + self._retraction_rows()
+
+    def _retraction_rows(self) -> list[tuple[str, str]]:
+        """The stream's retractions (when there were any, or the engine grows its leases);
+        the engine's split of the tokens they kept, at its last ``stats`` reply."""
+        r, e = self.frame.retractions, self.engine
+        if not r.retractions and (e is None or e.reserve != "grow"):
+            return []
+        rows = [("retractions",
+                 f"{human_count(r.retractions)} ({human_count(r.kept_tokens)} tok kept)")]
+        if e is not None:  # at most 22 columns each (the pane's 38, less the names')
+            rows.append(("  at last stats", f"{human_count(e.retractions)}, reserve {e.reserve}"))
+            rows.append(("  read back", f"{human_count(e.retracted_from_tree)} · "
+                                        f"{human_count(e.retracted_recomputed)} redone"))
         return rows
 
     def render(self) -> Text:
