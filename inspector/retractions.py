@@ -44,18 +44,18 @@ class Retraction:
         return None if self.next_seq is None else self.next_ts - self.ts
 
     def line(self) -> str:
-        """``retracted at seq 33: 112 tokens kept in the tree, 5 blocks let go; ran again at
+        """``retracted at seq 33: 112 tokens kept in the tree, 5 blocks freed; ran again at
         seq 40, 1.75 s later, 112 tokens read back from the tree``."""
         out = (f"retracted at seq {self.seq:,}: {self.kept_tokens:,} tokens kept in the tree, "
-               f"{self.blocks:,} blocks let go; ")
+               f"{self.blocks:,} blocks freed; ")
         waited = self.waited_s
         if waited is None:
             return out + "not run again yet"
         if self.resumed:
             return out + (f"ran again at seq {self.next_seq:,}, {waited:.2f} s later, "
                           f"{self.hit_tokens:,} tokens read back from the tree")
-        return out + (f"ran again within {waited:.2f} s (before its next event, at seq "
-                      f"{self.next_seq:,}: the engine does not say when it resumed)")
+        return out + (f"ran again within {waited:.2f} s (by its next event, seq "
+                      f"{self.next_seq:,}; the engine does not say when)")
 
 
 @dataclass(slots=True)

@@ -87,11 +87,11 @@ def _expected(batches: list[ev.Batch], req: int, *, resumed: bool) -> list[str]:
             continue
         kept, waited = kept + x.kept_tokens, waited + (nts - ts)
         head = (f"  retracted at seq {seq:,}: {x.kept_tokens:,} tokens kept in the tree, "
-                f"{x.blocks:,} blocks let go; ")
+                f"{x.blocks:,} blocks freed; ")
         lines.append(head + (f"ran again at seq {nseq:,}, {nts - ts:.2f} s later, "
                              f"{x.kept_tokens:,} tokens read back from the tree" if resumed else
-                             f"ran again within {nts - ts:.2f} s (before its next event, at seq "
-                             f"{nseq:,}: the engine does not say when it resumed)"))
+                             f"ran again within {nts - ts:.2f} s (by its next event, seq "
+                             f"{nseq:,}; the engine does not say when)"))
     times = {1: "once", 2: "twice"}.get(len(lines), f"{len(lines)} times")
     wait = f"waited {'' if resumed else 'at most '}{waited:.2f} s to run again"
     return [f"retracted {times}: {kept:,} tokens kept in the tree, {wait}", *lines]
@@ -126,7 +126,7 @@ def test_a_retraction_not_followed_yet_waits_and_a_first_start_is_no_resumption(
     assert got is not None and got.lines() == [
         f"retracted once: {retract.kept_tokens:,} tokens kept in the tree, waiting to run again",
         f"  retracted at seq {batches[cut].seq:,}: {retract.kept_tokens:,} tokens kept in the "
-        f"tree, {retract.blocks:,} blocks let go; not run again yet"]
+        f"tree, {retract.blocks:,} blocks freed; not run again yet"]
     # the resumption's RequestStart in a later batch than the retraction's
     later = ev.Batch(batches[cut].seq + 1, 1, batches[cut].ts + 2.0, "test",
                      [ev.RequestStart(retract.req, 1, retract.kept_tokens - 1)])
@@ -174,10 +174,13 @@ async def test_the_why_screen_and_the_stats_pane_show_real_retractions_and_block
         pane = app.query_one(StatsPane)
         await wait_until(pilot, lambda: pane.frame.retractions == totals)
         seen = ("retractions", f"{stats.retractions} ({stats.retracted_tokens:,} tok kept)")
-        assert pane.rows()[-1] == seen
+        rows = pane.rows()
+        assert rows[[name for name, _ in rows].index("evictions") + 1] == seen
         await type_line(pilot, "stats")
         await wait_until(pilot, lambda: app.replies == 2)
-        assert pane.rows()[-3:] == [
+        rows = pane.rows()
+        at = [name for name, _ in rows].index("retractions")
+        assert rows[at - 1][0] == "evictions" and rows[at:at + 3] == [
             seen, ("  at last stats", f"{stats.retractions}, reserve grow"),
             ("  read back", f"{stats.retracted_from_tree:,} · "
                             f"{stats.retracted_recomputed:,} redone")]

@@ -146,7 +146,9 @@ class StatsPane(PaneWidget):
             if held is not None:  # the first request held for another's prompt
                 rows.insert(5, ("  e.g. held", f"r{held.req} for r{held.on_req} "
                                                f"(+{held.shared} tok after n{held.node})"))
-        return rows + self._retraction_rows()
+        at = next(i for i, (name, _) in enumerate(rows) if name == "evictions") + 1
+        rows[at:at] = self._retraction_rows()  # beside evictions: shown in a short pane too
+        return rows
 
     def _retraction_rows(self) -> list[tuple[str, str]]:
         """The stream's retractions (when there were any, or the engine grows its leases);
