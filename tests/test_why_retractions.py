@@ -186,9 +186,16 @@ async def test_the_why_screen_and_the_stats_pane_show_real_retractions_and_block
                             f"{stats.retracted_recomputed:,} redone")]
         retracts = [x for b in recording.batches for x in b.events if isinstance(x, ev.Retract)]
         assert len(retracts) == stats.retractions
-        req = retracts[0].req
-        await type_line(pilot, f"why {req}")
-        await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
-        want = _expected(recording.batches, req, resumed=False)
-        assert want[0].startswith("retracted once: ")
-        assert _body(app).splitlines()[-2 - len(want):] == [*want, "", "escape: close"]
+        for req in (retracts[0].req, retracts[-1].req):
+            want = _expected(recording.batches, req, resumed=False)
+            assert want[0].startswith("retracted once: ")
+            if req == retracts[0].req:
+                await type_line(pilot, f"why {req}")
+            else:  # enter on the newest retract event in the log
+                await type_line(pilot, "filter retract")
+                await pilot.press("escape", "e", "enter")
+            await wait_until(pilot, lambda: isinstance(app.screen, WhyScreen))
+            assert app.screen.req == req  # type: ignore[attr-defined]
+            assert _body(app).splitlines()[-2 - len(want):] == [*want, "", "escape: close"]
+            await pilot.press("escape")
+            assert not isinstance(app.screen, WhyScreen)

@@ -155,10 +155,11 @@ class EventLog(PaneWidget, can_focus=True):
         self.refresh()
 
     def select_newest_request(self) -> None:
-        """Select the newest request event shown (``rfinish``, else ``rstart``), so enter
-        explains a request at once; nothing selected (follow) when none is kept."""
+        """Select the newest request event shown (``rfinish``, else ``rstart``, else
+        ``retract``), so enter explains a request at once; nothing selected (follow) when
+        none is kept."""
         entries = self._entries()
-        for kinds in ((ev.RequestFinish,), (ev.RequestStart,)):
+        for kinds in ((ev.RequestFinish,), (ev.RequestStart,), (ev.Retract,)):
             found = next((e for e in reversed(entries) if isinstance(e.event, kinds)), None)
             if found is not None:
                 self.selected = found
