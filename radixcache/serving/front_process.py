@@ -108,9 +108,14 @@ class FrontProcess:
         when it exits first or does not within ``START_S``)."""
         self.port_.start()
         fd = self._sock.fileno()
+        # the child imports this very package (a checkout run with PYTHONPATH included)
+        root = str(Path(__file__).resolve().parents[2])
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}"}
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "radixcache.serving.front_process", "--engine",
-             self.port_.endpoint, "--fd", str(fd)], pass_fds=[fd])
+             self.port_.endpoint, "--fd", str(fd)], pass_fds=[fd], env=env,
+            stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + START_S
         while not self.port_.ready.wait(0.1):
             if self._proc.poll() is not None or time.monotonic() > deadline:
