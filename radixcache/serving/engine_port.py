@@ -37,7 +37,7 @@ from radixcache.serving.requests import (
     RequestRejected,
     RequestResult,
 )
-from radixcache.serving.sampling import RequestPolicy, Sampling
+from radixcache.serving.sampling import GREEDY_BELOW, RequestPolicy, Sampling
 from radixcache.traffic.tokenizer import TextTokenizer
 from radixcache.wire import frontwire as fw
 from radixcache.wire.endpoints import BindPolicy, bind
@@ -70,6 +70,13 @@ class _Chooser:
 def _sampling(f: fw.SamplingFrame) -> Sampling:
     return Sampling(f.temperature, f.top_p, f.top_k, f.seed, f.logprobs, tuple(f.stop),
                     frozenset(f.stop_ids), f.ignore_eos)
+
+
+def _plain(f: fw.SamplingFrame) -> bool:
+    """Whether the request is the engine's plain greedy run to its length: greedy, no
+    logprobs, and nothing that can stop it early."""
+    return not f.temperature >= GREEDY_BELOW and f.logprobs is None and not f.stop \
+        and not f.stop_ids and (f.ignore_eos or not f.eos_ids)
 
 
 def _done(fid: int, handle: Future[RequestResult]) -> fw.Done:
@@ -235,9 +242,11 @@ class EnginePort:
             self._send(front, fw.Done(f.fid, "invalid", str(exc), None))
             return
         chooser, fid, key = _Chooser(policy), f.fid, (front, f.fid)
+        # nothing to choose or stop on: the engine's batched argmax, no call per token
+        plain = _plain(f.sampling)
 
         def on_token(token: int) -> None:  # the stepping thread
-            lp = policy.take_logprob()
+            lp = None if plain else policy.take_logprob()
             item = (fid, token, None if lp is None else fw.Logprob(lp.token, lp.logprob, lp.top))
             with self._out_lock:
                 self._out.append((front, item))
@@ -247,7 +256,8 @@ class EnginePort:
             self._put(front, _done(fid, handle))
 
         try:
-            handle = self.backend.submit(f.prompt, f.max_new, on_token, chooser)
+            handle = self.backend.submit(f.prompt, f.max_new, on_token,
+                                         None if plain else chooser)
         except ValueError as exc:
             self._send(front, fw.Done(fid, "invalid", str(exc), None))
             return
