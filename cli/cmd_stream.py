@@ -129,7 +129,7 @@ def serve(
     threads: int = typer.Option(1, min=1, max=MAX_THREADS,
                                  help="torch CPU threads (1 is fastest for the tiny model)."),
     schedule: SchedulePolicy = typer.Option(SchedulePolicy.FCFS, help=SCHEDULE_HELP),
-    step_tokens: int = typer.Option(512, min=16, max=1 << 20,
+    step_tokens: int = typer.Option(256, min=16, max=1 << 20,
                                      help="Tokens per step (the prefill chunk budget): lower "
                                      "bounds inter-token latency behind long prompts, higher "
                                      "batches more (see `bench serve --step-tokens`)."),

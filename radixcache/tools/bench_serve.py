@@ -55,7 +55,7 @@ class BenchServeConfig(NamedTuple):
     max_tokens: int = 32
     blocks: int = 4096
     seed: int = 0
-    step_tokens: int = 512  # the engine's per-step token budget, both ways
+    step_tokens: int = 256  # the engine's per-step token budget, both ways (serve's default)
     front_process: bool = False  # serve's HTTP front in a process of its own
 
 
@@ -156,7 +156,7 @@ def timeline(commands: str) -> dict[str, float | int]:
 
 
 @contextlib.contextmanager
-def served(blocks: int, step_tokens: int = 512, *,
+def served(blocks: int, step_tokens: int = 256, *,
            front_process: bool = False) -> Iterator[Served]:
     """``serve --http`` in a child process (``--front-process``: its front in a grandchild),
     once ``/health`` answers."""
@@ -240,7 +240,7 @@ async def http_pass(server: Served, workload: Workload, offsets: Sequence[float]
 class InProcess:
     """An engine as ``serve`` configures it, stepped by a ``ServiceLoop`` on its thread."""
 
-    def __init__(self, blocks: int, step_tokens: int = 512) -> None:
+    def __init__(self, blocks: int, step_tokens: int = 256) -> None:
         import torch
 
         from radixcache.serving.engine import Engine, EngineConfig
