@@ -162,6 +162,9 @@ def serve(
     from radixcache.serving.server import ServerConfig
 
     at = _http_host(http, endpoint_host, allow_remote)
+    if front_process and at is None:
+        typer.echo("error: --front-process needs --http (it runs the HTTP front)", err=True)
+        raise typer.Exit(2)
     engine = checked_engine(model, blocks, device, threads, Answers(answers.value), schedule,
                             dtype=dtype, kv_memory=kv_memory, step_tokens=step_tokens,
                             reserve=reserve)

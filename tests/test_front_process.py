@@ -211,3 +211,14 @@ def test_the_engines_port_drops_frames_that_do_not_decode_and_answers_a_bad_subm
     tokens = [t for f in frames[:2] if isinstance(f, fw.Tokens) for _, t, _ in f.items]
     assert len(tokens) == frames[2].metrics.output_tokens == 2
     assert pair.child.fault is None
+
+
+def test_front_process_without_http_is_refused_in_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--front-process"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "error: --front-process needs --http (it runs the HTTP " \
+        "front)\n"
