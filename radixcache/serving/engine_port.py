@@ -107,6 +107,11 @@ class EnginePort:
         self._router = ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
         self._router.setsockopt(zmq.MAXMSGSIZE, fw.MAX_FRAME_BYTES)
+        # no high-water mark: a ROUTER drops what goes past it, and a lost Tokens or Done
+        # frame would leave its request unanswered; what waits is bounded by the requests in
+        # flight (the front's own bound)
+        self._router.setsockopt(zmq.SNDHWM, 0)
+        self._router.setsockopt(zmq.RCVHWM, 0)
         self.endpoint = bind(self._router, endpoint, policy)
         nudge = f"inproc://rc-engine-port-{next(_PORTS)}"
         self._nudged = ctx.socket(zmq.PULL)

@@ -85,11 +85,15 @@ class WireBackend:
                  on_cut: Callable[[str], None] | None = None) -> None:
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._dealer = ctx.socket(zmq.DEALER)
+        for hwm in (zmq.SNDHWM, zmq.RCVHWM):  # nothing dropped or blocked at a mark: the
+            self._dealer.setsockopt(hwm, 0)  # engine's ROUTER has none either
         connect(self._dealer, endpoint)
         inner = f"inproc://rc-front-wire-{next(_WIRES)}"
         self._outgoing = ctx.socket(zmq.PULL)
+        self._outgoing.setsockopt(zmq.RCVHWM, 0)
         self._outgoing.bind(inner)
         self._push = ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, 0)
         self._push.setsockopt(zmq.LINGER, 0)
         self._push.connect(inner)
         self._push_lock = threading.Lock()
