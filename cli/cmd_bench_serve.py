@@ -35,9 +35,11 @@ def bench_serve(
                                   help="Each pass sends rate x seconds requests."),
     max_tokens: int = typer.Option(32, min=1, max=4096, help="Answer length cap."),
     blocks: int = typer.Option(4096, min=16, max=MAX_BLOCKS, help="KV pool blocks (of 16)."),
-    step_tokens: int = typer.Option(512, min=16, max=1 << 20,
+    step_tokens: int = typer.Option(256, min=16, max=1 << 20,
                                      help="The engine's tokens per step (prefill chunk "
                                      "budget), both ways."),
+    front_process: bool = typer.Option(False, help="Run the server's HTTP front in a process "
+                                       "of its own (`serve --front-process`)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
 ) -> None:
     """The chat workload through `serve --http` (a child process, streaming HTTP clients)
@@ -51,7 +53,7 @@ def bench_serve(
     from radixcache.tools import bench_serve as bs
 
     cfg = bs.BenchServeConfig(_rates(rates), seconds, max_tokens, blocks,
-                              step_tokens=step_tokens)
+                              step_tokens=step_tokens, front_process=front_process)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=True) as bar:

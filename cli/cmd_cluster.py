@@ -40,6 +40,7 @@ from radixcache.wire.endpoints import LOOPBACK_HOSTS
 
 if TYPE_CHECKING:
 
+    from radixcache.serving.front_process import FrontProcess
     from radixcache.serving.http import HttpFront
     from radixcache.serving.server import Server
     from radixcache.tools.bench_cluster import BenchClusterConfig, RouteFigures
@@ -63,8 +64,10 @@ def _need_cluster_extra() -> None:
             raise typer.Exit(2)
 
 
-def start_http(server: Server, host: str, port: int | None) -> HttpFront | None:
-    """An HTTP front over ``server``'s engine on ``host:port`` (None when ``port`` is None).
+def start_http(server: Server, host: str, port: int | None, *,
+               front_process: bool = False) -> HttpFront | FrontProcess | None:
+    """An HTTP front over ``server``'s engine on ``host:port`` (None when ``port`` is None),
+    in this process or, with ``front_process``, in a child (``serving.front_process``).
     Exits 2 with one line (and closes ``server``) when the HTTP extra is missing, the
     port cannot be bound, or the server's service is not an engine."""
     if port is None:
@@ -88,15 +91,26 @@ def start_http(server: Server, host: str, port: int | None) -> HttpFront | None:
         raise typer.Exit(2) from None
     try:
         engine, backend = server.service, EngineBackend(server.service, server.loop)
-        front = (HttpFront(backend, host, port) if engine.text is None else  # a model folder:
-                 HttpFront(backend, host, port, model=engine.model.name,  # its name, tokenizer
-                           tokenizer=engine.text, eos_ids=engine.model.eos_ids))  # and eos
+        front: HttpFront | FrontProcess
+        if front_process:
+            from radixcache.serving.front_process import FrontProcess
+
+            front = FrontProcess(server, engine, host, port)
+        else:
+            front = (HttpFront(backend, host, port) if engine.text is None else  # a folder:
+                     HttpFront(backend, host, port, model=engine.model.name,  # its name,
+                               tokenizer=engine.text, eos_ids=engine.model.eos_ids))  # eos
     except (OSError, ValueError) as exc:
         server.close()
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         err_console.print(f"error: cannot bind HTTP {host}:{port}: {why}", highlight=False)
         raise typer.Exit(2) from None
-    front.start()
+    try:
+        front.start()
+    except RuntimeError as exc:  # the front's process did not start
+        server.close()
+        err_console.print(f"error: {exc}", highlight=False)
+        raise typer.Exit(1) from None
     console.print(f"HTTP (OpenAI, SGLang) {front.url}", highlight=False)
     if host not in LOOPBACK_HOSTS:
         console.print(f"[yellow]warning:[/] the HTTP API (OpenAI, SGLang, admin endpoints "

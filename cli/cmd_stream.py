@@ -35,6 +35,7 @@ from radixcache.wire.security import CurveError, create_keys
 
 if TYPE_CHECKING:  # these import torch (seconds): the commands import them when they run
     from radixcache.serving.engine import Engine
+    from radixcache.serving.front_process import FrontProcess
     from radixcache.serving.http import HttpFront
     from radixcache.serving.server import Server, ServerConfig
 
@@ -128,7 +129,7 @@ def serve(
     threads: int = typer.Option(1, min=1, max=MAX_THREADS,
                                  help="torch CPU threads (1 is fastest for the tiny model)."),
     schedule: SchedulePolicy = typer.Option(SchedulePolicy.FCFS, help=SCHEDULE_HELP),
-    step_tokens: int = typer.Option(512, min=16, max=1 << 20,
+    step_tokens: int = typer.Option(256, min=16, max=1 << 20,
                                      help="Tokens per step (the prefill chunk budget): lower "
                                      "bounds inter-token latency behind long prompts, higher "
                                      "batches more (see `bench serve --step-tokens`)."),
@@ -146,6 +147,10 @@ def serve(
                                   help="With --http: on SIGTERM or Ctrl-C, stop admitting and "
                                   "give the requests in flight this long to finish (a second "
                                   "signal cuts it short; as uvicorn's and vLLM's grace)."),
+    front_process: bool = typer.Option(False, help="With --http: run the HTTP front (parsing, "
+                                       "tokenizing, streaming) in a process of its own, "
+                                       "joined to the engine over ZeroMQ (ipc://), so its "
+                                       "Python never holds the step loop's interpreter lock."),
 ) -> None:
     """Run the engine (model, radix cache, scheduler) in this process; serve its event stream,
     snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C.
@@ -157,6 +162,9 @@ def serve(
     from radixcache.serving.server import ServerConfig
 
     at = _http_host(http, endpoint_host, allow_remote)
+    if front_process and at is None:
+        typer.echo("error: --front-process needs --http (it runs the HTTP front)", err=True)
+        raise typer.Exit(2)
     engine = checked_engine(model, blocks, device, threads, Answers(answers.value), schedule,
                             dtype=dtype, kv_memory=kv_memory, step_tokens=step_tokens,
                             reserve=reserve)
@@ -165,7 +173,7 @@ def serve(
     server = _bind(engine, config, _endpoints(port, endpoint_host, ipc), allow_remote,
                    _kv_endpoints(kv_events, endpoint_host, port), curve_keys)
     server.start()
-    front = None if at is None else start_http(server, *at)
+    front = None if at is None else start_http(server, *at, front_process=front_process)
     _serve_until_stopped(server, front, str(engine.model.device), workload, workload_args,
                          drain_s)
 
@@ -186,7 +194,8 @@ def _http_host(http: str | None, endpoint_host: str,
     return host, at.port
 
 
-def _drain(front: HttpFront, server: Server, drain_s: float, again: threading.Event) -> None:
+def _drain(front: HttpFront | FrontProcess, server: Server, drain_s: float,
+           again: threading.Event) -> None:
     """Stop admitting HTTP requests, let the ones in flight finish (``HttpFront``'s drain),
     saying so on stderr in one line at each end."""
     n = front.stop_admitting()
@@ -235,7 +244,7 @@ def _bind(engine: Engine, config: ServerConfig, endpoints: Endpoints, allow_remo
     return server
 
 
-def _serve_until_stopped(server: Server, front: HttpFront | None, device: str,
+def _serve_until_stopped(server: Server, front: HttpFront | FrontProcess | None, device: str,
                          workload: str | None, args: str, drain_s: float) -> None:
     """Serve until SIGTERM/Ctrl-C (then drain the HTTP front, ``_drain``), or until a worker
     thread dies: then the fault goes to stderr and the exit status is 1."""

@@ -24,13 +24,17 @@ def _check(f: dict[str, float], requests: int, max_tokens: int) -> None:
     assert 0 < f["itl_samples"] <= requests * (max_tokens - 1)
 
 
-def test_bench_serve_json_keys_and_consistent_counts(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("extra", "front"), [([], "thread"), (["--front-process"], "process")],
+                         ids=["front-thread", "front-process"])
+def test_bench_serve_json_keys_and_consistent_counts(capsys: pytest.CaptureFixture[str],
+                                                     extra: list[str], front: str) -> None:
     argv = ["bench", "serve", "--rates", "20,40", "--seconds", "0.2", "--max-tokens", "4",
-            "--blocks", "512", "--json"]
+            "--blocks", "512", "--json", *extra]
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code in (0, None)
     out = json.loads(capsys.readouterr().out)
+    assert (out["front"], out["step_tokens"]) == (front, 256)
     assert set(out) >= {"rates", "saturated", "load_average", "timelines"}
     assert [t["pass"] for t in out["timelines"]] == [
         "20/s http", "20/s in process", "40/s http", "40/s in process", "saturated http",

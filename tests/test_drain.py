@@ -1,4 +1,5 @@
-"""SIGTERM of `serve --http` drains: a real `serve` process, real HTTP clients on loopback.
+"""SIGTERM of `serve --http` drains: a real `serve` process, real HTTP clients on loopback; each
+process test also with `--front-process` (the front in a child process, serve's drain the same).
 
 The engine is paused over its command socket before the requests are sent, so every one of them
 is provably in flight (queued in the engine, counted by /get_load) when SIGTERM arrives; the
@@ -148,6 +149,8 @@ def _complete(a: Answer) -> bool:
     return a.events[-1] == "[DONE]" and last["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.parametrize("serve", [[], ["--front-process"]], indirect=True,
+                         ids=["in-process", "front-process"])
 def test_sigterm_with_24_requests_in_flight_answers_all_24(serve: Serve) -> None:
     serve.command(cmd.Pause())
     answers, threads = _send(serve, 24)
@@ -178,7 +181,8 @@ def _cut(a: Answer, why: str) -> bool:
         error["error"]["type"] == "service_unavailable" and why in error["error"]["message"]
 
 
-@pytest.mark.parametrize("serve", [["--drain-s", "0.5"]], indirect=True)
+@pytest.mark.parametrize("serve", [["--drain-s", "0.5"], ["--drain-s", "0.5", "--front-process"]],
+                         indirect=True, ids=["in-process", "front-process"])
 def test_a_drain_whose_grace_runs_out_answers_every_request_503(serve: Serve) -> None:
     serve.command(cmd.Pause())  # nothing will finish
     answers, threads = _send(serve, 4)
@@ -194,7 +198,8 @@ def test_a_drain_whose_grace_runs_out_answers_every_request_503(serve: Serve) ->
            f"request {why})" in err
 
 
-@pytest.mark.parametrize("serve", [["--drain-s", "600"]], indirect=True)
+@pytest.mark.parametrize("serve", [["--drain-s", "600"], ["--drain-s", "600", "--front-process"]],
+                         indirect=True, ids=["in-process", "front-process"])
 def test_a_second_signal_cuts_the_grace_short(serve: Serve) -> None:
     serve.command(cmd.Pause())
     answers, threads = _send(serve, 4)

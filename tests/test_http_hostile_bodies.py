@@ -3,7 +3,8 @@ loopback, started once for the module): every endpoint that reads a body gets
 hypothesis-generated bodies whose fields hold float32/float64 edges (subnormals, 1e-320,
 1e-46, 1e-39, 1e308, -0.0, 2^31, 2^63, NaN and infinities as JSON texts carry them, strings for
 numbers, nested garbage, wrong types). Each is answered 200 or 4xx in OpenAI's error shape,
-and after each one the engine's thread is alive and a normal request gets its answer."""
+and after each one the engine's thread is alive and a normal request gets its answer. Every
+test runs twice: the front in the engine's process, and in a process of its own."""
 
 from __future__ import annotations
 
@@ -146,10 +147,31 @@ def check_answer(r: httpx.Response) -> None:
     assert err["code"] is None or isinstance(err["code"], str)
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Served]:
-    with served(64) as s:
-        yield s
+@pytest.fixture(scope="module", params=["front-thread", "front-process"])
+def server(request: pytest.FixtureRequest) -> Iterator[Served]:
+    """The front in the engine's process, or in a process of its own (``--front-process``:
+    the same bodies through the front wire)."""
+    if request.param == "front-thread":
+        with served(64) as s:
+            yield s
+        return
+    from types import SimpleNamespace
+
+    from radixcache.serving.engine import Engine, EngineConfig
+    from radixcache.serving.front_process import FrontProcess
+    from radixcache.serving.model import tiny_model
+    from radixcache.serving.server import Server
+    from radixcache.wire.endpoints import Endpoints, free_ports
+
+    engine = Engine(EngineConfig(num_blocks=64, model=tiny_model()))
+    server = Server(engine, Endpoints.tcp("127.0.0.1", free_ports(3))).start()
+    child = FrontProcess(server, engine, "127.0.0.1", 0).start()
+    try:  # what the tests read of a front: its url, and its engine (``greedy``)
+        front = SimpleNamespace(url=child.url, backend=SimpleNamespace(engine=engine))
+        yield Served(front, server.loop)  # type: ignore[arg-type]
+    finally:
+        child.close()
+        server.close()
 
 
 def assert_stepping(s: Served) -> None:

@@ -61,6 +61,13 @@ from radixcache.traffic.tokenizer import TextTokenizer, shipped
 DEFAULT_MODEL = "radixcache-tiny"
 CUT_WAIT_S = 5.0  # after a cut, how long the cut requests' answers get to go out
 _T = TypeVar("_T")
+TOLD_NOT_TO_WAIT = "the server is shutting down and was told not to wait for this request"
+
+
+def grace_over(grace_s: float) -> str:
+    """Why a drain cut the requests left after its grace."""
+    return (f"the server is shutting down and this request did not finish within its drain "
+            f"grace of {grace_s:g} s")
 
 
 class Drained(NamedTuple):
@@ -123,7 +130,8 @@ class HttpFront:
     def __init__(self, backend: Backend, host: str = "127.0.0.1", port: int = 0, *,
                  model: str = DEFAULT_MODEL, limits: Limits | None = None,
                  tokenizer: TextTokenizer | None = None,
-                 eos_ids: frozenset[int] = frozenset(), settle: bool = True) -> None:
+                 eos_ids: frozenset[int] = frozenset(), settle: bool = True,
+                 sock: socket.socket | None = None) -> None:
         self.backend, self.model = backend, model
         # ``start`` settles the interpreter for serving beside a step loop (``http_interp``)
         self._settle = settle
@@ -137,8 +145,11 @@ class HttpFront:
         self.runner = Runner(backend, self.tokenizer, self.stats, self.limits, model)
         self.runner.eos_ids = eos_ids  # answers end there unless a request sets ignore_eos
         self.started = time.time()
-        self._sock = _bound_socket(host, port)  # here: a bad port fails in the caller
-        self.host, self.port = host, int(self._sock.getsockname()[1])
+        # here: a bad port fails in the caller; ``sock``: bound already (a front process's,
+        # bound by the process that started it)
+        self._sock = sock if sock is not None else bound_socket(host, port)
+        name = self._sock.getsockname()
+        self.host, self.port = host if sock is None else str(name[0]), int(name[1])
         config = uvicorn.Config(self.app(), log_level="warning", access_log=False,
                                 lifespan="off", timeout_graceful_shutdown=1, http=_TimedH11,
                                 timeout_keep_alive=max(1, int(self.limits.read_timeout_s)))
@@ -206,19 +217,25 @@ class HttpFront:
         why: str | None = None
         while not r.idle.is_set() and why is None:
             if cut_now():
-                why = "the server is shutting down and was told not to wait for this request"
+                why = TOLD_NOT_TO_WAIT
             elif (left := deadline - time.monotonic()) <= 0:
-                why = (f"the server is shutting down and this request did not finish within "
-                       f"its drain grace of {grace_s:g} s")
+                why = grace_over(grace_s)
             else:
                 r.idle.wait(min(0.1, left))
-        cut = 0
+        cut = self.cut_and_close(why)
+        return Drained(self._in_flight, cut, why)
+
+    def cut_and_close(self, why: str | None) -> int:
+        """After ``stop_admitting``: answer the requests still in flight 503 saying ``why``
+        (none when ``why`` is None), give their answers ``CUT_WAIT_S`` to go out, and
+        ``close()``; returns how many were in flight when cut."""
+        r, cut = self.runner, 0
         if why is not None:
             reason = why
             cut = self._on_loop(lambda: r.cut(reason))
             r.idle.wait(CUT_WAIT_S)
         self.close()
-        return Drained(self._in_flight, cut, why)
+        return cut
 
     # -- the app ------------------------------------------------------------------------------
     def app(self) -> Starlette:
@@ -319,7 +336,7 @@ class HttpFront:
         return Response(text, media_type="text/plain; version=0.0.4")
 
 
-def _bound_socket(host: str, port: int) -> socket.socket:
+def bound_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to ``host:port`` (IPv4 or IPv6). ``ValueError`` for a port outside
     0-65535, ``OSError`` when the address cannot be bound."""
     if not 0 <= port <= 65535:

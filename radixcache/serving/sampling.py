@@ -122,6 +122,20 @@ class RequestPolicy:
                 return self._emit(final=True)
         return self._emit(final=False)
 
+    def take_logprob(self) -> TokenLogprob | None:
+        """The logprob entry ``choose`` just made, taken out of the answer (the engine's side of
+        a front in another process sends it there, where ``replay`` puts it back); None when
+        the request asked for no logprobs."""
+        return self._pending.pop() if self._pending else None
+
+    def replay(self, token: int, logprob: TokenLogprob | None) -> bool:
+        """``token``, chosen by this request's policy in another process (with its logprob
+        entry, if asked), taken as ``choose`` and ``stops_at`` would have: the same text, the
+        same pieces handed to ``on_piece``, the same stop."""
+        if logprob is not None:
+            self._pending.append(logprob)
+        return self.stops_at(token)
+
     def finish(self) -> Piece:
         """The text and logprobs not handed out yet (after the request ended), with the bytes
         of a character the answer cut at its end (decoded as U+FFFD, as a full decode does)."""

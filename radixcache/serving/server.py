@@ -81,7 +81,17 @@ class Server:
                 if self.kv is not None:  # its sockets are bound already: give them back
                     self.kv.close()
                 raise
-        self.loop = ServiceLoop(service, self.publisher, self.config.loop)
+        self._after_step: list[Callable[[], None]] = []
+        self.loop = ServiceLoop(service, self.publisher, self.config.loop, pace=self._stepped)
+
+    def after_step(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` on the stepping thread after each step, no lock held (the front
+        process's port forwards the step's tokens)."""
+        self._after_step.append(hook)
+
+    def _stepped(self) -> None:
+        for hook in self._after_step:
+            hook()
 
     # the publisher is made before the loop (the loop publishes to it): these two bind late
     def _snapshot_at(self) -> SnapshotAt:

@@ -55,7 +55,8 @@ class BenchServeConfig(NamedTuple):
     max_tokens: int = 32
     blocks: int = 4096
     seed: int = 0
-    step_tokens: int = 512  # the engine's per-step token budget, both ways
+    step_tokens: int = 256  # the engine's per-step token budget, both ways (serve's default)
+    front_process: bool = False  # serve's HTTP front in a process of its own
 
 
 class Timed(NamedTuple):
@@ -155,12 +156,15 @@ def timeline(commands: str) -> dict[str, float | int]:
 
 
 @contextlib.contextmanager
-def served(blocks: int, step_tokens: int = 512) -> Iterator[Served]:
-    """``serve --http`` in a child process, once ``/health`` answers."""
+def served(blocks: int, step_tokens: int = 256, *,
+           front_process: bool = False) -> Iterator[Served]:
+    """``serve --http`` in a child process (``--front-process``: its front in a grandchild),
+    once ``/health`` answers."""
     port = free_ports(4)
     root = Path(__file__).resolve().parents[2]
     argv = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--http",
-            str(port + 3), "--blocks", str(blocks), "--step-tokens", str(step_tokens)]
+            str(port + 3), "--blocks", str(blocks), "--step-tokens", str(step_tokens),
+            *(["--front-process"] if front_process else [])]
     proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port + 3}"
@@ -182,9 +186,18 @@ def served(blocks: int, step_tokens: int = 512) -> Iterator[Served]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (``/proc/PID/stat``)."""
+    """User + system CPU seconds of process ``pid`` and of its children alive now (serve's
+    front process) (``/proc/PID/stat``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    for child in children:
+        with contextlib.suppress(OSError):
+            own += cpu_seconds(int(child))
+    return own
 
 
 async def _stream(c: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> Timed:
@@ -227,7 +240,7 @@ async def http_pass(server: Served, workload: Workload, offsets: Sequence[float]
 class InProcess:
     """An engine as ``serve`` configures it, stepped by a ``ServiceLoop`` on its thread."""
 
-    def __init__(self, blocks: int, step_tokens: int = 512) -> None:
+    def __init__(self, blocks: int, step_tokens: int = 256) -> None:
         import torch
 
         from radixcache.serving.engine import Engine, EngineConfig
@@ -305,7 +318,8 @@ def run(config: BenchServeConfig, progress: Progress) -> dict[str, object]:
               for rate, n in zip(config.rates, counts, strict=True)]
     passes.append((0.0, workload, [0.0] * len(workload.requests)))  # 0: saturated
     try:
-        with served(config.blocks, config.step_tokens) as server:
+        with served(config.blocks, config.step_tokens,
+                    front_process=config.front_process) as server:
             asyncio.run(http_pass(server, warm, [0.0], 2, lambda: None))
             asyncio.run(inproc.run(warm, [0.0], 2, lambda: None))
             for rate, w, offsets in passes:
@@ -325,5 +339,6 @@ def run(config: BenchServeConfig, progress: Progress) -> dict[str, object]:
     del saturated["rate"]
     return {"workload": "chat", "max_tokens": config.max_tokens, "seconds": config.seconds,
             "blocks": config.blocks, "step_tokens": config.step_tokens,
+            "front": "process" if config.front_process else "thread",
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "rates": rates, "saturated": saturated, "timelines": timelines}

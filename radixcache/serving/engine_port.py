@@ -1,0 +1,285 @@
+"""The engine's end of the front wire (``wire.frontwire``): HTTP fronts in other processes
+submit requests here and read each request's chosen tokens back.
+
+::
+
+    front process(es)            engine process (serve)
+    DEALER ──Submit/Abort/Ask──► ROUTER  rc-engine-port: submits (Engine._queue), aborts,
+           ◄──Tokens/Done/Answer──       forwards the outbox
+                                 rc-service-loop: each token of a front's request is
+                                   appended to the outbox (a list under ``_out_lock``); after
+                                   each step the loop's after-step hook nudges the port
+                                 rc-engine-ask: Ask (counters, flush: they wait for a step)
+
+What runs on the stepping thread for a front's request is its sampler (``choose``: it needs
+the logits), the stop check on ids, a list append per token and one inproc nudge per step.
+The text (incremental detokenizing, stop strings, the pieces streamed, the JSON) is the
+front's, in its own process; only a request with stop strings is also decoded here, because
+the stop decides where the engine ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
+
+import msgspec
+import torch
+import zmq
+
+from radixcache.core.guard import Guard, ThreadFault
+from radixcache.serving.http_backend import EngineBackend
+from radixcache.serving.requests import (
+    RequestCancelled,
+    RequestRejected,
+    RequestResult,
+)
+from radixcache.serving.sampling import GREEDY_BELOW, RequestPolicy, Sampling
+from radixcache.traffic.tokenizer import TextTokenizer
+from radixcache.wire import frontwire as fw
+from radixcache.wire.endpoints import BindPolicy, bind
+
+POLL_MS = 50  # the outbox is forwarded at least this often (a cancel outside a step)
+_PORTS = itertools.count()
+Item = tuple[int, int, fw.Logprob | None] | fw.Frame  # one token, or a whole frame
+
+
+class _Chooser:
+    """The engine's ``TokenPolicy`` for a front's request: the front's sampler; the stop on
+    ids here, and on strings (decoding) only when the request has some."""
+
+    def __init__(self, policy: RequestPolicy) -> None:
+        self.policy = policy
+        self._decode = bool(policy.sampling.stop)
+
+    def choose(self, logits: torch.Tensor) -> int:
+        """The sampler's choice (its logprob entry is kept for ``take_logprob``)."""
+        return self.policy.choose(logits)
+
+    def stops_at(self, token: int) -> bool:
+        """A stop id, the end of sequence (unless ignored), or a stop string."""
+        if self._decode:
+            return self.policy.stops_at(token)
+        s, p = self.policy.sampling, self.policy
+        return token in s.stop_ids or (token in p.eos_ids and not s.ignore_eos)
+
+
+def _sampling(f: fw.SamplingFrame) -> Sampling:
+    return Sampling(f.temperature, f.top_p, f.top_k, f.seed, f.logprobs, tuple(f.stop),
+                    frozenset(f.stop_ids), f.ignore_eos)
+
+
+def _plain(f: fw.SamplingFrame) -> bool:
+    """Whether the request is the engine's plain greedy run to its length: greedy, no
+    logprobs, and nothing that can stop it early."""
+    return not f.temperature >= GREEDY_BELOW and f.logprobs is None and not f.stop \
+        and not f.stop_ids and (f.ignore_eos or not f.eos_ids)
+
+
+def _done(fid: int, handle: Future[RequestResult]) -> fw.Done:
+    err = handle.exception()
+    if err is None:
+        m = handle.result().metrics
+        return fw.Done(fid, None, "", fw.DoneMetrics(*m))
+    kind = ("rejected" if isinstance(err, RequestRejected) else
+            "cancelled" if isinstance(err, RequestCancelled) else "failed")
+    return fw.Done(fid, kind, str(err), None)
+
+
+class FrontState(NamedTuple):
+    """What the fronts said of serve's drain (``EnginePort.drain_said``)."""
+
+    draining: int | None  # requests in flight when it stopped admitting
+    drained: fw.Drained | None
+
+
+class EnginePort:
+    """The ROUTER that fronts connect to. ``start()``; ``after_step`` as the loop's
+    after-step hook; ``close()``."""
+
+    def __init__(self, backend: EngineBackend, endpoint: str, tokenizer: TextTokenizer,
+                 facts: fw.Facts, *, policy: BindPolicy = BindPolicy.LOCAL_ONLY) -> None:
+        self.backend, self.tokenizer, self.facts = backend, tokenizer, facts
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._router = ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._router.setsockopt(zmq.MAXMSGSIZE, fw.MAX_FRAME_BYTES)
+        # no high-water mark: a ROUTER drops what goes past it, and a lost Tokens or Done
+        # frame would leave its request unanswered; what waits is bounded by the requests in
+        # flight (the front's own bound)
+        self._router.setsockopt(zmq.SNDHWM, 0)
+        self._router.setsockopt(zmq.RCVHWM, 0)
+        self.endpoint = bind(self._router, endpoint, policy)
+        nudge = f"inproc://rc-engine-port-{next(_PORTS)}"
+        self._nudged = ctx.socket(zmq.PULL)
+        self._nudged.bind(nudge)
+        self._nudge = ctx.socket(zmq.PUSH)
+        self._nudge.setsockopt(zmq.LINGER, 0)
+        self._nudge.connect(nudge)
+        self._nudge_lock = threading.Lock()  # any thread nudges
+        self._out_lock = threading.Lock()
+        self._out: list[tuple[bytes, Item]] = []
+        self._live: dict[tuple[bytes, int], int] = {}  # (front, fid) -> engine request id
+        self._asks = ThreadPoolExecutor(1, thread_name_prefix="rc-engine-ask")
+        self.guard = Guard()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.dropped = 0  # frames that did not decode
+        self.fronts: list[bytes] = []  # the identities that said Ready, in order
+        self.ready = threading.Event()
+        self._said = FrontState(None, None)
+        self.said_changed = threading.Condition()
+
+    @property
+    def fault(self) -> ThreadFault | None:
+        """How the port's thread died, if it did."""
+        return self.guard.fault
+
+    def start(self) -> EnginePort:
+        """Serve fronts from a guarded thread."""
+        self._thread = self.guard.start("rc-engine-port", self._run)
+        return self
+
+    def close(self) -> None:
+        """Stop the thread; every socket is closed."""
+        self._stop.set()
+        self.after_step()
+        if self._thread is not None:
+            self._thread.join(5)
+        self._asks.shutdown(wait=False, cancel_futures=True)
+        for s in (self._router, self._nudged, self._nudge):
+            s.close(0)
+
+    # -- any thread ---------------------------------------------------------------------------
+    def after_step(self) -> None:
+        """The loop's after-step hook: forward what the step added (one inproc message)."""
+        if self._out or self._stop.is_set():
+            with self._nudge_lock, contextlib.suppress(zmq.ZMQError):
+                self._nudge.send(b"", zmq.NOBLOCK)
+
+    def _put(self, front: bytes, item: Item) -> None:
+        with self._out_lock:
+            self._out.append((front, item))
+
+    def tell_fronts(self, frame: fw.Frame) -> None:
+        """Send ``frame`` (``Drain``, ``Cut``) to every front that said Ready."""
+        for front in self.fronts:
+            self._put(front, frame)
+        self.after_step()
+
+    def drain_said(self) -> FrontState:
+        """What the fronts said of the drain so far."""
+        with self.said_changed:
+            return self._said
+
+    # -- the port's thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._nudged, zmq.POLLIN)
+        while not self._stop.is_set():
+            ready = dict(poller.poll(POLL_MS))
+            if self._nudged in ready:
+                while self._nudged.poll(0):
+                    self._nudged.recv()
+            if self._router in ready:
+                while self._router.poll(0):
+                    front, raw = self._router.recv_multipart()[:2]
+                    self._receive(front, raw)
+            self._forward()
+
+    def _forward(self) -> None:
+        with self._out_lock:
+            out, self._out = self._out, []
+        tokens: dict[bytes, list[tuple[int, int, fw.Logprob | None]]] = {}
+        for front, item in out:
+            if isinstance(item, fw.Frame):
+                if front in tokens:  # a request's tokens go before its Done
+                    self._send(front, fw.Tokens(tokens.pop(front)))
+                self._send(front, item)
+            else:
+                tokens.setdefault(front, []).append(item)
+        for front, items in tokens.items():
+            self._send(front, fw.Tokens(items))
+
+    def _send(self, front: bytes, frame: fw.Frame) -> None:
+        with contextlib.suppress(zmq.ZMQError):  # a front that is gone: nothing to tell
+            self._router.send_multipart([front, fw.encode(frame)], zmq.NOBLOCK)
+
+    def _receive(self, front: bytes, raw: bytes) -> None:
+        try:
+            frame = fw.to_engine(raw)
+        except msgspec.DecodeError:
+            self.dropped += 1
+            return
+        if isinstance(frame, fw.Submit):
+            self._submit(front, frame)
+        elif isinstance(frame, fw.Abort):
+            rid = self._live.get((front, frame.fid))
+            if rid is not None:
+                self.backend.abort(rid)
+        elif isinstance(frame, fw.Ask):
+            self._asks.submit(self._answer, front, frame)
+        elif isinstance(frame, fw.Hello):
+            self._send(front, self.facts)
+        else:
+            self._heard(front, frame)
+
+    def _heard(self, front: bytes, frame: fw.Ready | fw.Draining | fw.Drained) -> None:
+        with self.said_changed:
+            if isinstance(frame, fw.Ready):
+                self.fronts.append(front)
+                self.ready.set()
+            elif isinstance(frame, fw.Draining):
+                self._said = self._said._replace(draining=frame.in_flight)
+            else:
+                self._said = self._said._replace(drained=frame)
+            self.said_changed.notify_all()
+
+    def _submit(self, front: bytes, f: fw.Submit) -> None:
+        try:
+            policy = RequestPolicy(_sampling(f.sampling), self.tokenizer,
+                                   eos_ids=frozenset(f.sampling.eos_ids))
+        except (ValueError, RuntimeError, TypeError) as exc:  # a seed torch refuses
+            self._send(front, fw.Done(f.fid, "invalid", str(exc), None))
+            return
+        chooser, fid, key = _Chooser(policy), f.fid, (front, f.fid)
+        # nothing to choose or stop on: the engine's batched argmax, no call per token
+        plain = _plain(f.sampling)
+
+        def on_token(token: int) -> None:  # the stepping thread
+            lp = None if plain else policy.take_logprob()
+            item = (fid, token, None if lp is None else fw.Logprob(lp.token, lp.logprob, lp.top))
+            with self._out_lock:
+                self._out.append((front, item))
+
+        def on_done(handle: Future[RequestResult]) -> None:
+            self._live.pop(key, None)
+            self._put(front, _done(fid, handle))
+
+        try:
+            handle = self.backend.submit(f.prompt, f.max_new, on_token,
+                                         None if plain else chooser)
+        except ValueError as exc:
+            self._send(front, fw.Done(fid, "invalid", str(exc), None))
+            return
+        assert handle.id is not None
+        self._live[key] = handle.id
+        handle.add_done_callback(on_done)
+
+    def _answer(self, front: bytes, ask: fw.Ask) -> None:  # rc-engine-ask
+        try:
+            if ask.what == "counters":
+                answer = fw.Answer(ask.qid, counters=self.backend.counters()._asdict())
+            elif ask.what == "flush":
+                f = self.backend.flush()
+                answer = fw.Answer(ask.qid, flush=(f.waiting, f.running))
+            else:
+                answer = fw.Answer(ask.qid, error=f"unknown question {ask.what!r}")
+        except Exception as exc:  # the front's caller gets it as a 500
+            answer = fw.Answer(ask.qid, error=f"{type(exc).__name__}: {exc}")
+        self._put(front, answer)
+        self.after_step()
