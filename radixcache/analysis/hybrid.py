@@ -34,11 +34,13 @@ every size, whatever R. ::
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from radixcache.analysis.boundstack import BoundedStack
 from radixcache.analysis.fixedsample import PARTS, FixedSample, mixed
-from radixcache.analysis.hashstack import HashStack
+from radixcache.analysis.hashstack import HashStack, HashStackError
 from radixcache.analysis.stackdist import Curve
 from radixcache.traffic.mooncake_scan import SAMPLE_BITS, sample_keep, sample_runs
 
@@ -56,6 +58,16 @@ def default_depth(rate: float) -> int:
     """Blocks the exact pass keeps for a sample at ``rate``: ``DEPTH_FACTOR`` x 100/R, and at
     least ``MIN_DEPTH`` (a few MB: no reason to estimate what so little memory answers)."""
     return max(MIN_DEPTH, int(np.ceil(DEPTH_FACTOR * 100 / rate)))
+
+
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The one thread every hybrid pass runs its samples in (made when first needed)."""
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(1, thread_name_prefix="rc-whatif-sample"))
+    return _POOL[0]
 
 
 class HybridPass:
@@ -84,8 +96,19 @@ class HybridPass:
 
     def add(self, ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray) -> None:
         """Account consecutive requests (every id of each); ``HashStackError`` as the
-        stacks raise it."""
-        self.exact.add(ids, ends, tokens)
+        stacks raise it (the exact pass's first). The samples take them in a thread of their
+        own (``rc-whatif-sample``) while the exact pass does: both are compiled loops that
+        hold no GIL, and neither reads the other's state."""
+        fut = _pool().submit(self._sampled, ids, ends, tokens)
+        try:
+            self.exact.add(ids, ends, tokens)
+        except HashStackError:
+            fut.exception()  # done with the arrays before the error goes up
+            raise
+        fut.result()
+
+    def _sampled(self, ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray) -> None:
+        """The sample's and the sub-samples' share of ``add``."""
         if isinstance(self.sample, FixedSample):
             keep = self.sample.keep  # it only falls: what is above now is out for good
             sids, sends, wants = sample_runs(ids, ends, tokens, keep, self.block_tokens)
