@@ -145,10 +145,13 @@ def _run(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, block: int, dept
     """Apply requests in order (the module docstring); ``st`` as ``hashstack._run``'s, then
     the blocks evicted. A slot is two words, the id's bits and ``_meta`` (0: empty), so a
     look-up touches one cache line."""
-    path = np.empty(ids.shape[0] + 1, np.int64)
-    lens = np.empty(ids.shape[0] + 1, np.int64)
-    was = np.empty(ids.shape[0] + 1, np.int64)
-    order = np.arange(ids.shape[0] + 1)
+    longest = 1
+    for i in range(len(ends)):  # one request's blocks at a time: room for the longest
+        longest = max(longest, ends[i] - (ends[i - 1] if i else 0) + 1)
+    path = np.empty(longest, np.int64)
+    lens = np.empty(longest, np.int64)
+    was = np.empty(longest, np.int64)
+    order = np.arange(longest)
     keys = ids.view(np.int64)
     start, held, cap = 0, st[1], depth + max(depth, SLACK)
     for i in range(len(ends)):

@@ -76,8 +76,11 @@ def _run(ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray, wants: np.ndarra
     follows them; returns the request it stopped at, before applying it, because it would
     take the stack past ``s_max`` blocks (``st[_NEED]``: the new blocks it brings), or
     ``hi``. ``st`` as ``hashstack._run``'s, then the peak held."""
-    path = np.empty(ids.shape[0] + 1, np.int64)
-    was = np.empty(ids.shape[0] + 1, np.int64)
+    longest = 1
+    for i in range(lo, hi):  # one request's blocks at a time: room for the longest
+        longest = max(longest, ends[i] - (ends[i - 1] if i else 0) + 1)
+    path = np.empty(longest, np.int64)
+    was = np.empty(longest, np.int64)
     for i in range(lo, hi):
         start, end, r = ends[i - 1] if i else 0, ends[i], st[9] + 1
         new = 0
