@@ -146,6 +146,10 @@ def whatif(
         "With --sample: blocks of stack depth answered exactly (default 400/R, at least "
         "65536; 0: the "
         "sample alone).")),
+    sample_max: int = typer.Option(None, "--sample-max", "--s-max", min=1, max=2**30, help=(
+        "Mooncake format: a fixed-size sample (SHARDS s_max): at most N blocks, its rate "
+        "lowered from --sample (default 1) as the trace grows; the JSON's sample_rate is the "
+        "final one.")),
     samples: int = typer.Option(6, "--samples", min=1, max=64,
                                 help="Capacities each policy is replayed at."),
     plot: Path = typer.Option(None, "--plot", help="Write the chart: FILE.svg or FILE.png."),
@@ -171,7 +175,8 @@ def whatif(
         return
 
     cfg = WhatIfConfig(source, block_size, hash_block_size, limit or None,
-                       _policies(policies), samples, alignment, sample, exact_depth)
+                       _policies(policies), samples, alignment, sample, exact_depth,
+                       sample_max)
     bpt = _bytes_per_token(kv_bytes, model)
     if price is not None and bpt is None:
         raise typer.BadParameter("needs --bytes-per-token or --model", param_hint="--price-per-gib")
@@ -187,7 +192,7 @@ def _checked_curve(cfg: WhatIfConfig, at_caps: list[int], sizes: tuple[int | Non
     bpt, price = sizes
     plot, csv = files
     check_plot(plot)
-    if cfg.exact_depth is not None and cfg.sample >= 1:
+    if cfg.exact_depth is not None and cfg.sample >= 1 and cfg.sample_max is None:
         raise typer.BadParameter("needs --sample (the exact pass is every depth without one)",
                                  param_hint="--exact-depth")
     routers = _routers(router) if replicas else []
@@ -234,7 +239,7 @@ def _check_source(cfg: WhatIfConfig) -> None:
         fmt = detect_format(cfg.source)
     except TraceError as exc:
         raise CliError(str(exc)) from exc
-    if cfg.sample < 1.0 and fmt is not TraceFormat.MOONCAKE:
+    if (cfg.sample < 1.0 or cfg.sample_max is not None) and fmt is not TraceFormat.MOONCAKE:
         raise typer.BadParameter(f"{cfg.source}: sampling needs a Mooncake-format trace "
                                  f"(this is {fmt.value})", param_hint="--sample")
 

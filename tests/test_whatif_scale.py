@@ -202,12 +202,17 @@ def test_the_scale_section_has_its_keys():
         ways = part["rates"]["0.5"]
         assert set(ways) == {"hybrid", "sample_alone"}
         for est in ways.values():
-            assert list(est)[-4:] == ["max_abs_error_points_all",
-                                      "max_abs_error_points_resolved", "resolved_from_tokens",
-                                      "time_ratio"]
+            wall = ["cli_wall_seconds", "time_over_exact"]
+            assert [k for k in est if k not in wall][-4:] == [
+                "max_abs_error_points_all", "max_abs_error_points_resolved",
+                "resolved_from_tokens", "time_ratio"]
+            assert (list(est)[-2:] == wall) == (where == "file")
             assert est["requests"] == part["exact"]["requests"] == 3000
         # the exact pass holds this whole trace (65,536 blocks at least): exact at every size,
         # where the sample alone is not (seeded: 2.78 points)
         assert ways["hybrid"]["max_abs_error_points_all"] == 0.0
         assert ways["sample_alone"]["max_abs_error_points_all"] > 2.0
     assert fig["in_process"]["exact"]["max_hit_rate"] == fig["file"]["exact"]["max_hit_rate"]
+    f = fig["file"]
+    assert f["rates"]["0.5"]["hybrid"]["time_over_exact"] == pytest.approx(
+        f["rates"]["0.5"]["hybrid"]["cli_wall_seconds"] / f["exact"]["cli_wall_seconds"])

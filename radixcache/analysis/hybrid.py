@@ -17,6 +17,10 @@ reuse and are in the sample or not. So three passes share one read of the trace:
   sqrt(SUBSAMPLES) (batch means), and no less than 3 sampled references' worth (the rule of
   three: where no sub-sample saw any, their spread says nothing).
 
+With ``sample_max`` the sample is of fixed size (``fixedsample``: at most that many blocks,
+its rate lowered as the trace grows, from ``rate``, 1 by default) and its sub-samples are its
+eight parts, lowered with it; the join and the bounds are the same, at the final rate.
+
 With no block evicted past ``depth`` (a trace of fewer distinct blocks) the curve is exact at
 every size, whatever R. ::
 
@@ -30,10 +34,13 @@ every size, whatever R. ::
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from radixcache.analysis.boundstack import BoundedStack
-from radixcache.analysis.hashstack import HashStack
+from radixcache.analysis.fixedsample import PARTS, FixedSample, mixed
+from radixcache.analysis.hashstack import HashStack, HashStackError
 from radixcache.analysis.stackdist import Curve
 from radixcache.traffic.mooncake_scan import SAMPLE_BITS, sample_keep, sample_runs
 
@@ -53,42 +60,70 @@ def default_depth(rate: float) -> int:
     return max(MIN_DEPTH, int(np.ceil(DEPTH_FACTOR * 100 / rate)))
 
 
-def _mixed(ids: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser over an array (``mooncake_scan.mix``)."""
-    x = ids.astype(np.uint64)
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    out: np.ndarray = x ^ (x >> np.uint64(31))
-    return out
+_POOL: list[ThreadPoolExecutor] = []
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The one thread every hybrid pass runs its samples in (made when first needed)."""
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(1, thread_name_prefix="rc-whatif-sample"))
+    return _POOL[0]
 
 
 class HybridPass:
     """Feed ``HashRuns`` (every id) in order with ``add``; ``curve()`` joins the passes."""
 
-    def __init__(self, block_tokens: int, rate: float, depth: int | None = None) -> None:
+    def __init__(self, block_tokens: int, rate: float, depth: int | None = None,
+                 sample_max: int | None = None) -> None:
         self.keep = sample_keep(rate)
-        if not self.keep:
+        if not self.keep and sample_max is None:
             raise ValueError("a hybrid pass needs a sample rate below 1")
         self.block_tokens = block_tokens
         self.depth = default_depth(rate) if depth is None else depth
         self.exact = BoundedStack(block_tokens, self.depth)
+        self.sample: HashStack | FixedSample
+        self.subs: list[HashStack] | list[FixedSample]
+        if sample_max is not None:
+            self.sample = FixedSample(block_tokens, sample_max, rate)
+            self.subs = [FixedSample(block_tokens, sample_max, rate, part=k)
+                         for k in range(PARTS)]
+            return
         self.sample = HashStack(block_tokens, rate)
         self.sub_keep = self.keep // SUBSAMPLES
         sub_rate = self.sub_keep / 2**SAMPLE_BITS
-        self.subs = [HashStack(block_tokens, sub_rate) for _ in range(SUBSAMPLES)]
-        self.subs = self.subs if self.sub_keep else []
+        subs = [HashStack(block_tokens, sub_rate) for _ in range(SUBSAMPLES)]
+        self.subs = subs if self.sub_keep else []
 
     def add(self, ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray) -> None:
         """Account consecutive requests (every id of each); ``HashStackError`` as the
-        stacks raise it."""
-        self.exact.add(ids, ends, tokens)
+        stacks raise it (the exact pass's first). The samples take them in a thread of their
+        own (``rc-whatif-sample``) while the exact pass does: both are compiled loops that
+        hold no GIL, and neither reads the other's state."""
+        fut = _pool().submit(self._sampled, ids, ends, tokens)
+        try:
+            self.exact.add(ids, ends, tokens)
+        except HashStackError:
+            fut.exception()  # done with the arrays before the error goes up
+            raise
+        fut.result()
+
+    def _sampled(self, ids: np.ndarray, ends: np.ndarray, tokens: np.ndarray) -> None:
+        """The sample's and the sub-samples' share of ``add``."""
+        if isinstance(self.sample, FixedSample):
+            keep = self.sample.keep  # it only falls: what is above now is out for good
+            sids, sends, wants = sample_runs(ids, ends, tokens, keep, self.block_tokens)
+            self.sample.add(sids, sends, tokens, wants)
+            for fsub in self.subs:
+                assert isinstance(fsub, FixedSample)
+                fsub.add(sids, sends, tokens, wants, drops=self.sample.drops)
+            return
         sids, sends, wants = sample_runs(ids, ends, tokens, self.keep, self.block_tokens)
         self.sample.add(sids, sends, tokens, wants)
         if not self.subs:
             return
-        which = (_mixed(sids) >> np.uint64(64 - SAMPLE_BITS)) // np.uint64(self.sub_keep)
+        which = (mixed(sids) >> np.uint64(64 - SAMPLE_BITS)) // np.uint64(self.sub_keep)
         for k, sub in enumerate(self.subs):
+            assert isinstance(sub, HashStack)
             mine = which == k
             cut = np.concatenate(([0], np.cumsum(mine)))[sends]
             sub.add(sids[mine], cut, tokens, wants[mine])

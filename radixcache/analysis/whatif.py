@@ -49,6 +49,8 @@ class WhatIfConfig:
     sample: float = 1.0  # SHARDS rate for hash-id traces (1: exact)
     exact_depth: int | None = None  # with a sample: blocks the exact pass keeps (None:
     # ``hybrid.default_depth``; 0: the sample alone)
+    sample_max: int | None = None  # a fixed-size sample (SHARDS s_max): at most this many
+    # blocks, its rate lowered from ``sample`` as the trace grows
 
 
 @dataclass(slots=True)
@@ -134,14 +136,21 @@ class Source:
         (``hybrid``), or the sample alone (``exact_depth`` 0)."""
         # numba costs ~0.3-0.9 s to import: only a Mooncake-format trace pays it, not every
         # screen that imports the what-if analysis
+        from radixcache.analysis.fixedsample import FixedSample
         from radixcache.analysis.hashstack import HashStack, HashStackError
         from radixcache.analysis.hybrid import HybridPass
+        from radixcache.traffic.mooncake_scan import sample_keep
 
         cfg = self.cfg
         path, left = Path(cfg.source), cfg.limit
-        stack: HashStack | HybridPass
-        if cfg.sample < 1 and cfg.exact_depth != 0:
-            stack, keep = HybridPass(cfg.hash_block_size, cfg.sample, cfg.exact_depth), 0
+        stack: HashStack | HybridPass | FixedSample
+        sampled = cfg.sample < 1 or cfg.sample_max is not None
+        if sampled and cfg.exact_depth != 0:
+            stack = HybridPass(cfg.hash_block_size, cfg.sample, cfg.exact_depth, cfg.sample_max)
+            keep = 0
+        elif cfg.sample_max is not None:  # the fixed-size sample alone: read at its start
+            stack = FixedSample(cfg.hash_block_size, cfg.sample_max, cfg.sample)
+            keep = sample_keep(cfg.sample)
         else:
             stack = HashStack(cfg.hash_block_size, cfg.sample)
             keep = stack.keep  # the scanner samples as it reads each id
@@ -152,6 +161,8 @@ class Source:
             try:
                 if isinstance(stack, HybridPass):
                     stack.add(runs.ids, runs.ends, runs.tokens)
+                elif isinstance(stack, FixedSample):
+                    stack.add(runs.ids, runs.ends, runs.tokens, runs.wants)
                 else:
                     stack.add(runs.ids, runs.ends, runs.tokens, runs.wants)
             except HashStackError as exc:
@@ -161,6 +172,7 @@ class Source:
             if left is not None and left <= 0:
                 break
         self.notes.extend(_sample_notes(stack, cfg.sample))
+        self.notes.extend(_fixed_notes(stack))
         return stack.curve()
 
     def accesses(self, block: int | None = None) -> Iterator[Access]:
@@ -196,8 +208,10 @@ def kernels_cached(cfg: WhatIfConfig) -> bool:
         return True  # refused later, with its reason
     where = os.environ.get("NUMBA_CACHE_DIR")
     mods = ["radixcache.analysis.hashstack", "radixcache.traffic.mooncake_scan"]
-    if cfg.sample < 1 and cfg.exact_depth != 0:
+    if (cfg.sample < 1 or cfg.sample_max is not None) and cfg.exact_depth != 0:
         mods.append("radixcache.analysis.boundstack")
+    if cfg.sample_max is not None:
+        mods.append("radixcache.analysis.fixedsample")
     for mod in mods:
         spec = importlib.util.find_spec(mod)
         if spec is None or spec.origin is None:
@@ -209,6 +223,21 @@ def kernels_cached(cfg: WhatIfConfig) -> bool:
     return True
 
 
+def _fixed_notes(stack: object) -> list[str]:
+    """What a fixed-size sample (alone or above the exact pass) says: its final rate."""
+    from radixcache.analysis.fixedsample import FixedSample
+    from radixcache.analysis.hybrid import HybridPass
+
+    sample = stack.sample if isinstance(stack, HybridPass) else stack
+    if not isinstance(sample, FixedSample):
+        return []
+    if isinstance(stack, HybridPass) and not stack.exact.evicted:
+        return []
+    return [f"fixed-size sample: at most {sample.s_max:,} blocks (held {sample.peak:,} at "
+            f"most); final rate {sample.rate:.6g}, resolving from "
+            f"{int(np.ceil(100 / sample.rate)):,} blocks"]
+
+
 def _sample_notes(stack: object, rate: float) -> list[str]:
     """What a sampled pass should say about itself; ``TraceError`` for a sample that
     followed no block at all (it could say nothing)."""
@@ -216,13 +245,16 @@ def _sample_notes(stack: object, rate: float) -> list[str]:
     from radixcache.analysis.hybrid import HybridPass
 
     if isinstance(stack, HybridPass):
+        from radixcache.analysis.fixedsample import FixedSample
+
+        what = "fixed-size" if isinstance(stack.sample, FixedSample) else f"{rate:g}"
         if not stack.exact.evicted:
             return [f"the exact pass held every block (at most {stack.depth:,}): every "
-                    f"capacity is exact, the {rate:g} sample was not needed"]
+                    f"capacity is exact, the {what} sample was not needed"]
         from radixcache.analysis.hybrid import MIN_SUB_BLOCKS
 
         if not stack.subs or min(s.distinct for s in stack.subs) < MIN_SUB_BLOCKS:
-            return [f"the {rate:g} sample holds {stack.sample.distinct:,} blocks: too few for "
+            return [f"the {what} sample holds {stack.sample.distinct:,} blocks: too few for "
                     f"an error bound on the estimates above {stack.depth:,} blocks"]
         return []
     if not isinstance(stack, HashStack) or not stack.keep:

@@ -4,7 +4,9 @@ A seeded Mooncake-format trace of N requests (``traffic.mooncake.generate_runs``
 aiperf's rule) is analysed generated in process (the generator feeds the pass batch by batch;
 the pass's own time is counted apart from the generator's) and from a file of it on disk (the
 path of ``radixcache whatif FILE``, parsing included), each in a fresh interpreter so that its
-time and peak memory are its own: exact, then at each ``--sample`` rate R two ways, as
+time and peak memory are its own (and from the file each command also as a user runs it, its
+wall time from start to exit, ``time_over_exact`` its share of the exact command's): exact,
+then at each ``--sample`` rate R two ways, as
 ``whatif --sample R`` answers (``hybrid``: the exact pass to 400/R blocks of depth joined with
 the sample above it) and the sample alone (``--exact-depth 0``). Each estimate is compared
 with the exact curve at 800 log-spaced capacities up to twice its saturation: the error over
@@ -112,6 +114,18 @@ def _child(*args: str) -> Figures:
     return fig
 
 
+def cli_wall(path: Path, rate: float, depth: int | None) -> float:
+    """The wall time of ``radixcache whatif PATH --json [--sample R [--exact-depth D]]`` as a
+    user runs it: a fresh interpreter, start-up, imports and the loading of the compiled
+    kernels included (their numba cache warm: the passes before wrote it)."""
+    cmd = [sys.executable, "-m", "cli.main", "whatif", str(path), "--json"]
+    if rate < 1:
+        cmd += ["--sample", str(rate)] + ([] if depth is None else ["--exact-depth", str(depth)])
+    t0 = time.perf_counter()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
 def _errors(exact: Figures, est: Figures, rate: float) -> Figures:
     """Max abs error (points) of ``est`` against ``exact`` over the grid up to twice the exact
     saturation: everywhere first, then where a sample resolves the curve (>= 100/R blocks)."""
@@ -131,8 +145,13 @@ HOW = {"hybrid": None, "sample_alone": 0}  # the ways at each rate: ``--exact-de
 
 def _where(args: list[str], rates: list[float]) -> Figures:
     """Exact, then each rate both ways (``HOW``), from ``args`` (``gen N SEED`` or ``file
-    PATH``), each estimate with its errors and its time as a share of the exact pass's."""
+    PATH``), each estimate with its errors and its time as a share of the exact pass's; from
+    a file also each command's own wall time (``cli_wall``) and its share of the exact one's
+    (``time_over_exact``)."""
     exact = _child(*args, "1")
+    path = Path(args[1]) if args[0] == "file" else None
+    if path is not None:
+        exact["cli_wall_seconds"] = cli_wall(path, 1.0, None)
     out: Figures = {}
     for rate in rates:
         per: Figures = {}
@@ -142,6 +161,9 @@ def _where(args: list[str], rates: list[float]) -> Figures:
             est["time_ratio"] = float(str(est["seconds"])) / max(float(str(exact["seconds"])),
                                                                   1e-9)
             est.pop("hits_at_grid", None)
+            if path is not None:
+                est["cli_wall_seconds"] = wall = cli_wall(path, rate, depth)
+                est["time_over_exact"] = wall / max(float(str(exact["cli_wall_seconds"])), 1e-9)
             per[how] = est
         out[f"{rate:g}"] = per
     exact.pop("hits_at_grid", None)
@@ -175,6 +197,9 @@ def table_rows(s: Figures) -> list[tuple[str, str]]:
         ex = part["exact"]
         rows.append((f"scale {where}: exact (s, peak MB)",
                      f"{ex['seconds']:.1f}, {ex['peak_rss_mb']:.0f}"))
+        if "cli_wall_seconds" in ex:
+            rows.append((f"scale {where}: exact `radixcache whatif FILE` (wall s)",
+                         f"{ex['cli_wall_seconds']:.1f}"))
         for rate, per in part["rates"].items():
             for how, f in per.items():
                 rows += [
@@ -184,6 +209,9 @@ def table_rows(s: Figures) -> list[tuple[str, str]]:
                      f"{f['max_abs_error_points_all']:.3f}; "
                      f"{f['max_abs_error_points_resolved']:.3f}"),
                 ]
+                if "time_over_exact" in f:
+                    rows.append((f"scale {where}: {how} {rate} command (wall s, x exact's)",
+                                 f"{f['cli_wall_seconds']:.1f}, {f['time_over_exact']:.2f}x"))
     return rows
 
 
