@@ -61,6 +61,7 @@ class ForwardBatch:
     # copied from a block this very forward writes (``serving.scheduler``); None: no copy
     copy_from: torch.Tensor | None = None
     copy_to: torch.Tensor | None = None
+    uniform_ctx: bool = False  # every context is the longest (no key padding)
 
     @property
     def num_seqs(self) -> int:

@@ -22,7 +22,6 @@ transfer (``ForwardBatch``). Everything runs under ``torch.inference_mode``.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 import torch
+import torch.nn.functional as F
 
 from radixcache.core.pool import KVShape
 from radixcache.serving.batch import ForwardBatch, SeqInput, TokenIds, as_numpy, host_indices
@@ -123,20 +123,22 @@ def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dt
     return freqs.cos()[:, None].to(dtype), freqs.sin()[:, None].to(dtype)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Masked GQA attention. q (S, N, Hq, D); k, v (S, C, Hkv, D); mask (S, N, C) bool.
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
+           causal: bool = False) -> torch.Tensor:
+    """GQA attention. q (S, N, Hq, D); k, v (S, C, Hkv, D); mask (S, N, C) bool or None.
 
-    Query head ``h`` reads KV head ``h // (Hq // Hkv)``. Returns (S, N, Hq * D).
+    Query head ``h`` reads KV head ``h // (Hq // Hkv)`` (transformers' ``repeat_kv``). One
+    ``scaled_dot_product_attention`` over strided views: no expanded K/V, no score tensor of
+    our own. ``mask=None``: every query reads every key (``causal``: query ``j`` the keys up
+    to ``j``, the dense prompt). Returns (S, N, Hq * D).
     """
     s_n, n, hq, d = q.shape
-    hkv = k.shape[2]
-    qg = q.view(s_n, n, hkv, hq // hkv, d).permute(0, 2, 3, 1, 4)  # (S, Hkv, G, N, D)
-    kt = k.permute(0, 2, 3, 1).unsqueeze(2)  # (S, Hkv, 1, D, C)
-    vt = v.permute(0, 2, 1, 3).unsqueeze(2)  # (S, Hkv, 1, C, D)
-    scores = (qg @ kt) * (1.0 / math.sqrt(d))
-    scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
-    out = torch.softmax(scores.float(), dim=-1).to(v.dtype) @ vt  # (S, Hkv, G, N, D)
-    return out.permute(0, 3, 1, 2, 4).reshape(s_n, n, hq * d)
+    m = None if mask is None else mask[:, None]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                         v.transpose(1, 2), attn_mask=m,
+                                         is_causal=causal and mask is None,
+                                         enable_gqa=hq != k.shape[2])
+    return out.transpose(1, 2).reshape(s_n, n, hq * d)  # (S, Hq, N, D) -> (S, N, Hq * D)
 
 
 def _copy_slots(copy: SlotCopy, slots: int) -> list[npt.NDArray[np.int64]]:
@@ -150,6 +152,17 @@ def _copy_slots(copy: SlotCopy, slots: int) -> list[npt.NDArray[np.int64]]:
     if np.unique(dst).size != dst.size or np.intersect1d(src, dst).size:
         raise ValueError("slot copy writes a slot twice or reads a slot it writes")
     return [src, dst]
+
+
+def _mask(fb: ForwardBatch, device: torch.device) -> torch.Tensor | None:
+    """``mask[i, j, c] = c <= query_pos[i, j]`` (S, Nmax, C), or None when every query may
+    read every key: one new token per sequence, every context as long as the longest (a
+    batch of decodes at one length, a batch of one decode)."""
+    c_max = fb.max_ctx
+    if fb.max_new == 1 and all(n == 1 for n in fb.new_counts) and fb.uniform_ctx:
+        return None
+    arange_c = torch.arange(c_max, device=device)
+    return arange_c[None, None, :] <= fb.query_pos[:, :, None]
 
 
 class PagedDecoder(ABC):
@@ -256,6 +269,8 @@ class PagedDecoder(ABC):
             new_counts=counts,
             copy_from=copied[0] if copied else None,
             copy_to=copied[1] if copied else None,
+            uniform_ctx=bool((arrays[4][:, 0] + np.asarray(counts) == arrays[4][0, 0]
+                              + counts[0]).all()),
         )
 
     def _batch(self, batch: Sequence[SeqInput] | ForwardBatch, kv: torch.Tensor,
@@ -270,21 +285,24 @@ class PagedDecoder(ABC):
         s = self.shape
         s_n, n_max, c_max = fb.num_seqs, fb.max_new, fb.max_ctx
         flat = kv.view(s.n_layers, 2, -1, s.n_kv_heads, s.head_dim)  # (L, 2, NB*B, H, D)
-        arange_c = torch.arange(c_max, device=self.device)
-        mask = arange_c[None, None, :] <= fb.query_pos[:, :, None]  # (S, Nmax, C)
+        mask = _mask(fb, self.device)
+        packed = s_n * n_max == fb.tokens.shape[0]  # no query padding: packed is padded
         rope = self.rope(fb.positions)
         x = self.embed(fb.tokens)
-        q_pad = x.new_zeros((s_n * n_max, s.n_heads, s.head_dim))
+        q_pad = None if packed else x.new_zeros((s_n * n_max, s.n_heads, s.head_dim))
         for li in range(s.n_layers):
             q, k, v = self.qkv(li, x, rope)
             flat[li, 0].index_copy_(0, fb.write_slots, k)
             flat[li, 1].index_copy_(0, fb.write_slots, v)
             if fb.copy_to is not None:
                 flat[li][:, fb.copy_to] = flat[li][:, fb.copy_from]
-            ctx = flat[li][:, fb.ctx_slots].view(2, s_n, c_max, s.n_kv_heads, s.head_dim)
-            q_pad.index_copy_(0, fb.pad_index, q)
-            o = attend(q_pad.view(s_n, n_max, s.n_heads, s.head_dim), ctx[0], ctx[1], mask)
-            x = self.layer_out(li, x, o.view(s_n * n_max, -1)[fb.pad_index])
+            ctx = flat[li].index_select(1, fb.ctx_slots).view(2, s_n, c_max, s.n_kv_heads,
+                                                              s.head_dim)
+            if q_pad is not None:
+                q = q_pad.index_copy_(0, fb.pad_index, q)
+            o = attend(q.view(s_n, n_max, s.n_heads, s.head_dim), ctx[0], ctx[1], mask)
+            o = o.view(s_n * n_max, -1)
+            x = self.layer_out(li, x, o if q_pad is None else o[fb.pad_index])
         return x
 
     @torch.inference_mode()
@@ -319,10 +337,10 @@ class PagedDecoder(ABC):
         ids = torch.from_numpy(self._fold(as_numpy(tokens))).to(self.device)
         t, s = ids.shape[0], self.shape
         pos = torch.arange(t, device=self.device)
-        rope, mask = self.rope(pos), (pos[None, :] <= pos[:, None])[None]
+        rope = self.rope(pos)
         x = self.embed(ids)
         for li in range(s.n_layers):
             q, k, v = self.qkv(li, x, rope)
-            o = attend(q[None], k[None], v[None], mask)
+            o = attend(q[None], k[None], v[None], None, causal=True)
             x = self.layer_out(li, x, o.view(t, s.n_heads * s.head_dim))
         return self.logits(x)
