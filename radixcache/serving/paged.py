@@ -38,6 +38,7 @@ from radixcache.serving.batch import ForwardBatch, SeqInput, TokenIds, as_numpy,
 
 SlotCopy = tuple[Sequence[int], Sequence[int]]  # (from slots, to slots), flat pool slots
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: (T, 1, D/2) each
+KV = tuple[torch.Tensor, torch.Tensor]  # one layer's gathered keys and values: (keys, H, D)
 
 
 class Model(Protocol):
@@ -160,7 +161,7 @@ def _bias(fb: ForwardBatch, device: torch.device) -> torch.Tensor | None:
     length); one sequence's new tokens are the last of its context, a causal bias aligned to
     the lower right (the flash kernel's causal path, about half a masked one's time at 1,354
     tokens); else the mask ``c <= query_pos[i, j]`` (S, 1, Nmax, C)."""
-    if fb.max_new == 1 and all(n == 1 for n in fb.new_counts) and fb.uniform_ctx:
+    if fb.max_new == 1 and len(set(fb.ctx_lens)) == 1:
         return None
     if fb.num_seqs == 1:
         return causal_lower_right(fb.max_new, fb.max_ctx)
@@ -251,7 +252,8 @@ class PagedDecoder(ABC):
         dtype or device does not fit the model.
         """
         self._check_kv(kv)
-        arrays, counts = host_indices(batch, kv.shape[3], kv.shape[2], self.shape.id_space)
+        arrays, counts, ctx_lens, lay_ragged = host_indices(batch, kv.shape[3], kv.shape[2],
+                                                            self.shape.id_space)
         arrays[0] = self._fold(arrays[0])
         if copy is not None:
             arrays += _copy_slots(copy, kv.shape[2] * kv.shape[3])
@@ -272,8 +274,8 @@ class PagedDecoder(ABC):
             new_counts=counts,
             copy_from=copied[0] if copied else None,
             copy_to=copied[1] if copied else None,
-            uniform_ctx=bool((arrays[4][:, 0] + np.asarray(counts) == arrays[4][0, 0]
-                              + counts[0]).all()),
+            ctx_lens=ctx_lens,
+            ragged=lay_ragged,
         )
 
     def _batch(self, batch: Sequence[SeqInput] | ForwardBatch, kv: torch.Tensor,
@@ -286,27 +288,51 @@ class PagedDecoder(ABC):
     def _hidden(self, fb: ForwardBatch, kv: torch.Tensor) -> torch.Tensor:
         """Run every layer over the packed new tokens, writing their K/V into ``kv``."""
         s = self.shape
-        s_n, n_max, c_max = fb.num_seqs, fb.max_new, fb.max_ctx
         flat = kv.view(s.n_layers, 2, -1, s.n_kv_heads, s.head_dim)  # (L, 2, NB*B, H, D)
-        bias = _bias(fb, self.device)
-        packed = s_n * n_max == fb.tokens.shape[0]  # no query padding: packed is padded
+        attention = self._ragged if fb.ragged else self._padded
+        bias = None if fb.ragged else _bias(fb, self.device)
+        q_pad = None
+        if not fb.ragged and fb.num_seqs * fb.max_new != fb.tokens.shape[0]:
+            q_pad = torch.zeros((fb.num_seqs * fb.max_new, s.n_heads, s.head_dim),
+                                dtype=s.dtype, device=self.device)  # pad rows stay zero
         rope = self.rope(fb.positions)
         x = self.embed(fb.tokens)
-        q_pad = None if packed else x.new_zeros((s_n * n_max, s.n_heads, s.head_dim))
         for li in range(s.n_layers):
             q, k, v = self.qkv(li, x, rope)
             flat[li, 0].index_copy_(0, fb.write_slots, k)
             flat[li, 1].index_copy_(0, fb.write_slots, v)
             if fb.copy_to is not None:
                 flat[li][:, fb.copy_to] = flat[li][:, fb.copy_from]
-            ctx = flat[li].index_select(1, fb.ctx_slots).view(2, s_n, c_max, s.n_kv_heads,
-                                                              s.head_dim)
-            if q_pad is not None:
-                q = q_pad.index_copy_(0, fb.pad_index, q)
-            o = attend(q.view(s_n, n_max, s.n_heads, s.head_dim), ctx[0], ctx[1], bias)
-            o = o.view(s_n * n_max, -1)
-            x = self.layer_out(li, x, o if q_pad is None else o[fb.pad_index])
+            # (keys, H, D) each, after the writes; a dim-0 gather each (a third of one
+            # dim-1 gather of both: 237 against 772 us for 2,262 keys)
+            ctx = (flat[li, 0].index_select(0, fb.ctx_slots),
+                   flat[li, 1].index_select(0, fb.ctx_slots))
+            x = self.layer_out(li, x, attention(fb, q, ctx, bias, q_pad))
         return x
+
+    def _padded(self, fb: ForwardBatch, q: torch.Tensor, ctx: KV,
+                bias: torch.Tensor | None, q_pad: torch.Tensor | None) -> torch.Tensor:
+        """Attention on the padded layout: one call, (S, Nmax) queries over (S, C) keys."""
+        s, s_n, n_max = self.shape, fb.num_seqs, fb.max_new
+        k, v = (t.view(s_n, fb.max_ctx, s.n_kv_heads, s.head_dim) for t in ctx)
+        if q_pad is not None:
+            q = q_pad.index_copy_(0, fb.pad_index, q)
+        o = attend(q.view(s_n, n_max, s.n_heads, s.head_dim), k, v, bias)
+        o = o.view(s_n * n_max, -1)
+        return o if q_pad is None else o[fb.pad_index]
+
+    @staticmethod
+    def _ragged(fb: ForwardBatch, q: torch.Tensor, ctx: KV,
+                bias: torch.Tensor | None, q_pad: torch.Tensor | None) -> torch.Tensor:
+        """Attention on the ragged layout: each sequence's queries over its own keys."""
+        outs, q_at, c_at = [], 0, 0
+        k, v = ctx
+        for n, c in zip(fb.new_counts, fb.ctx_lens, strict=True):
+            outs.append(attend(q[None, q_at:q_at + n], k[None, c_at:c_at + c],
+                               v[None, c_at:c_at + c],
+                               causal_lower_right(n, c) if n > 1 else None)[0])
+            q_at, c_at = q_at + n, c_at + c
+        return torch.cat(outs)
 
     @torch.inference_mode()
     def forward(self, batch: Sequence[SeqInput] | ForwardBatch, kv: torch.Tensor,
