@@ -12,7 +12,13 @@ Per layer, over the packed new tokens of a batch (``serving.batch`` draws the la
     pool[layer] at write_slots  <- k, v        scatter: block_table[p // B] slot p % B
     pool[layer] at copy_to      <- copy_from   the boundary copy-on-write, after the writes
     K, V = pool[layer] at ctx_slots            gather: every context position, from the pool
-    x = model.layer_out(layer, x, attend(q, K, V))
+    x = model.layer_out(layer, x, attend(q, K, V))   one SDPA call (GQA), or one a sequence
+
+Attention is ``scaled_dot_product_attention`` over strided views of the gathered K/V, with
+GQA in the kernel (no expanded heads) and the least mask that is right: none for decodes at
+one context length, a lower-right causal bias for one sequence, a bool mask for a padded
+batch; a batch whose padding would more than double its keys is laid out ragged instead,
+each sequence over its own keys (``serving.batch``).
 
 Attention only ever reads the pool, and all of a layer's writes come before its reads, so a
 sequence may read blocks another sequence of the same forward writes (in-forward sharing) and
