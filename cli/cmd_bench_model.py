@@ -32,7 +32,8 @@ console = Console(stderr=True)
 
 def _table(r: ModelReport) -> Table:
     t = Table(title=f"bench model: {r.model} ({r.layers} layers), {r.requests} chat "
-                    f"requests, answers <= {r.max_tokens} tokens, {r.threads} threads")
+                    f"requests, answers <= {r.max_tokens} tokens ({r.history} history), "
+                    f"{r.threads} threads")
     for col in ("turn", "figure", "radixcache", "transformers"):
         t.add_column(col, justify="right" if col != "figure" else "left")
 
@@ -63,6 +64,9 @@ def bench_model(
     model: Path | None = typer.Option(None, help="A Llama/Qwen folder instead of the random "
                                       "SmolLM2-shaped one."),
     threads: int = typer.Option(1, min=1, max=MAX_THREADS, help="torch CPU threads (both)."),
+    history: str = typer.Option("served", help="Later turns' prompts: 'served' holds the "
+                                "answers as cut to --max-tokens, as a client sends them; "
+                                "'trace' the trace's whole recorded answers."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
 ) -> None:
     """A random checkpoint with SmolLM2-135M's shapes on the radix cache against
@@ -78,7 +82,11 @@ def bench_model(
     """
     import torch
 
-    from radixcache.tools.bench_model import run_bench, write_checkpoint
+    from radixcache.tools.bench_model import HISTORIES, run_bench, write_checkpoint
+
+    if history not in HISTORIES:
+        raise typer.BadParameter(f"{history!r}: one of {', '.join(HISTORIES)}",
+                                 param_hint="--history")
 
     torch.set_num_threads(threads)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -96,7 +104,7 @@ def bench_model(
                 tasks[phase] = bar.add_task(phase, total=total)
             bar.update(tasks[phase], completed=done)
 
-        report = run_bench(folder, conversations, max_tokens, progress)
+        report = run_bench(folder, conversations, max_tokens, progress, history=history)
     if as_json:
         typer.echo(json.dumps(msgspec.to_builtins(report)))
     else:

@@ -107,7 +107,10 @@ def record(
     header: dict[str, str | int | float] = {
         "num_blocks": engine.config.num_blocks, "block_size": 16, "model": model,
         "answers": answers.value, "workload": f"{workload} {workload_args}".strip(), "requests": n,
-        "schedule": schedule.value, "device": str(engine.model.device)}
+        "schedule": schedule.value, "device": str(engine.model.device),
+        # the model folder (absolute; "" for the seeded model): a replay decodes its previews
+        # with the folder's tokenizer when the folder is on the replaying machine
+        "model_dir": engine.model_dir, "model_name": engine.model.name}
     t0 = time.perf_counter()
     with _on_sigterm() as term:
         r = _record_to(out, header, keyframe_every, engine, w, term)

@@ -2,7 +2,11 @@
 
 ``load_recording(path)`` reads a file written by ``radixcache record`` (``RecordingReader``)
 into a ``Recording``: its batches and the file's own keyframes. A damaged file loads up to
-the damage; ``Recording.damage`` says where it stopped and the replay bar shows it.
+the damage; ``Recording.damage`` says where it stopped and the replay bar shows it. A file
+recorded with ``--model DIR`` names the folder in its header (``model_dir``): the replay's
+previews are that folder's tokenizer's text when the folder is on this machine, else ids
+with a note saying why (``ModelWords``, as a live engine's); older files, and files of the
+seeded model, show the workloads' words.
 
 A ``Recording`` is the batches in order plus keyframes: ``(i, snapshot)`` says the state
 before batch ``i`` equals ``snapshot``. Stepping back loads the nearest keyframe at or before
@@ -20,9 +24,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from inspector.engine_facts import ModelWords
 from inspector.feed import Feed
 from inspector.layout import TokenText
-from inspector.sources import ConnState, DatasetWords, SourceStatus
+from inspector.sources import ConnState, SourceStatus
 from radixcache.core import events as ev
 from radixcache.core.guard import Guard
 from radixcache.wire import commands as cmd
@@ -40,6 +45,7 @@ class Recording:
     keyframes: list[tuple[int, ev.Snapshot]] = field(default_factory=list)
     name: str = "recording"
     damage: str = ""
+    model_dir: str = ""  # the header's model folder ("": the seeded model, or an older file)
 
     def add(self, batch: ev.Batch) -> None:
         """Append a batch (a ``LocalSource`` recorder)."""
@@ -56,7 +62,8 @@ def load_recording(path: str | Path) -> Recording:
     or holds no keyframe before its first batch; damage later in the file ends the recording
     there and is described in ``damage`` (``stopped at byte N: reason``)."""
     reader = RecordingReader(path)
-    rec = Recording(name=Path(path).name)
+    folder = reader.header.config.get("model_dir", "")
+    rec = Recording(name=Path(path).name, model_dir=folder if isinstance(folder, str) else "")
     for record in reader.records():
         item = record.item
         if isinstance(item, Keyframe):
@@ -130,7 +137,9 @@ class ReplaySource:
         self._thread: threading.Thread | None = None
         self.guard = Guard()  # the player thread's: a fault is shown in the status line
         self._started = time.time()
-        self._vocab = DatasetWords()  # ShareGPT recordings show words (loaded on first miss)
+        # ShareGPT recordings show words (loaded on first miss); a model's, its folder's text
+        self._vocab = ModelWords()
+        self._vocab.adopt(recording.model_dir, local=True)
         self._tally = Tally(recording)
 
     # -- Source ----------------------------------------------------------------------------
@@ -163,7 +172,8 @@ class ReplaySource:
         return cmd.Error("replay: commands cannot be sent to a recording")
 
     def vocabulary(self) -> TokenText:
-        """The synthetic workloads' words, then ShareGPT's once loaded (``DatasetWords``)."""
+        """The recorded model folder's text (``ModelWords``), else the synthetic workloads'
+        words, then ShareGPT's once loaded (``DatasetWords``)."""
         return self._vocab
 
     # -- ReplayControls --------------------------------------------------------------------

@@ -161,6 +161,27 @@ def test_a_batch_sharing_a_prefix_in_one_forward_equals_serving_each_alone(saved
         _equal_to_transformers(saved, p, together)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_ragged_batch_with_sharing_and_a_boundary_copy_equals_transformers(
+        saved: Saved, device: str) -> None:
+    """Contexts of 64, 17, 5 and 21 positions (padded to 64 each they would be 2.4 times the
+    keys needed: the ragged layout, each sequence over its own keys). B reads block 1, which
+    A writes in this very forward; D reads A's positions 16..19 through a boundary copy of
+    A's block 2, made after A writes it. Every last logit equals transformers' on the
+    sequence's whole context."""
+    model = load(Checkpoint(str(saved.folder), "float32"), device)
+    pool = KVPool(16, 16, model.kv_shape(), model.device)
+    a, b, c, d = _words(20, 64), _words(21, 1), _words(22, 5), _words(23, 1)
+    batch = [SeqInput(a, 0, [1, 2, 3, 4]), SeqInput(b, 16, [1, 9]), SeqInput(c, 0, [12]),
+             SeqInput(d, 20, [1, 10])]
+    copy = ([2 * 16 + i for i in range(4)], [10 * 16 + i for i in range(4)])
+    fb = model.prepare(batch, pool.kv, copy)
+    assert (fb.ragged, fb.ctx_lens) == (True, (64, 17, 5, 21))
+    last = model.forward(fb, pool.kv).cpu()
+    for i, whole in enumerate((a, a[:16] + b, c, a[:20] + d)):
+        torch.testing.assert_close(last[i], saved.logits(whole)[-1], atol=ATOL, rtol=0)
+
+
 def test_an_unsupported_architecture_is_named_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(CheckpointError, match=r"^architecture 'GPT2LMHeadModel' is not supported "

@@ -13,8 +13,9 @@ The batch-1 requests alternate between the two sides, request by request. Figure
 TTFT p50/p99, prefill tokens/s (prompt tokens computed / TTFT) and decode
 tokens/s at batch 1; requests/s on the whole workload. The workload's ids fold into the
 vocabulary (``id % vocab``, which keeps every prompt a prefix of the next turn's) and answers
-are cut to ``max_tokens`` (the next turn's prompt keeps the whole answer, as a client sends
-it). Transformers generates exactly as many tokens (``min_new_tokens``, no end of sequence).
+are cut to ``max_tokens``; the next turn's prompt holds the answer as served, cut, then the
+new user text, as a client sends it (``chat_workload``). Transformers generates exactly as
+many tokens (``min_new_tokens``, no end of sequence).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from radixcache.serving.checkpoint import Checkpoint
@@ -61,14 +63,39 @@ def write_checkpoint(folder: Path, layers: int = 30) -> None:
     tf.LlamaForCausalLM(cfg).save_pretrained(folder)
 
 
-def chat_workload(conversations: int, max_tokens: int, vocab: int) -> Workload:
-    """The chat workload folded into ``vocab`` with answers cut to ``max_tokens``."""
+HISTORIES = ("served", "trace")
+
+
+def chat_workload(conversations: int, max_tokens: int, vocab: int,
+                  history: str = "served") -> Workload:
+    """The chat workload folded into ``vocab``, answers cut to ``max_tokens``, and each later
+    turn's prompt rebuilt as a client sends it: the conversation so far as it was served (the
+    previous prompt and the answer cut to its length) and then the turn's new user text.
+
+    The trace's turn ``t+1`` is its turn ``t``'s prompt, the *whole* recorded answer and the
+    new text; kept as it is, the next prompt would hold the part of the answer past
+    ``max_tokens`` that nobody served (a client cannot send what it never received), and
+    the cache would be charged for computing it. Both sides get the same rebuilt prompts.
+    ``history="trace"`` keeps the trace's prompts as they are (the whole recorded answers)."""
+    if history not in HISTORIES:
+        raise ValueError(f"history {history!r}: one of {', '.join(HISTORIES)}")
     w = build_workload("chat", [str(conversations)])
     reqs = []
+    served: dict[str, tuple[int, npt.NDArray[np.int64]]] = {}  # conversation: trace, served
     for r in w.requests:
-        forced = None if r.forced_output is None else (r.forced_output[:max_tokens] % vocab)
+        conv = r.tag.rsplit(" ", 1)[0]
+        forced = None if r.forced_output is None else r.forced_output[:max_tokens]
         n = min(r.max_new_tokens, max_tokens) if forced is None else len(forced)
-        reqs.append(r._replace(prompt=r.prompt % vocab, forced_output=forced, max_new_tokens=n))
+        prompt = r.prompt.astype(np.int64)
+        if conv in served and history == "served":  # the trace's history: a prefix of it
+            trace_len, so_far = served[conv]
+            prompt = np.concatenate([so_far, prompt[trace_len:]])
+        if forced is not None and r.forced_output is not None:
+            full = np.concatenate([r.prompt, r.forced_output]).astype(np.int64)
+            served[conv] = (full.size, np.concatenate([prompt, forced.astype(np.int64)]))
+        reqs.append(r._replace(prompt=(prompt % vocab).astype(r.prompt.dtype),
+                               forced_output=None if forced is None else forced % vocab,
+                               max_new_tokens=n))
     return replace(w, requests=reqs)
 
 
@@ -186,6 +213,7 @@ class ModelReport(msgspec.Struct, frozen=True, kw_only=True):
     requests: int
     conversations: int
     max_tokens: int
+    history: str  # later turns' prompts: "served" (the answers as cut) or "trace" (whole)
     threads: int
     engine: dict[str, TurnFigures]  # by turn class
     transformers: dict[str, TurnFigures]
@@ -210,7 +238,7 @@ def _per_turn(rows: list[Timing]) -> dict[str, TurnFigures]:
 
 
 def run_bench(folder: Path, conversations: int, max_tokens: int, progress: Progress,
-              blocks: int = 1024) -> ModelReport:
+              blocks: int = 1024, history: str = "served") -> ModelReport:
     """Both sides on ``folder``'s checkpoint (``write_checkpoint``); the report's keys are
     stable (``--json``)."""
     import transformers as tf
@@ -218,7 +246,7 @@ def run_bench(folder: Path, conversations: int, max_tokens: int, progress: Progr
     hf = tf.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     cfg = EngineConfig(num_blocks=blocks, device="cpu", record_events=False,
                        checkpoint=Checkpoint(str(folder), "float32"))
-    w = chat_workload(conversations, max_tokens, hf.config.vocab_size)
+    w = chat_workload(conversations, max_tokens, hf.config.vocab_size, history)
     ours, theirs = batch1(hf, w, cfg, progress)
     progress("engine, whole workload", 0, 1)
     ours_all = engine_all(w, cfg)
@@ -227,7 +255,7 @@ def run_bench(folder: Path, conversations: int, max_tokens: int, progress: Progr
     n = len(w.requests)
     return ModelReport(
         model="random SmolLM2-135M shapes", layers=hf.config.num_hidden_layers,
-        requests=n, conversations=conversations, max_tokens=max_tokens,
+        requests=n, conversations=conversations, max_tokens=max_tokens, history=history,
         threads=torch.get_num_threads(),
         engine=_per_turn(ours), transformers=_per_turn(theirs),
         engine_requests_per_s=round(n / ours_all, 3),
