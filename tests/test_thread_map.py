@@ -44,7 +44,8 @@ def test_every_started_thread_is_in_the_map_guarded_or_with_the_reason() -> None
                        "bench-source", "soak", "rc-supervisor", "rc-lossy-hop",
                        "rc-demo-start", "busy-peer", "rc-http-encode", "rc-trace-scan",
                        "rc-trace-read", "rc-router-front", "rc-fault-client", "rc-engine-facts",
-                       "rc-engine-port", "rc-engine-ask", "rc-front-wire"}
+                       "rc-engine-port", "rc-engine-ask", "rc-front-wire",
+                       "rc-whatif-sample"}
     assert started <= set(rows)
     for name in started:
         said = rows[name]

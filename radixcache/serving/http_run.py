@@ -140,7 +140,9 @@ class _Run:
         self.handle.add_done_callback(done)
 
     def _piece(self, piece: Piece) -> None:  # the engine's thread
-        self._push(piece)
+        # the ids through this piece (its token's hook ran first): the queue can fall behind
+        # the ids, and a chunk carries its own piece's ids, not the ones that came since
+        self._push(piece._replace(upto=len(self.ids)))
 
     def _token(self, token: int) -> None:  # the engine's thread
         now = time.perf_counter()

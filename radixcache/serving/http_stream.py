@@ -74,7 +74,7 @@ class _Chunks:
         return sse(chunk)
 
     def piece(self, p: Piece, reason: str | None) -> bytes:
-        ids = self.run.ids[self.ids_sent:]
+        ids = self.run.ids[self.ids_sent:p.upto] if p.upto >= 0 else self.run.ids[self.ids_sent:]
         self.ids_sent += len(ids)
         if self.ask.dialect is api.GENERATE:
             return sse({"text": p.text, "output_ids": ids,

@@ -59,10 +59,13 @@ class TokenLogprob(NamedTuple):
 
 
 class Piece(NamedTuple):
-    """What one step added to the answer: its text (maybe empty) and logprob entries."""
+    """What one step added to the answer: its text (maybe empty) and logprob entries;
+    ``upto``: the answer's output ids through this piece, where its taker counted them (-1:
+    not counted; a stream then sends every id it has)."""
 
     text: str
     logprobs: list[TokenLogprob]
+    upto: int = -1
 
 
 @dataclass(slots=True)
