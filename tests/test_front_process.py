@@ -215,14 +215,19 @@ def test_the_engines_port_drops_frames_that_do_not_decode_and_answers_a_bad_subm
         assert fw.to_front(sock.recv()) == fw.Done(1, "invalid", "prompt must hold at "
                                                    "least one token", None)
         sock.send(fw.encode(fw.Submit(2, [3, 4], 2, fw.SamplingFrame())))
-        frames = [fw.to_front(sock.recv()) for _ in range(3)]
+        frames = [fw.to_front(sock.recv())]
+        while not isinstance(frames[-1], fw.Done) and len(frames) < 4:
+            frames.append(fw.to_front(sock.recv()))
     finally:
         sock.close()
     assert port.dropped == dropped + 2
-    assert [type(f) for f in frames] == [fw.Tokens, fw.Tokens, fw.Done]  # a step each
-    assert frames[2].error is None and frames[2].metrics is not None
-    tokens = [t for f in frames[:2] if isinstance(f, fw.Tokens) for _, t, _ in f.items]
-    assert len(tokens) == frames[2].metrics.output_tokens == 2
+    # the tokens of a step each, or of both steps in one frame (the port sends what the steps
+    # made since it last sent), then the request's end
+    assert {type(f) for f in frames[:-1]} == {fw.Tokens} and 1 <= len(frames) - 1 <= 2
+    done = frames[-1]
+    assert isinstance(done, fw.Done) and done.error is None and done.metrics is not None
+    tokens = [t for f in frames[:-1] if isinstance(f, fw.Tokens) for _, t, _ in f.items]
+    assert len(tokens) == done.metrics.output_tokens == 2
     assert pair.child.fault is None
 
 
