@@ -53,7 +53,7 @@ QUIT_GRACE_S = 0.4
 @contextlib.contextmanager
 def running_demo(blocks: int, mix: tuple[str, ...], interval_s: float,
                  schedule: SchedulePolicy = SchedulePolicy.FCFS, model: tuple[str, ...] = (),
-                 reserve: str = "full") -> Iterator[tuple[EngineProcess, MixLoop]]:
+                 reserve: str = "grow") -> Iterator[tuple[EngineProcess, MixLoop]]:
     """An engine that answers, fed by a running mix loop; both stopped on the way out.
     ``model``: ``serve``'s model arguments (``model_args``); ``reserve``: its ``--reserve``."""
     with EngineProcess(blocks, schedule=schedule.value, model_args=model,
@@ -194,7 +194,7 @@ def demo(
     model: str = typer.Option(ModelSize.TINY.value, help=MODEL_HELP),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     kv_memory: str | None = typer.Option(None, help=KV_MEMORY_HELP, callback=check_kv_memory),
-    reserve: ReserveRule = typer.Option(ReserveRule.FULL, help=RESERVE_HELP),
+    reserve: ReserveRule = typer.Option(ReserveRule.GROW, help=RESERVE_HELP),
 ) -> None:
     """Start an engine with a looping mixed workload and open the inspector on it (see
     ``DEMO_HELP``); the engine process is stopped however the demo ends."""

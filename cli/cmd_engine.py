@@ -78,6 +78,10 @@ def bench_engine(
                                        "pool (unless --blocks), under --reserve full and grow."),
     max_tokens: int = typer.Option(2000, min=1, max=1 << 20,
                                    help="With --section memory: each request's max_tokens."),
+    prompts: str = typer.Option("first", help="With --section memory: first (each "
+                                "conversation's first turn, as serving benchmarks sample "
+                                "ShareGPT) or trace (the trace's requests, later turns with "
+                                "their conversation so far)."),
 ) -> None:
     """Serve one workload with the cache on, then off; compare prefill work, TTFT, decode rate.
     With --schedule: the demo's mix under each scheduling policy (hit rate against the
@@ -90,8 +94,11 @@ def bench_engine(
         if section != "memory":
             raise typer.BadParameter(f"unknown section {section!r} (memory)",
                                      param_hint="--section")
+        if prompts not in ("first", "trace"):
+            raise typer.BadParameter(f"unknown prompts {prompts!r} (first, trace)",
+                                     param_hint="--prompts")
         _memory(requests or 1100, blocks if _given("--blocks") else 2048, max_tokens,
-                step_tokens, as_json)
+                step_tokens, as_json, prompts)
     elif schedule is not None:
         from cli.bench_schedule import bench_schedule
 
@@ -151,7 +158,7 @@ def _cache_on_off(workload: str, requests: int | None, blocks: int, step_tokens:
 
 
 def _memory(requests: int, blocks: int, max_tokens: int, step_tokens: int,
-            as_json: bool) -> None:
+            as_json: bool, prompts: str = "first") -> None:
     """``bench engine --section memory``: the same requests under both reserve rules."""
     import torch
 
@@ -162,7 +169,7 @@ def _memory(requests: int, blocks: int, max_tokens: int, step_tokens: int,
 
     torch.set_num_threads(1)
     try:
-        reqs = memory_requests(requests)
+        reqs = memory_requests(requests, prompts)
     except DatasetUnavailable as err:
         typer.echo(f"bench engine --section memory: {err}", err=True)
         raise typer.Exit(1) from None
@@ -175,14 +182,14 @@ def _memory(requests: int, blocks: int, max_tokens: int, step_tokens: int,
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task("requests", total=len(reqs))
             figures.append(memory_pass(reqs, max_tokens, cfg, partial(_completed, bar, task)))
-    report = memory_report(*figures, blocks=blocks, max_tokens=max_tokens)
+    report = memory_report(*figures, blocks=blocks, max_tokens=max_tokens, prompts=prompts)
     if as_json:
         typer.echo(json.dumps(report))
         return
     mem = report["memory"]
     assert isinstance(mem, dict)
-    t = Table(title=f"bench engine --section memory: {len(reqs)} ShareGPT requests, max_tokens "
-              f"{max_tokens}, {blocks} blocks")
+    t = Table(title=f"bench engine --section memory: {len(reqs)} ShareGPT requests "
+              f"({prompts} prompts), max_tokens {max_tokens}, {blocks} blocks")
     for col in ("", "reserve full", "reserve grow"):
         t.add_column(col, justify="right")
     for key in ("running_mean", "written_over_held", "retractions", "retracted_tokens_from_tree",

@@ -84,7 +84,7 @@ def record(
     schedule: SchedulePolicy = typer.Option(
         SchedulePolicy.DFS_WEIGHT,  # as the demo (cmd_demo.DEMO_SCHEDULE)
         help="Headless: " + SCHEDULE_HELP),
-    reserve: ReserveRule = typer.Option(ReserveRule.FULL, help="Headless: " + RESERVE_HELP),
+    reserve: ReserveRule = typer.Option(ReserveRule.GROW, help="Headless: " + RESERVE_HELP),
     keyframe_every: int = typer.Option(50_000, min=1,
                                         help="Events between snapshot keyframes."),
     curve_keys: Path | None = typer.Option(None, help="With --from: " + CURVE_HELP),

@@ -133,7 +133,7 @@ def serve(
                                      help="Tokens per step (the prefill chunk budget): lower "
                                      "bounds inter-token latency behind long prompts, higher "
                                      "batches more (see `bench serve --step-tokens`)."),
-    reserve: ReserveRule = typer.Option(ReserveRule.FULL, help=RESERVE_HELP),
+    reserve: ReserveRule = typer.Option(ReserveRule.GROW, help=RESERVE_HELP),
     digest_every: int = typer.Option(64, min=0,
                                       help="A Digest event every N batches (0: none)."),
     curve_keys: Path | None = typer.Option(None, help=CURVE_HELP + " Every socket bound is a "

@@ -18,9 +18,10 @@ SCHEDULE_HELP = ("How waiting requests are admitted: fcfs (arrival order), lpm (
                  "prefix first) or dfs-weight (depth-first over the cached tree); the last "
                  "two also hold a request whose prefix a running request is computing.")
 
-RESERVE_HELP = ("How running requests hold KV blocks: full (the worst case, prompt + max_tokens, "
-                "from admission on) or grow (what they wrote and their next step's; admitted by "
-                "expected need, retracted into the tree when a step finds no block).")
+RESERVE_HELP = ("How running requests hold KV blocks: grow (what they wrote and their next "
+                "step's; admitted by expected need, retracted into the tree when a step finds "
+                "no block) or full (the worst case, prompt + max_tokens, from admission on; the "
+                "rule before growing leases, for comparison).")
 
 
 class ReserveRule(enum.StrEnum):
@@ -109,7 +110,7 @@ def engine_config(model: str, blocks: int, device: str | None, threads: int,
                   answers: Answers, schedule: SchedulePolicy = SchedulePolicy.FCFS, *,
                   dtype: str = "auto", kv_memory: str | None = None,
                   step_tokens: int = 512,
-                  reserve: ReserveRule = ReserveRule.FULL) -> EngineConfig:
+                  reserve: ReserveRule = ReserveRule.GROW) -> EngineConfig:
     """The engine's configuration for these options (sets torch's CPU threads). ``model`` is
     ``tiny``, ``default`` or a model folder; ``step_tokens`` the per-step token budget,
     ``reserve`` the lease rule. Raises ``ValueError`` (``CheckpointError``) with one line for
@@ -155,7 +156,7 @@ def model_args(model: str, dtype: str) -> tuple[str, ...]:
 def checked_engine(model: str, blocks: int, device: str | None, threads: int,
                    answers: Answers, schedule: SchedulePolicy = SchedulePolicy.FCFS, *,
                    dtype: str = "auto", kv_memory: str | None = None,
-                   step_tokens: int = 512, reserve: ReserveRule = ReserveRule.FULL) -> Engine:
+                   step_tokens: int = 512, reserve: ReserveRule = ReserveRule.GROW) -> Engine:
     """The engine for these options (``engine_config``); a folder it cannot serve or a bad
     option exits 2 with one line on stderr."""
     import typer

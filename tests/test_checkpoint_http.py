@@ -157,3 +157,26 @@ def test_serve_refuses_a_folder_it_cannot_serve_in_one_line(tmp_path: Path) -> N
     assert (p.returncode, p.stderr) == (2, "error: architecture 'MistralForCausalLM' is not "
                                            "supported (supported: LlamaForCausalLM, "
                                            "Qwen2ForCausalLM, Qwen3ForCausalLM)\n")
+
+
+def test_without_max_tokens_an_answer_runs_to_its_end_or_the_context_s(
+        served: tuple[HttpFront, Any, Path]) -> None:
+    """As OpenAI and vLLM: no max_tokens is the rest of the context (here config.json's 512
+    positions, under the pool's 8,192), so an answer ends at its end of sequence, or with
+    ignore_eos at the context's end."""
+    front, hf, folder = served
+    assert _http.get(f"{front.url}/get_server_info").json()["max_total_num_tokens"] == 512
+    want = _generate(hf, PROMPT, 24)
+    body = {"model": folder.name, "prompt": PROMPT}
+    r = _http.post(f"{front.url}/v1/completions", json=body).json()
+    assert (r["choices"][0]["finish_reason"], r["usage"]["completion_tokens"]) == (
+        "stop", len(want))
+    r = _http.post(f"{front.url}/v1/completions", json={**body, "ignore_eos": True}).json()
+    assert (r["choices"][0]["finish_reason"], r["usage"]["completion_tokens"]) == (
+        "length", 512 - len(PROMPT) + 1)
+    chat = {"model": folder.name, "messages": [{"role": "user", "content": "hi"}],
+            "ignore_eos": True}
+    r = _http.post(f"{front.url}/v1/chat/completions", json=chat).json()
+    u = r["usage"]
+    assert (r["choices"][0]["finish_reason"], u["prompt_tokens"] + u["completion_tokens"]) == (
+        "length", 513)

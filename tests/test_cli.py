@@ -277,7 +277,7 @@ def test_engine_command_is_radixcache_serve_on_private_ipc() -> None:
     try:
         assert engine.command() == [sys.executable, "-m", "cli.main", "serve", "--ipc",
                                     str(engine.dir / "engine"), "--blocks", "512",
-                                    "--schedule", "fcfs", "--reserve", "full"]
+                                    "--schedule", "fcfs", "--reserve", "grow"]
         assert engine.endpoints.events == f"ipc://{engine.dir}/engine-events"
     finally:
         engine.stop()

@@ -280,3 +280,58 @@ def test_retraction_with_the_cache_off_recomputes_and_stays_equal() -> None:
     assert outs == [_alone(p, m, make) for p, m, make in case]
     assert retracts and all(x.kept_tokens == 0 for x in retracts)
     assert stats.retracted_tokens == stats.retracted_from_tree == 0
+
+
+def _two_long(blocks: int) -> tuple[Engine, list[object], int, list[ev.AnyEvent]]:
+    """Two 4-token prompts that each write 20 tokens, admitted together (the estimate at its
+    floor), on a pool of ``blocks`` blocks of 4: both cannot finish side by side (12 blocks),
+    so the newer is retracted once. Returns the engine, the outputs, the most holds seen after
+    a step and the events."""
+    from radixcache.serving.reserve import MIN_RATIO
+
+    e = Engine(_config(num_blocks=blocks, reserve=Reserve.GROW, record_events=True))
+    e.scheduler.admission.estimate.ratio = MIN_RATIO
+    prompts = [np.array([1, 2, 3, 4], np.uint32), np.array([9, 8, 7, 6], np.uint32)]
+    handles = [e.submit(p, 20, policy=StopAfter(20)) for p in prompts]
+    most = 0
+    events: list[ev.AnyEvent] = []
+    while e.busy():
+        e.step()
+        e.check()  # the hold's pin counted, nothing leaked
+        most = max(most, len(e.scheduler.admission.holds))
+        events += e.take_events()
+    outs: list[object] = [h.result(0).tokens for h in handles]
+    assert outs == [_alone(p, 20, _policy(20, None)) for p in prompts]
+    return e, outs, most, events
+
+
+def test_a_retracted_request_holds_its_tokens_and_takes_them_all_back() -> None:
+    """11 blocks: the step that would run the pool dry retracts the newer request while 5
+    blocks are still free for the older one's growth; what it computed (20 tokens, 5 blocks)
+    stays pinned while it waits, so its resumption matches all of it: nothing recomputed."""
+    e, _outs, most, events = _two_long(11)
+    try:
+        s = e.stats()
+        assert [x for x in events if isinstance(x, ev.Retract)] == [ev.Retract(1, 20, 5)]
+        assert most == 1
+        assert (s.retractions, s.retracted_tokens, s.retracted_from_tree,
+                s.retracted_recomputed) == (1, 20, 20, 0)
+        assert not e.scheduler.admission.holds  # dropped when it ran again
+    finally:
+        e.close()
+
+
+def test_a_lone_request_that_needs_held_blocks_takes_them() -> None:
+    """10 blocks: the hold's 5 blocks and the older request's 5 fill the pool, and the older
+    one, alone now, needs a 6th: its growth drops the hold (the tree evicts from those
+    blocks, LRU), so the retracted request recomputes part of what it kept; both outputs are
+    still the ones served alone and no step deadlocks."""
+    e, _outs, most, events = _two_long(10)
+    try:
+        s = e.stats()
+        assert [x for x in events if isinstance(x, ev.Retract)] == [ev.Retract(1, 20, 5)]
+        assert most == 0  # made and dropped within the same step
+        assert (s.retractions, s.retracted_tokens, s.retracted_from_tree,
+                s.retracted_recomputed) == (1, 20, 8, 12)
+    finally:
+        e.close()

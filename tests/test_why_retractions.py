@@ -98,7 +98,7 @@ def _expected(batches: list[ev.Batch], req: int, *, resumed: bool) -> list[str]:
 
 
 def test_retractions_of_a_schema_6_stream_and_of_one_that_says_when_it_resumed() -> None:
-    snap, batches, engine = _stream(40, ["tot", "2", "3"])
+    snap, batches, engine = _stream(38, ["tot", "2", "3"])
     stats = engine.stats()
     retracts = [x for b in batches for x in b.events if isinstance(x, ev.Retract)]
     twice = [r for r in {x.req for x in retracts} if sum(x.req == r for x in retracts) == 2]
@@ -117,7 +117,7 @@ def test_retractions_of_a_schema_6_stream_and_of_one_that_says_when_it_resumed()
 
 
 def test_a_retraction_not_followed_yet_waits_and_a_first_start_is_no_resumption() -> None:
-    snap, batches, _ = _stream(40, ["tot", "2", "3"])
+    snap, batches, _ = _stream(38, ["tot", "2", "3"])
     cut = next(i for i, b in enumerate(batches) if any(isinstance(x, ev.Retract)
                                                        for x in b.events))
     retract = next(x for x in batches[cut].events if isinstance(x, ev.Retract))

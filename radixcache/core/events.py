@@ -164,8 +164,10 @@ class Retract(Event, tag="retract", frozen=True):
     """Request ``req`` was retracted (schema 6): a step found no block for the running
     requests' growing leases (``--reserve grow``), so it left the running batch. Its first
     ``kept_tokens`` computed tokens went into the tree (the tree events right before it are
-    that insert; 0 with the cache off), its pin dropped and its ``blocks`` private blocks
-    were let go (into the tree, evictable, or back on the free list). It waits at the head of
+    that insert; 0 with the cache off), its ``blocks`` private blocks were let go (into the
+    tree or back on the free list) and its pin moved to a hold on what it kept (a ``Pin``
+    before it; the hold's ``Unpin`` comes when it runs again, or when a step needs those
+    blocks, which then become evictable). It waits at the head of
     the queue and resumes with no new ``RequestStart``, matching what the tree kept."""
 
     req: int

@@ -50,7 +50,7 @@ from radixcache.serving.requests import (
     RequestFailed,
     RequestRejected,
 )
-from radixcache.serving.reserve import NeedEstimate, Reserve
+from radixcache.serving.reserve import Hold, NeedEstimate, Reserve
 
 Started = Callable[[Request], None]
 Emit = Callable[[ev.AnyEvent], None]
@@ -158,6 +158,17 @@ class Admission:
         self.shared = 0  # requests admitted reading blocks their step's forward writes
         self.estimate = NeedEstimate()  # what a growing request will still write
         self.room = 0  # blocks admission may still count on this step (``open``; grow)
+        # retracted requests' holds on what they kept in the tree (``serving.reserve``):
+        # request id -> the node pinned and the blocks of its path; set and dropped by the
+        # engine, popped by any thread that fails a waiting request
+        self.holds: dict[int, Hold] = {}
+
+    def held_blocks(self) -> set[int]:
+        """Blocks the holds keep from eviction (``serving.reserve``)."""
+        out: set[int] = set()
+        for hold in list(self.holds.values()):
+            out.update(hold.blocks)
+        return out
 
     def total(self, req: Request) -> int:
         """The positions ``req``'s lease covers now: its worst case (``full``) or what its
@@ -173,7 +184,7 @@ class Admission:
         running requests hold and the blocks they are expected to take."""
         if self.config.reserve is Reserve.FULL:
             return
-        held: set[int] = set()
+        held = self.held_blocks()  # retracted requests' K/V: not room until they resume
         future = 0
         for r in running:
             if r.lease is not None:

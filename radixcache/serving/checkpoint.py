@@ -153,7 +153,9 @@ def read_spec(folder: Path, dtype: str, device: torch.device) -> LlamaSpec:
         intermediate_size=_int(cfg, "intermediate_size"), vocab_size=_int(cfg, "vocab_size"),
         norm_eps=_float(cfg, "rms_norm_eps", 1e-6), rope_theta=theta, llama3=llama3,
         qk_norm=arch == "Qwen3ForCausalLM", tied=cfg.get("tie_word_embeddings") is True,
-        dtype=choose_dtype(dtype, cfg.get("torch_dtype", cfg.get("dtype")), device))
+        dtype=choose_dtype(dtype, cfg.get("torch_dtype", cfg.get("dtype")), device),
+        max_positions=(0 if cfg.get("max_position_embeddings") is None
+                       else _int(cfg, "max_position_embeddings")))
 
 
 def eos_ids(folder: Path) -> frozenset[int]:

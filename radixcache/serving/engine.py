@@ -85,7 +85,7 @@ from radixcache.serving.requests import TokenPolicy as TokenPolicy
 from radixcache.serving.requests import WorkloadRun as WorkloadRun
 from radixcache.serving.requests import fold_answers as fold_answers
 from radixcache.serving.requests import percentiles as percentiles
-from radixcache.serving.reserve import Reserve, victim
+from radixcache.serving.reserve import Hold, Reserve, victim
 from radixcache.serving.running import Running
 from radixcache.serving.scheduler import Scheduler
 from radixcache.serving.service import Submitted, check_room
@@ -194,7 +194,8 @@ class Engine(TreeService):
         steps, under the loop's lock."""
         self.tree.check()
         leases = [r.lease for r in self.running.requests if r.lease is not None]
-        pins = sum(n.pins for n in self.tree.live_nodes())
+        holds = len(self.scheduler.admission.holds)
+        pins = sum(n.pins for n in self.tree.live_nodes()) - holds
         held = self.tree.request_blocks()
         private = {b for lease in leases for b in lease.table[lease.private_from:]}
         problems = [f"{pins} pins in the tree for {len(leases)} running requests"
@@ -337,6 +338,14 @@ class Engine(TreeService):
                                                  "admission"))
         return waiting is not None or running
 
+    @property
+    def max_context(self) -> int:
+        """The positions one request may span: the pool's, and at most the model's (a
+        checkpoint's ``max_position_embeddings``)."""
+        pool = self.config.num_blocks * self.config.block_size
+        most = self.model.max_positions
+        return min(pool, most) if most else pool
+
     def pinned_blocks(self) -> int:
         """Blocks the running requests hold (their block tables); the rest of the used blocks
         are cached and evictable. A racy read for metrics, from any thread."""
@@ -389,6 +398,7 @@ class Engine(TreeService):
     def _started(self, req: Request) -> None:
         """A request was admitted (match pinned, blocks leased): count it, say so. A retracted
         one admitted again counts what its match took back from the tree, not a new start."""
+        self._drop_hold(req.id)  # its match pins what the hold kept
         if req.hit >= 0:
             back = min(req.computed, req.kept)
             self.totals.retracted_from_tree += back
@@ -402,38 +412,82 @@ class Engine(TreeService):
 
     # -- growing leases (``serving.reserve``) ----------------------------------------------------
     def _grow(self) -> None:
-        """Extend every running request's lease to what its next step writes, oldest first;
-        when the pool has no block left (the tree evicted what it could), retract running
-        requests (``reserve.victim``) until it does."""
+        """Extend every running request's lease to what its next step writes, oldest first.
+        Blocks come from the free list, then from evicting unpinned LRU blocks; when what the
+        step takes exceeds what those hold, the newest running requests are retracted
+        (``reserve.victim``) with a hold on what they computed (``_make_room``): they wait
+        without losing it. When a lease still finds no block (pins outside the running
+        requests' leases), the holds are dropped, oldest first, and then running requests
+        are retracted without one, until it does."""
         admission = self.scheduler.admission
-        retracted = False
+        retracted = self._make_room()
         for r in list(self.running.requests):
             while r.lease is not None:
                 try:
                     self.tree.grow(r.lease, r.need())
                     break
                 except PoolExhausted:
-                    self._retract(victim(self.running.requests))
+                    oldest = list(admission.holds)[:1]  # (a list: another thread may pop)
+                    if oldest:
+                        self._drop_hold(oldest[0])
+                        continue
+                    self._retract(victim(self.running.requests), hold=False)
                     retracted = True
         if retracted:
-            admission.estimate.retracted()
+            admission.estimate.retracted(self.running.requests)
         else:
             admission.estimate.step()
 
-    def _retract(self, r: Request) -> None:
+    def _growth(self) -> int:
+        """Blocks the running requests' leases take this step (``_grow``)."""
+        B = self.config.block_size
+        return sum(-(-r.need() // B) - len(r.lease.table) for r in self.running.requests
+                   if r.lease is not None)
+
+    def _make_room(self) -> bool:
+        """Retract the newest running requests, each with a hold on its K/V, while the blocks
+        this step's growth takes exceed the free and evictable ones (the pool less the blocks
+        the leases and holds pin); a lone request is never retracted. True when one was."""
+        need = self._growth()
+        if need <= self.pool.free_blocks:
+            return False  # the usual case: no set built
+        admission = self.scheduler.admission
+        retracted = False
+        while len(self.running.requests) > 1:
+            pinned = admission.held_blocks()
+            for r in self.running.requests:
+                if r.lease is not None:
+                    pinned.update(r.lease.table)
+            if need <= self.pool.num_blocks - len(pinned):
+                break
+            self._retract(victim(self.running.requests), hold=True)
+            retracted = True
+            need = self._growth()
+        return retracted
+
+    def _retract(self, r: Request, *, hold: bool) -> None:
         """Take ``r`` off the running batch: its computed tokens go into the tree (cache on;
         else its blocks are freed), its pin drops, and it waits at the head of the queue to
-        resume where it stopped (``Request.resume``)."""
+        resume where it stopped (``Request.resume``). ``hold``: what it kept stays pinned
+        until it is admitted again or a step needs the blocks (``_drop_hold``), so taking it
+        back is a hit; without, it is evictable at once."""
         assert r.lease is not None and r.match is not None
         self.running.take({r.id})
         held = len(r.lease.table) - r.lease.private_from
         written = r.computed  # positions whose K/V are in the pool
+        seq = None
         if self.config.cache and written > r.match.length:
             seq = np.concatenate([r.prompt, np.asarray(r.output, dtype=np.uint32)])[:written]
             self.tree.insert(seq, r.lease)
         else:
             self.tree.release(r.lease)
             written = written if self.config.cache else 0
+        if hold and written:
+            if seq is None:
+                seq = np.concatenate([r.prompt, np.asarray(r.output, dtype=np.uint32)])[:written]
+            m = self.tree.match_and_pin(seq)
+            self.scheduler.admission.holds[r.id] = Hold(m.node, frozenset(m.block_table),
+                                                        m.length)
         self.tree.unpin(r.match.node)
         r.retractions += 1
         r.kept = written
@@ -442,6 +496,13 @@ class Engine(TreeService):
         self._emit(ev.Retract(r.id, written, held))
         r.resume()
         self.scheduler.requeue(r)
+
+    def _drop_hold(self, request_id: int) -> None:
+        """Unpin a retracted request's hold (it resumed, failed, or a step needs its blocks:
+        they become evictable, LRU as any). Any thread; a request without one: nothing."""
+        hold = self.scheduler.admission.holds.pop(request_id, None)
+        if hold is not None:
+            self.tree.unpin(hold.node)
 
     def _fail_running(self, failed: list[Request]) -> None:
         """Fail the running requests this step failed (``Request.error``): their lease
@@ -495,6 +556,7 @@ class Engine(TreeService):
         r.lease = None
 
     def _fail(self, req: Request, error: EngineError) -> None:
+        self._drop_hold(req.id)
         if isinstance(error, RequestRejected):
             self.totals.rejected += 1
         elif isinstance(error, RequestFailed):  # said as a Fault naming it; the engine goes on

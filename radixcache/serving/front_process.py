@@ -64,7 +64,7 @@ def engine_facts(engine: Engine) -> fw.Facts:
     """What a front needs of ``engine`` (``HttpFront``'s model name, tokenizer, limits)."""
     c, m = engine.config, engine.model
     folder = None if engine.text is None or c.checkpoint is None else str(c.checkpoint.path)
-    return fw.Facts(m.vocab_size, m.id_space, c.num_blocks * c.block_size,
+    return fw.Facts(m.vocab_size, m.id_space, engine.max_context,
                     engine.pool.bytes_per_block(), None if folder is None else m.name, folder,
                     sorted(m.eos_ids) if folder is not None else [])
 

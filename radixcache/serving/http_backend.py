@@ -88,8 +88,8 @@ class EngineBackend:
 
     @property
     def max_context(self) -> int:
-        """Blocks times block size."""
-        return self.engine.config.num_blocks * self.engine.config.block_size
+        """``Engine.max_context``."""
+        return self.engine.max_context
 
     def submit(self, prompt: Sequence[int], max_new_tokens: int, on_token: TokenHook | None,
                policy: TokenPolicy | None) -> RequestHandle:

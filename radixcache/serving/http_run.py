@@ -231,7 +231,7 @@ class Runner:
     def context(self) -> api.Context:
         """What parsing needs: the tokenizer and the limits of the engine."""
         b = self.backend
-        return api.Context(self.tokenizer, b.vocab_size, b.max_context)
+        return api.Context(self.tokenizer, b.vocab_size, b.max_context, bool(self.eos_ids))
 
     # -- the drain (called on the event loop) -----------------------------------------------------
     def stop_admitting(self) -> int:

@@ -56,6 +56,7 @@ class LlamaSpec:
     qk_norm: bool  # Qwen3
     tied: bool  # lm_head is the embedding (tie_word_embeddings)
     dtype: torch.dtype
+    max_positions: int = 0  # max_position_embeddings (0: the config does not say)
 
     def decoder_shape(self) -> DecoderShape:
         """The shapes the paged forward needs (ids are the vocabulary's: no folding)."""
@@ -131,6 +132,11 @@ class LlamaDecoder(PagedDecoder):
     def eos_ids(self) -> frozenset[int]:
         """From generation_config.json, else config.json."""
         return self._eos
+
+    @property
+    def max_positions(self) -> int:
+        """config.json's ``max_position_embeddings`` (0 when it does not say)."""
+        return self.spec.max_positions
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of ``embed_tokens``."""

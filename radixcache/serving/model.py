@@ -141,6 +141,11 @@ class TinyTransformer(PagedDecoder):
         """None: the seeded model has no end of sequence (answers run to their length)."""
         return frozenset()
 
+    @property
+    def max_positions(self) -> int:
+        """0: plain RoPE over any position; the pool is the limit."""
+        return 0
+
     # -- the layer math (PagedDecoder) -----------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the tied embedding."""

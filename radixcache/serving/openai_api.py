@@ -3,8 +3,13 @@ refused with a 400 that names it (never silently ignored).
 
 Three dialects reach the same engine call (``prompt ids, max_new_tokens, policy``):
 
-- OpenAI ``/v1/completions``: ``prompt`` as text or token ids, ``max_tokens`` (default 16);
+- OpenAI ``/v1/completions``: ``prompt`` as text or token ids, ``max_tokens``;
 - OpenAI ``/v1/chat/completions``: ``messages`` through the shipped tokenizer's chat template;
+
+Without ``max_tokens`` (``max_completion_tokens``) an OpenAI request runs to the context's end
+or its end of sequence, as OpenAI's and vLLM's do, when the model has one (a checkpoint); the
+seeded model never ends an answer, so there the defaults stay finite: 16 for completions
+(OpenAI's legacy default), 64 for chat. ``/generate`` keeps SGLang's 128.
 - SGLang ``/generate``: ``text`` or ``input_ids``, ``sampling_params``.
 
 A body's bytes are decoded into its typed ``openai_bodies`` struct (``decode``): a field of the
@@ -35,8 +40,8 @@ from radixcache.serving.sampling import GREEDY_BELOW, Sampling
 from radixcache.traffic.tokenizer import TextTokenizer
 
 JsonObject = dict[str, object]
-COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default for /v1/completions
-CHAT_DEFAULT_TOKENS = 64
+COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's legacy default (a model that never ends only)
+CHAT_DEFAULT_TOKENS = 64  # (a model that never ends only: see the module doc)
 GENERATE_DEFAULT_TOKENS = 128  # SGLang's default max_new_tokens
 # Text over context x this many characters is refused before it is encoded (the shipped
 # tokenizer averages about 4 characters a token on ShareGPT; only text of mostly very long
@@ -60,11 +65,18 @@ class ApiError(Exception):
 
 
 class Context(NamedTuple):
-    """What parsing needs: the tokenizer, the ids a prompt may hold, the engine's context."""
+    """What parsing needs: the tokenizer, the ids a prompt may hold, the engine's context, and
+    whether the model ends its answers (an end of sequence: see the module doc's defaults)."""
 
     tok: TextTokenizer
     vocab: int
     max_context: int
+    ends: bool = False
+
+    def default_tokens(self, prompt: Sequence[int], finite: int) -> int:
+        """An OpenAI request's ``max_tokens`` when it gives none: the rest of the context
+        when the model ends its answers, else ``finite``."""
+        return max(1, self.max_context - len(prompt) + 1) if self.ends else finite
 
     @property
     def max_chars(self) -> int:
@@ -277,7 +289,8 @@ def parse_completion(raw: bytes, ctx: Context) -> Ask:
         raise ApiError(400, "'echo' with 'logprobs' is not supported (prompt logprobs)",
                        param="echo")
     st = _stream(body)
-    return Ask(COMPLETION, prompt, body.max_tokens or COMPLETION_DEFAULT_TOKENS, st.stream,
+    n = body.max_tokens or ctx.default_tokens(prompt, COMPLETION_DEFAULT_TOKENS)
+    return Ask(COMPLETION, prompt, n, st.stream,
                st.usage, sampling(body, ctx.tok.vocab_size, body.logprobs, body.seed),
                bool(body.echo), continuous_usage=st.continuous, model=body.model)
 
@@ -308,7 +321,8 @@ def parse_chat(raw: bytes, ctx: Context) -> Ask:
     """An OpenAI ``/v1/chat/completions`` body. Raises ``ApiError``."""
     body = decode(raw, _CHAT)
     prompt = _chat(ctx, body.messages)
-    n = body.max_completion_tokens or body.max_tokens or CHAT_DEFAULT_TOKENS
+    n = (body.max_completion_tokens or body.max_tokens
+         or ctx.default_tokens(prompt, CHAT_DEFAULT_TOKENS))
     top = body.top_logprobs or 0
     logprobs = top if body.logprobs else None
     if top and logprobs is None:

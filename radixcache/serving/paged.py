@@ -80,6 +80,12 @@ class Model(Protocol):
         """End-of-sequence tokens (empty for the tiny model)."""
         ...
 
+    @property
+    def max_positions(self) -> int:
+        """The positions one sequence may span (a checkpoint's ``max_position_embeddings``);
+        0: no limit but the pool's (the tiny model)."""
+        ...
+
     def kv_shape(self) -> KVShape:
         """The per-token K/V shape a ``KVPool`` must have to serve this model."""
         ...

@@ -134,7 +134,7 @@ class EngineConfig:
     share_min_tokens: int = 32
     share_in_forward: bool = True
     checkpoint: Checkpoint | None = None  # a Hugging Face folder to serve instead of ``model``
-    reserve: Reserve = Reserve.FULL  # how running requests hold blocks (``serving.reserve``)
+    reserve: Reserve = Reserve.GROW  # how running requests hold blocks (``serving.reserve``)
 
 
 class RequestMetrics(NamedTuple):

@@ -88,7 +88,7 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True):
     # a checkpoint's folder (resolved path): its tokenizer.json is the text of the ids; empty
     # for the seeded model and the tree driver (the workloads' own word ids)
     model_dir: str = ""
-    reserve: str = "full"  # how running requests hold blocks: full, grow (``serving.reserve``)
+    reserve: str = "grow"  # how running requests hold blocks: full, grow (``serving.reserve``)
     retractions: int = 0  # running requests retracted into the tree when a step found no block
     retracted_tokens: int = 0  # computed tokens those retractions put in the tree
     retracted_from_tree: int = 0  # of them, matched again when the request resumed

@@ -110,13 +110,25 @@ class MemoryFigures(NamedTuple):
     outputs: list[list[int] | None]
 
 
-def memory_requests(n: int) -> list[tuple[TokenArray, int]]:
-    """The first ``n`` ShareGPT requests: (prompt, recorded answer length). Raises
-    ``DatasetUnavailable`` without the dataset."""
+MEMORY_PROMPTS = ("first", "trace")
+
+
+def memory_requests(n: int, prompts: str = "first") -> list[tuple[TokenArray, int]]:
+    """``n`` ShareGPT requests: (prompt, recorded answer length). ``first``: the first turn of
+    each of the first ``n`` conversations (in the trace's arrival order), as serving
+    benchmarks sample ShareGPT (SGLang's and vLLM's ``bench_serving``: the first human message
+    is the prompt, the first answer's length the output's); ``trace``: the trace's first ``n``
+    requests, later turns carrying their conversation so far. Raises ``DatasetUnavailable``
+    without the dataset, ``ValueError`` for another ``prompts``."""
     from radixcache.traffic.sharegpt import load_trace
 
-    return [(np.asarray(r.prompt, dtype=np.uint32), max(1, len(r.output)))
-            for r in load_trace(n).requests]
+    if prompts not in MEMORY_PROMPTS:
+        raise ValueError(f"unknown prompts {prompts!r} ({', '.join(MEMORY_PROMPTS)})")
+    if prompts == "trace":
+        chosen = load_trace(n).requests
+    else:
+        chosen = [r for r in load_trace().requests if r.turn == 0][:n]
+    return [(np.asarray(r.prompt, dtype=np.uint32), max(1, len(r.output))) for r in chosen]
 
 
 def memory_pass(reqs: list[tuple[TokenArray, int]], max_tokens: int, cfg: EngineConfig,
@@ -166,7 +178,7 @@ def memory_pass(reqs: list[tuple[TokenArray, int]], max_tokens: int, cfg: Engine
 
 
 def memory_report(full: MemoryFigures, grow: MemoryFigures, *, blocks: int,
-                  max_tokens: int) -> dict[str, object]:
+                  max_tokens: int, prompts: str = "first") -> dict[str, object]:
     """The section's JSON: ``memory.full`` and ``memory.grow`` (stable keys) and the ratios."""
     equal = full.outputs == grow.outputs and None not in grow.outputs
 
@@ -182,6 +194,6 @@ def memory_report(full: MemoryFigures, grow: MemoryFigures, *, blocks: int,
                 "wall_s": round(f.wall_s, 2)}
 
     return {"memory": {"full": one(full), "grow": one(grow), "blocks": blocks,
-                       "max_tokens": max_tokens,
+                       "max_tokens": max_tokens, "prompts": prompts,
                        "running_ratio": _ratio(grow.running_mean, full.running_mean),
                        "requests_per_s_ratio": _ratio(grow.requests_per_s, full.requests_per_s)}}

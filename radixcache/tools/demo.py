@@ -84,7 +84,7 @@ class EngineProcess:
     process and removes the directory, so nothing is left behind."""
 
     def __init__(self, blocks: int, grace_s: float = 5.0, schedule: str = "fcfs",
-                 model_args: tuple[str, ...] = (), reserve: str = "full") -> None:
+                 model_args: tuple[str, ...] = (), reserve: str = "grow") -> None:
         self.blocks = blocks
         self.schedule = schedule
         self.model_args = model_args  # e.g. ("--model", DIR, "--dtype", "auto")
