@@ -9,12 +9,14 @@ Life of one request (``requests.Request``)::
                 │                       (its whole blocks before it, when sharers come beside)
                 └── PromptTooLarge: failed at once (RequestRejected on its handle)
 
-Under ``--reserve grow`` (``serving.reserve``) the lease covers only what the next step
-writes: each step first grows every running lease (a block per block boundary crossed), and
-when the pool has none left after eviction, retracts running requests into the tree
-(``_retract``: its computed tokens inserted, unpinned, back at the queue's head; a ``Retract``
-event); a retracted request resumes by prefilling its prompt and output so far, which it
-mostly matches, so its output and stream go on unchanged.
+Under ``--reserve grow`` (the default, ``serving.reserve``) the lease covers only what the
+next step writes: each step first grows every running lease (a block per block boundary
+crossed); when that growth needs more than the free and evictable blocks, it retracts the
+newest running requests into the tree (``_retract``: its computed tokens inserted and held
+pinned while it waits at the queue's head; a ``Retract`` event); a retracted request resumes
+by prefilling its prompt and output so far, which it matches, so its output and stream go on
+unchanged. A hold is dropped (its blocks evictable) only when a lease finds no block without
+them.
 
 The match is capped at ``len(prompt) - 1`` (the model needs at least one new token to produce
 the first output's logits), so a full hit recomputes the last prompt token only. The last
