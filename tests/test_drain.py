@@ -253,3 +253,22 @@ def test_a_running_stream_and_a_body_still_arriving_are_answered_when_cut() -> N
     head, _, body = answer.partition("\r\n\r\n")
     assert head.startswith("HTTP/1.1 503 ")
     assert json.loads(body)["error"]["message"] == drained.reason
+
+
+@pytest.mark.parametrize("serve", [["--front-process"]], indirect=True, ids=["front-process"])
+def test_the_front_process_says_unhealthy_while_its_engine_is_stopped(serve: Serve) -> None:
+    """A router health-checks the front; with the front in a process of its own, a stopped
+    engine (SIGSTOP) must not look healthy: /health pings the engine's port, and says 503
+    until it answers again."""
+    serve.proc.send_signal(signal.SIGSTOP)  # serve's process is the engine's
+    try:
+        r = httpx.get(f"{serve.url}/health", timeout=30)
+        assert r.status_code == 503
+        assert r.json() == {"status": "engine not answering",
+                            "detail": "the engine did not answer 'ping' within 2 s"}
+    finally:
+        serve.proc.send_signal(signal.SIGCONT)
+    wait_for("/health after SIGCONT", lambda: _status(f"{serve.url}/health") == 200)
+    serve.proc.send_signal(signal.SIGTERM)
+    rc, err = serve.ended()
+    assert rc == 0, err

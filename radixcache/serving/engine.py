@@ -349,9 +349,10 @@ class Engine(TreeService):
         return min(pool, most) if most else pool
 
     def pinned_blocks(self) -> int:
-        """Blocks the running requests hold (their block tables); the rest of the used blocks
-        are cached and evictable. A racy read for metrics, from any thread."""
-        held: set[int] = set()
+        """Blocks the running requests hold (their block tables) and the retracted ones'
+        holds keep; the rest of the used blocks are cached and evictable. A racy read for
+        metrics, from any thread."""
+        held = self.scheduler.admission.held_blocks()
         for r in list(self.running.requests):
             lease = r.lease
             if lease is not None:

@@ -221,6 +221,8 @@ class EnginePort:
             rid = self._live.get((front, frame.fid))
             if rid is not None:
                 self.backend.abort(rid)
+        elif isinstance(frame, fw.Ask) and frame.what == "ping":
+            self._send(front, fw.Answer(frame.qid))  # this thread: no step waited for
         elif isinstance(frame, fw.Ask):
             self._asks.submit(self._answer, front, frame)
         elif isinstance(frame, fw.Hello):

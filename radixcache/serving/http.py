@@ -270,10 +270,15 @@ class HttpFront:
 
     async def health(self, _request: Request) -> Response:
         """200, empty: the engine's front is up; 503 ``{"status": "draining"}`` while it
-        drains (routers stop sending)."""
+        drains (routers stop sending); 503 ``{"status": "engine not answering"}`` when the
+        engine runs in another process that does not answer a ping (``Backend.alive``)."""
         if self.runner.draining:
             return JSONResponse({"status": "draining"}, status_code=503,
                                 headers={"Retry-After": "1"})
+        why = await run_in_threadpool(self.backend.alive)
+        if why is not None:
+            return JSONResponse({"status": "engine not answering", "detail": why},
+                                status_code=503)
         return Response(status_code=200)
 
     async def server_info(self, _request: Request) -> Response:

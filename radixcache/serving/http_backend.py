@@ -62,6 +62,10 @@ class Backend(Protocol):
         """The engine's counters now."""
         ...
 
+    def alive(self) -> str | None:
+        """None when the engine can take requests (``/health``), else why not."""
+        ...
+
 
 class EngineBackend:
     """An ``Engine`` stepped by ``loop`` (``serve``'s): a submit or an abort wakes the loop
@@ -128,3 +132,7 @@ class EngineBackend:
         return Counters(s.finished, s.prompt_tokens, s.hit_tokens, s.output_tokens,
                         s.running, s.waiting, s.used_blocks, s.num_blocks, e.pinned_blocks(),
                         e.config.block_size, s.retractions)
+
+    def alive(self) -> str | None:
+        """None: the engine runs in this process (a stopped process answers nothing)."""
+        return None

@@ -43,6 +43,7 @@ from radixcache.wire import frontwire as fw
 from radixcache.wire.endpoints import connect
 
 ASK_TIMEOUT_S = 30.0  # a counters or flush question (it waits for a step)
+PING_TIMEOUT_S = 2.0  # /health's question: the engine's port answers it without a step
 LINGER_MS = 2000  # on close, how long what was sent may take to leave
 _WIRES = itertools.count()
 
@@ -192,16 +193,25 @@ class WireBackend:
         assert a.counters is not None
         return Counters(**a.counters)
 
-    def _ask(self, what: str) -> fw.Answer:
+    def alive(self) -> str | None:
+        """None when the engine's process answers a ping within ``PING_TIMEOUT_S``, else why
+        not (a stopped or wedged process: the front's own answers would say nothing of it)."""
+        try:
+            self._ask("ping", PING_TIMEOUT_S)
+        except (EngineGone, RuntimeError) as exc:
+            return str(exc)
+        return None
+
+    def _ask(self, what: str, timeout: float = ASK_TIMEOUT_S) -> fw.Answer:
         qid = next(self._qids)
         answer: Future[fw.Answer] = Future()
         self._asked[qid] = answer
         self.send(fw.Ask(qid, what))
         try:
-            a = answer.result(ASK_TIMEOUT_S)
+            a = answer.result(timeout)
         except TimeoutError:
             raise EngineGone(f"the engine did not answer {what!r} within "
-                             f"{ASK_TIMEOUT_S:g} s") from None
+                             f"{timeout:g} s") from None
         finally:
             self._asked.pop(qid, None)
         if a.error is not None:

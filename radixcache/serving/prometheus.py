@@ -50,7 +50,7 @@ class Counters(NamedTuple):
     waiting: int
     used_blocks: int
     num_blocks: int
-    pinned_blocks: int  # held by running requests; used - pinned are cached and evictable
+    pinned_blocks: int  # held by running requests and holds; used - pinned: cached, evictable
     block_size: int
     retractions: int = 0  # running requests retracted into the tree (``--reserve grow``)
 

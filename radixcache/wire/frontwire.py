@@ -81,10 +81,12 @@ class Abort(Frame, tag="abort"):
 
 
 class Ask(Frame, tag="ask"):
-    """A question answered with ``Answer(qid)``: the engine's counters, or a flush."""
+    """A question answered with ``Answer(qid)``: the engine's counters, a flush, or a ping
+    (answered by the engine's port thread at once, without waiting for a step: the engine's
+    process is alive and reading its socket)."""
 
     qid: int
-    what: str  # "counters" | "flush"
+    what: str  # "counters" | "flush" | "ping"
 
 
 class Logprob(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
