@@ -21,5 +21,7 @@ def LocalSource(  # stands where the tests' former source class stood
     """A tree driver of ``num_blocks`` blocks in an ``EmbeddedSource``: one batch per step of
     ``step_requests`` requests, each with a memory and counter sample."""
     driver = TreeDriver(num_blocks, step_requests=step_requests, memory=memory)
+    # settle=False: the suite starts hundreds of these; tests/test_embedded_settle.py checks
+    # what a real session's start does to the collector
     return EmbeddedSource(driver, LoopConfig(sampling=Sampling.EVERY_BATCH), clock=clock,
-                          recording=recording)
+                          recording=recording, settle=False)
