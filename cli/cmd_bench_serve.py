@@ -38,8 +38,10 @@ def bench_serve(
     step_tokens: int = typer.Option(256, min=16, max=1 << 20,
                                      help="The engine's tokens per step (prefill chunk "
                                      "budget), both ways."),
-    front_process: bool = typer.Option(False, help="Run the server's HTTP front in a process "
-                                       "of its own (`serve --front-process`)."),
+    front_process: bool = typer.Option(True, "--front-process/--front-thread",
+                                       help="Run the server's HTTP front in a process of its "
+                                       "own (`serve`'s default), or in a thread of the "
+                                       "engine's process (`serve --front-thread`)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead."),
 ) -> None:
     """The chat workload through `serve --http` (a child process, streaming HTTP clients)

@@ -106,6 +106,7 @@ def _endpoints(port: int, host: str, ipc: str | None) -> Endpoints:
 
 @app.command()
 def serve(
+    ctx: typer.Context,
     port: int = typer.Option(5557, help="Events on P, snapshot/replay on P+1, commands on P+2."),
     endpoint_host: str = typer.Option("127.0.0.1", help="Host to bind (loopback by default)."),
     ipc: str | None = typer.Option(None, help="Bind ipc://IPC-events/-control/-commands instead."),
@@ -147,10 +148,12 @@ def serve(
                                   help="With --http: on SIGTERM or Ctrl-C, stop admitting and "
                                   "give the requests in flight this long to finish (a second "
                                   "signal cuts it short; as uvicorn's and vLLM's grace)."),
-    front_process: bool = typer.Option(False, help="With --http: run the HTTP front (parsing, "
+    front_process: bool = typer.Option(True, "--front-process/--front-thread",
+                                       help="With --http: run the HTTP front (parsing, "
                                        "tokenizing, streaming) in a process of its own, "
                                        "joined to the engine over ZeroMQ (ipc://), so its "
-                                       "Python never holds the step loop's interpreter lock."),
+                                       "Python never holds the step loop's interpreter lock; "
+                                       "--front-thread runs it in a thread of this process."),
 ) -> None:
     """Run the engine (model, radix cache, scheduler) in this process; serve its event stream,
     snapshots/replays and commands over ZeroMQ until SIGTERM or Ctrl-C.
@@ -162,7 +165,9 @@ def serve(
     from radixcache.serving.server import ServerConfig
 
     at = _http_host(http, endpoint_host, allow_remote)
-    if front_process and at is None:
+    source = ctx.get_parameter_source("front_process")  # (typer's own copy of click's enum)
+    given = source is not None and source.name == "COMMANDLINE"
+    if front_process and given and at is None:
         typer.echo("error: --front-process needs --http (it runs the HTTP front)", err=True)
         raise typer.Exit(2)
     engine = checked_engine(model, blocks, device, threads, Answers(answers.value), schedule,

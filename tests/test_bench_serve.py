@@ -24,7 +24,7 @@ def _check(f: dict[str, float], requests: int, max_tokens: int) -> None:
     assert 0 < f["itl_samples"] <= requests * (max_tokens - 1)
 
 
-@pytest.mark.parametrize(("extra", "front"), [([], "thread"), (["--front-process"], "process")],
+@pytest.mark.parametrize(("extra", "front"), [(["--front-thread"], "thread"), ([], "process")],
                          ids=["front-thread", "front-process"])
 def test_bench_serve_json_keys_and_consistent_counts(capsys: pytest.CaptureFixture[str],
                                                      extra: list[str], front: str) -> None:

@@ -1,5 +1,6 @@
 """SIGTERM of `serve --http` drains: a real `serve` process, real HTTP clients on loopback; each
-process test also with `--front-process` (the front in a child process, serve's drain the same).
+process test both ways: the front in a child process (serve's default) and in a thread
+(`--front-thread`); serve's drain is the same.
 
 The engine is paused over its command socket before the requests are sent, so every one of them
 is provably in flight (queued in the engine, counted by /get_load) when SIGTERM arrives; the
@@ -149,7 +150,7 @@ def _complete(a: Answer) -> bool:
     return a.events[-1] == "[DONE]" and last["choices"][0]["finish_reason"] == "length"
 
 
-@pytest.mark.parametrize("serve", [[], ["--front-process"]], indirect=True,
+@pytest.mark.parametrize("serve", [["--front-thread"], []], indirect=True,
                          ids=["in-process", "front-process"])
 def test_sigterm_with_24_requests_in_flight_answers_all_24(serve: Serve) -> None:
     serve.command(cmd.Pause())
@@ -181,7 +182,7 @@ def _cut(a: Answer, why: str) -> bool:
         error["error"]["type"] == "service_unavailable" and why in error["error"]["message"]
 
 
-@pytest.mark.parametrize("serve", [["--drain-s", "0.5"], ["--drain-s", "0.5", "--front-process"]],
+@pytest.mark.parametrize("serve", [["--drain-s", "0.5", "--front-thread"], ["--drain-s", "0.5"]],
                          indirect=True, ids=["in-process", "front-process"])
 def test_a_drain_whose_grace_runs_out_answers_every_request_503(serve: Serve) -> None:
     serve.command(cmd.Pause())  # nothing will finish
@@ -198,7 +199,7 @@ def test_a_drain_whose_grace_runs_out_answers_every_request_503(serve: Serve) ->
            f"request {why})" in err
 
 
-@pytest.mark.parametrize("serve", [["--drain-s", "600"], ["--drain-s", "600", "--front-process"]],
+@pytest.mark.parametrize("serve", [["--drain-s", "600", "--front-thread"], ["--drain-s", "600"]],
                          indirect=True, ids=["in-process", "front-process"])
 def test_a_second_signal_cuts_the_grace_short(serve: Serve) -> None:
     serve.command(cmd.Pause())
@@ -255,7 +256,7 @@ def test_a_running_stream_and_a_body_still_arriving_are_answered_when_cut() -> N
     assert json.loads(body)["error"]["message"] == drained.reason
 
 
-@pytest.mark.parametrize("serve", [["--front-process"]], indirect=True, ids=["front-process"])
+@pytest.mark.parametrize("serve", [[]], indirect=True, ids=["front-process"])
 def test_the_front_process_says_unhealthy_while_its_engine_is_stopped(serve: Serve) -> None:
     """A router health-checks the front; with the front in a process of its own, a stopped
     engine (SIGSTOP) must not look healthy: /health pings the engine's port, and says 503

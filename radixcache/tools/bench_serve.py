@@ -56,7 +56,7 @@ class BenchServeConfig(NamedTuple):
     blocks: int = 4096
     seed: int = 0
     step_tokens: int = 256  # the engine's per-step token budget, both ways (serve's default)
-    front_process: bool = False  # serve's HTTP front in a process of its own
+    front_process: bool = True  # serve's HTTP front in a process of its own (serve's default)
 
 
 class Timed(NamedTuple):
@@ -164,7 +164,7 @@ def served(blocks: int, step_tokens: int = 256, *,
     root = Path(__file__).resolve().parents[2]
     argv = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--http",
             str(port + 3), "--blocks", str(blocks), "--step-tokens", str(step_tokens),
-            *(["--front-process"] if front_process else [])]
+            "--front-process" if front_process else "--front-thread"]
     proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port + 3}"
