@@ -335,3 +335,28 @@ def test_a_lone_request_that_needs_held_blocks_takes_them() -> None:
                 s.retracted_recomputed) == (1, 20, 8, 12)
     finally:
         e.close()
+
+
+def test_a_sampled_answer_nothing_can_stop_counts_in_full() -> None:
+    """The seeded model has no end of sequence: a sampled request without a stop rule runs to
+    its max_tokens, so admission counts it in full (2 of 4 at a time on 12 blocks, none
+    retracted); with a stop string it may end early and is estimated (all 4 admitted)."""
+    from radixcache.serving.reserve import MIN_RATIO
+
+    prompts = [np.array([i, i + 1, i + 2, i + 3], np.uint32) for i in (1, 20, 40, 60)]
+    seen = {}
+    for stop in ((), ("zzzz-never",)):
+        e = Engine(_config(num_blocks=12, reserve=Reserve.GROW))
+        e.scheduler.admission.estimate.ratio = MIN_RATIO
+        policies = [RequestPolicy(Sampling(temperature=1.0, seed=i, stop=stop), TOK)
+                    for i in range(4)]
+        assert [p.may_stop for p in policies] == [bool(stop)] * 4
+        handles = [e.submit(p, 20, policy=q) for p, q in zip(prompts, policies, strict=True)]
+        e.step()
+        most = len(e.running.requests)
+        _drive(e)
+        seen[bool(stop)] = (most, e.stats().retractions)
+        assert all(h.exception(0) is None for h in handles)
+        e.close()
+    assert seen[False] == (2, 0)
+    assert seen[True][0] == 4

@@ -55,6 +55,11 @@ class _Chooser:
         self.policy = policy
         self._decode = bool(policy.sampling.stop)
 
+    @property
+    def may_stop(self) -> bool:
+        """The front's policy's (``RequestPolicy.may_stop``)."""
+        return self.policy.may_stop
+
     def choose(self, logits: torch.Tensor) -> int:
         """The sampler's choice (its logprob entry is kept for ``take_logprob``)."""
         return self.policy.choose(logits)

@@ -234,8 +234,11 @@ class Request:
 
     def early(self) -> bool:
         """Whether it may end before ``max_new`` (a token policy may stop it; a forced answer
-        or the plain greedy choice runs to the end): what ``serving.reserve`` estimates."""
-        return self.policy is not None and self.forced is None
+        or the plain greedy choice runs to the end, and so does a policy whose ``may_stop`` is
+        False: sampling with no stop rule on a model without an end of sequence): what
+        ``serving.reserve`` estimates."""
+        return (self.policy is not None and self.forced is None
+                and getattr(self.policy, "may_stop", True))
 
     def need(self) -> int:
         """Positions its lease must cover for its next step (a growing lease): its ``fill``

@@ -125,6 +125,14 @@ class RequestPolicy:
                 return self._emit(final=True)
         return self._emit(final=False)
 
+    @property
+    def may_stop(self) -> bool:
+        """Whether anything can end the answer before its length: a stop string or id, or an
+        end of sequence not ignored (``Request.early``: what the reserve estimate counts on).
+        On the seeded model, which has none, a plain sampled answer runs to its length."""
+        s = self.sampling
+        return bool(s.stop or s.stop_ids or (self.eos_ids and not s.ignore_eos))
+
     def take_logprob(self) -> TokenLogprob | None:
         """The logprob entry ``choose`` just made, taken out of the answer (the engine's side of
         a front in another process sends it there, where ``replay`` puts it back); None when
