@@ -94,9 +94,6 @@ def bench_engine(
         if section != "memory":
             raise typer.BadParameter(f"unknown section {section!r} (memory)",
                                      param_hint="--section")
-        if prompts not in ("first", "trace"):
-            raise typer.BadParameter(f"unknown prompts {prompts!r} (first, trace)",
-                                     param_hint="--prompts")
         _memory(requests or 1100, blocks if _given("--blocks") else 2048, max_tokens,
                 step_tokens, as_json, prompts)
     elif schedule is not None:
@@ -173,6 +170,8 @@ def _memory(requests: int, blocks: int, max_tokens: int, step_tokens: int,
     except DatasetUnavailable as err:
         typer.echo(f"bench engine --section memory: {err}", err=True)
         raise typer.Exit(1) from None
+    except ValueError as err:  # memory_requests names the choices
+        raise typer.BadParameter(str(err), param_hint="--prompts") from None
     figures = []
     for reserve in (Reserve.FULL, Reserve.GROW):
         cfg = EngineConfig(num_blocks=blocks, max_step_tokens=step_tokens, record_events=False,

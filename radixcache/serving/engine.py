@@ -454,14 +454,9 @@ class Engine(TreeService):
         need = self._growth()
         if need <= self.pool.free_blocks:
             return False  # the usual case: no set built
-        admission = self.scheduler.admission
         retracted = False
         while len(self.running.requests) > 1:
-            pinned = admission.held_blocks()
-            for r in self.running.requests:
-                if r.lease is not None:
-                    pinned.update(r.lease.table)
-            if need <= self.pool.num_blocks - len(pinned):
+            if need <= self.pool.num_blocks - self.pinned_blocks():
                 break
             self._retract(victim(self.running.requests), hold=True)
             retracted = True
@@ -477,20 +472,15 @@ class Engine(TreeService):
         assert r.lease is not None and r.match is not None
         self.running.take({r.id})
         held = len(r.lease.table) - r.lease.private_from
-        written = r.computed  # positions whose K/V are in the pool
-        seq = None
-        if self.config.cache and written > r.match.length:
-            seq = np.concatenate([r.prompt, np.asarray(r.output, dtype=np.uint32)])[:written]
+        written = r.computed if self.config.cache else 0  # K/V it leaves in the tree
+        seq = np.concatenate([r.prompt, np.asarray(r.output, dtype=np.uint32)])[:written]
+        if written > r.match.length:
             self.tree.insert(seq, r.lease)
         else:
             self.tree.release(r.lease)
-            written = written if self.config.cache else 0
         if hold and written:
-            if seq is None:
-                seq = np.concatenate([r.prompt, np.asarray(r.output, dtype=np.uint32)])[:written]
             m = self.tree.match_and_pin(seq)
-            self.scheduler.admission.holds[r.id] = Hold(m.node, frozenset(m.block_table),
-                                                        m.length)
+            self.scheduler.admission.holds[r.id] = Hold(m.node, frozenset(m.block_table))
         self.tree.unpin(r.match.node)
         r.retractions += 1
         r.kept = written

@@ -50,12 +50,11 @@ RETRACT_STEPS = 20  # SGLang's retract_decode_steps: the decodes a retraction's 
 
 
 class Hold(NamedTuple):
-    """A retracted request's pin on what it kept in the tree: ``node`` (pinned once), the
-    ``blocks`` of its path, and the ``tokens`` they hold."""
+    """A retracted request's pin on what it kept in the tree: ``node`` (pinned once) and the
+    ``blocks`` of its path."""
 
     node: RadixNode
     blocks: frozenset[int]
-    tokens: int
 
 
 class Reserve(Enum):
