@@ -82,14 +82,15 @@ def _print_table(out: dict[str, object]) -> None:
     t = Table(title=f"bench serve: chat, max_tokens {out['max_tokens']}, step tokens "
               f"{out['step_tokens']}, load average {load} (latencies in ms)")
     for col in ("rate/s", "path", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "req/s",
-                "CPU s/req", "failed"):
+                "CPU s/req", "client CPU s/req", "failed"):
         t.add_column(col, justify="right")
     rows = [(f"{r['rate']:g}", r) for r in out["rates"]]  # type: ignore[attr-defined]
     rows.append(("saturated", out["saturated"]))
     for label, row in rows:
         for path in ("http", "in_process"):
             f = row[path]
-            t.add_row(label, "HTTP" if path == "http" else "in proc", *(str(f[k]) for k in (
-                "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "requests_per_s",
-                "cpu_s_per_request", "failed")))
+            t.add_row(label, "HTTP" if path == "http" else "in proc", *(
+                str(f.get(k, "-")) for k in (
+                    "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "requests_per_s",
+                    "cpu_s_per_request", "client_cpu_s_per_request", "failed")))
     Console().print(t)

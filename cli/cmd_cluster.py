@@ -57,7 +57,7 @@ def _need_cluster_extra() -> None:
     """Exit 2 with one line when the cluster extra's client libraries are missing."""
     import importlib.util
 
-    for module in ("httpx", "starlette", "uvicorn"):
+    for module in ("httpx", "aiohttp", "starlette", "uvicorn"):
         if importlib.util.find_spec(module) is None:
             err_console.print(f"error: this command needs {module}: {CLUSTER_HINT}", markup=False,
                               highlight=False)

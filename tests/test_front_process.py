@@ -43,7 +43,7 @@ def pair() -> Iterator[Pair]:
     engine = Engine(EngineConfig(num_blocks=256, model=tiny_model()))
     server = Server(engine, Endpoints.tcp("127.0.0.1", free_ports(3))).start()
     inner = HttpFront(EngineBackend(engine, server.loop), settle=False).start()
-    child = FrontProcess(server, engine, "127.0.0.1", 0).start()
+    child = FrontProcess(server, engine, "127.0.0.1", 0, settle=False).start()
     try:
         yield Pair(engine, inner, child)
     finally:
@@ -240,3 +240,31 @@ def test_front_process_without_http_is_refused_in_one_line(
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == "error: --front-process needs --http (it runs the HTTP " \
         "front)\n"
+
+
+def test_the_engines_process_settles_its_interpreter_once_the_front_serves() -> None:
+    """With the front in a child, serve's process still steps beside a port and a publisher:
+    it freezes what start-up made and raises the young threshold, as ``HttpFront.start``
+    does in its own process (``http_interp``)."""
+    import gc
+
+    from radixcache.serving.http_interp import GEN0_THRESHOLD
+
+    threshold = gc.get_threshold()
+    gc.unfreeze()
+    engine = Engine(EngineConfig(num_blocks=64, model=tiny_model()))
+    server = Server(engine, Endpoints.tcp("127.0.0.1", free_ports(3))).start()
+    child = FrontProcess(server, engine, "127.0.0.1", 0)
+    try:
+        assert child.settled is None
+        child.start()
+        assert child.settled is not None
+        # (other threads free frozen objects as they go: the count only falls)
+        assert child.settled.frozen >= gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (GEN0_THRESHOLD, *threshold[1:])
+        assert _http.get(f"{child.url}/health").status_code == 200
+    finally:
+        child.close()
+        server.close()
+        gc.unfreeze()
+        gc.set_threshold(*threshold)

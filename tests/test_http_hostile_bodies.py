@@ -165,7 +165,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[Served]:
 
     engine = Engine(EngineConfig(num_blocks=64, model=tiny_model()))
     server = Server(engine, Endpoints.tcp("127.0.0.1", free_ports(3))).start()
-    child = FrontProcess(server, engine, "127.0.0.1", 0).start()
+    child = FrontProcess(server, engine, "127.0.0.1", 0, settle=False).start()
     try:  # what the tests read of a front: its url, and its engine (``greedy``)
         front = SimpleNamespace(url=child.url, backend=SimpleNamespace(engine=engine))
         yield Served(front, server.loop)  # type: ignore[arg-type]

@@ -7,10 +7,11 @@ conversation goes at its arrival or when the turn before it is answered, whichev
 then every request at once (saturation). The same prompts go both ways:
 
 - ``http``: a real ``serve --http`` in a child process, streamed (``/v1/completions``,
-  ``stream: true``) by httpx clients on one asyncio loop in this process; a prompt travels as
-  the workload's text and the server tokenizes it. TTFT is the first chunk's arrival,
-  inter-token latency the gaps between chunks. CPU seconds are the server process's
-  (``/proc``).
+  ``stream: true``) by aiohttp clients (``traffic.sse``: the light client serving benchmarks
+  use, as it shares the machine) on one asyncio loop in this process; a prompt travels as the
+  workload's text and the server tokenizes it. TTFT is the first chunk's arrival, inter-token
+  latency the gaps between chunks. CPU seconds are the server's processes' (``/proc``), and
+  apart from them the client's own (``client_cpu_s_per_request``).
 - ``in_process``: an ``Engine`` stepped by a ``ServiceLoop`` in this process, as ``serve``
   steps it (its events going nowhere), driven by the same asyncio schedule; each prompt is the
   shipped tokenizer's ids of that same text. TTFT is the first token's hook call, inter-token
@@ -27,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+import aiohttp
 import httpx
 import numpy as np
 
+from radixcache.traffic import sse
 from radixcache.traffic.load import arrivals
 from radixcache.traffic.workloads import Workload, build_workload
 from radixcache.wire.endpoints import free_ports
@@ -200,40 +202,42 @@ def cpu_seconds(pid: int) -> float:
     return own
 
 
-async def _stream(c: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> Timed:
+async def _stream(c: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int) -> Timed:
     body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
     sent, pieces = time.perf_counter(), []
     try:
-        async with c.stream("POST", f"{url}/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                return Timed(f"HTTP {r.status_code}", sent, ())
-            async for line in r.aiter_lines():
-                if line.startswith("data: {") and '"choices":[{' in line:
-                    chunk = json.loads(line[6:])
-                    if chunk["choices"][0].get("text"):
-                        pieces.append(time.perf_counter())
-    except httpx.HTTPError as exc:
+        async for at, chunk in sse.stream(c, f"{url}/v1/completions", body):
+            choices = chunk.get("choices")
+            if choices and choices[0].get("text"):
+                pieces.append(at)
+    except sse.StreamRefused as exc:
+        return Timed(f"HTTP {exc.status}", sent, ())
+    except sse.CLIENT_ERRORS as exc:
         return Timed(f"{type(exc).__name__}: {exc}", sent, ())
     return Timed(None, sent, tuple(pieces))
 
 
 async def http_pass(server: Served, workload: Workload, offsets: Sequence[float],
                     max_tokens: int, progress: Callable[[], None]) -> Figures:
-    """One pass through ``server`` (its cache flushed first)."""
+    """One pass through ``server`` (its cache flushed first): the server's figures and the
+    client's own CPU seconds per request (``client_cpu_s_per_request``: this process's, as
+    the client shares the machine with the server)."""
     url, pid = server.url, server.pid
     texts = [workload.text(r.prompt) for r in workload.requests]
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
-    async with httpx.AsyncClient(timeout=300, limits=limits) as c:
-        r = await c.post(f"{url}/flush_cache")
-        if r.status_code != 200:
-            raise RuntimeError(f"flush_cache answered {r.status_code}: {r.text[:200]}")
+    async with sse.session(1000, 300) as c:
+        async with c.post(f"{url}/flush_cache") as r:
+            if r.status != 200:
+                raise RuntimeError(f"flush_cache answered {r.status}: {(await r.text())[:200]}")
 
         def send(i: int) -> asyncio.Future[Timed]:
             return asyncio.ensure_future(_stream(c, url, texts[i], max_tokens))
 
-        cpu0 = cpu_seconds(pid)
+        cpu0, own0 = cpu_seconds(pid), time.process_time()
         timed, wall = await drive(workload, send, offsets, progress)
-        return summarize(timed, wall, cpu_seconds(pid) - cpu0)
+        out = summarize(timed, wall, cpu_seconds(pid) - cpu0)
+        ok = max(1, len(timed) - int(out["failed"]))
+        out["client_cpu_s_per_request"] = round((time.process_time() - own0) / ok, 5)
+        return out
 
 
 # -- in process -------------------------------------------------------------------------------

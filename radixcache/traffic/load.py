@@ -13,22 +13,23 @@ the server encodes with the shipped tokenizer (``traffic.tokenizer``); the templ
 the previous answer's text, which may split into other tokens than it was generated as, so a
 next turn hits at least the previous prompt and at most all of it plus the answer.
 
-Every request streams (``stream: true``): the time to first token is the first chunk's
-arrival; ``stream_options.include_usage`` brings the cached prompt tokens back.
+Every request streams (``stream: true``, over ``traffic.sse``'s aiohttp client): the time to
+first token is the first chunk's arrival; ``stream_options.include_usage`` brings the cached
+prompt tokens back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import httpx
+import aiohttp
 import numpy as np
 
+from radixcache.traffic import sse
 from radixcache.traffic.workloads import Workload, WorkloadRequest
 
 
@@ -121,26 +122,20 @@ class _Answer(NamedTuple):
     ttft_ms: float
 
 
-async def _post(client: httpx.AsyncClient, run: _Run, prompt: str,
+async def _post(client: aiohttp.ClientSession, run: _Run, prompt: str,
                 max_tokens: int) -> _Answer:
     """Stream one completion."""
     body = {"model": run.config.model, "prompt": prompt, "max_tokens": max_tokens,
             "stream": True, "stream_options": {"include_usage": True}}
     t0, first, text = time.perf_counter(), 0.0, []
     usage: dict[str, int | dict[str, int]] = {}
-    async with client.stream("POST", f"{run.config.url}/v1/completions", json=body) as resp:
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(str(chunk["error"].get("message")))
-            if chunk.get("choices"):
-                first = first or time.perf_counter()
-                text.append(chunk["choices"][0].get("text") or "")
-            usage = chunk.get("usage") or usage
+    async for at, chunk in sse.stream(client, f"{run.config.url}/v1/completions", body):
+        if "error" in chunk:
+            raise RuntimeError(str(chunk["error"].get("message")))
+        if chunk.get("choices"):
+            first = first or at
+            text.append(chunk["choices"][0].get("text") or "")
+        usage = chunk.get("usage") or usage
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens", 0) if isinstance(details, dict) else 0
     return _Answer("".join(text), int(usage.get("prompt_tokens", 0)),  # type: ignore[arg-type]
@@ -148,7 +143,7 @@ async def _post(client: httpx.AsyncClient, run: _Run, prompt: str,
                    (first - t0) * 1e3)
 
 
-async def _post_retrying(client: httpx.AsyncClient, run: _Run, prompt: str,
+async def _post_retrying(client: aiohttp.ClientSession, run: _Run, prompt: str,
                          max_tokens: int) -> _Answer:
     """``_post``, sent again every 0.1 s while the connection is refused (nothing was sent:
     a router being restarted), for at most ``connect_retry_s``."""
@@ -156,13 +151,13 @@ async def _post_retrying(client: httpx.AsyncClient, run: _Run, prompt: str,
     while True:
         try:
             return await _post(client, run, prompt, max_tokens)
-        except httpx.ConnectError:
+        except sse.Refused:
             if time.perf_counter() > give_up:
                 raise
             await asyncio.sleep(0.1)
 
 
-async def _one(client: httpx.AsyncClient, run: _Run, i: int, due: float) -> None:
+async def _one(client: aiohttp.ClientSession, run: _Run, i: int, due: float) -> None:
     r = run.workload.requests[i]
     if r.after is not None:
         await run.done[r.after].wait()
@@ -175,7 +170,7 @@ async def _one(client: httpx.AsyncClient, run: _Run, i: int, due: float) -> None
         reply = Reply(i, None, a.prompt_tokens, a.cached_tokens, a.output_tokens, a.text,
                       a.ttft_ms, (time.perf_counter() - t0) * 1e3)
         run.sent[i] = prompt + a.text
-    except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+    except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as exc:
         reply = Reply(i, f"{type(exc).__name__}: {exc}", 0, 0, 0, "", 0.0, 0.0)
     run.replies[i] = reply
     run.done[i].set()
@@ -204,8 +199,7 @@ async def run_load(config: LoadConfig, workload: Workload,
     start = time.perf_counter()
     offsets = list(times) if times is not None else arrivals(n, config.rate, config.seed)
     due = [start + t for t in offsets]
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=config.timeout_s, limits=limits) as client:
+    async with sse.session(256, config.timeout_s) as client:
         await asyncio.gather(*(_one(client, run, i, due[i]) for i in range(n)))
     return LoadResult([run.replies[i] for i in range(n)], time.perf_counter() - start)
 
