@@ -177,10 +177,11 @@ def serve(
                           block_size=16, num_blocks=engine.config.num_blocks)
     server = _bind(engine, config, _endpoints(port, endpoint_host, ipc), allow_remote,
                    _kv_endpoints(kv_events, endpoint_host, port), curve_keys)
+    stop, again = _stop_on_signals()  # before anything answers: a SIGTERM from then drains
     server.start()
     front = None if at is None else start_http(server, *at, front_process=front_process)
     _serve_until_stopped(server, front, str(engine.model.device), workload, workload_args,
-                         drain_s)
+                         drain_s, stop, again)
 
 
 def _http_host(http: str | None, endpoint_host: str,
@@ -249,10 +250,26 @@ def _bind(engine: Engine, config: ServerConfig, endpoints: Endpoints, allow_remo
     return server
 
 
+def _stop_on_signals() -> tuple[threading.Event, threading.Event]:
+    """SIGTERM and Ctrl-C set the first event, a second one the second (installed before
+    the server starts: a front answers /health as soon as it serves, and a signal sent from
+    then must drain, not kill)."""
+    stop, again = threading.Event(), threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        (again if stop.is_set() else stop).set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop, again
+
+
 def _serve_until_stopped(server: Server, front: HttpFront | FrontProcess | None, device: str,
-                         workload: str | None, args: str, drain_s: float) -> None:
-    """Serve until SIGTERM/Ctrl-C (then drain the HTTP front, ``_drain``), or until a worker
-    thread dies: then the fault goes to stderr and the exit status is 1."""
+                         workload: str | None, args: str, drain_s: float,
+                         stop: threading.Event, again: threading.Event) -> None:
+    """Serve until ``stop`` (SIGTERM/Ctrl-C, ``_stop_on_signals``: then drain the HTTP front,
+    ``_drain``), or until a worker thread dies: then the fault goes to stderr and the exit
+    status is 1."""
     ep = server.publisher.endpoints
     console.print(f"serving epoch {server.publisher.epoch} on {device}: "
                   f"events {ep.events}  snapshot/replay {ep.control}  commands {ep.commands}",
@@ -261,13 +278,6 @@ def _serve_until_stopped(server: Server, front: HttpFront | FrontProcess | None,
         console.print(f"vLLM KV events {server.kv.endpoints[0]}  replay {server.kv.endpoints[1]}")
     if workload:
         console.print(server.loop.command_line(f"{workload} {args}"), highlight=False)
-    stop, again = threading.Event(), threading.Event()
-
-    def on_signal(_signum: int, _frame: object) -> None:
-        (again if stop.is_set() else stop).set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     while not stop.wait(0.2) and server.fault is None \
             and (front is None or front.fault is None):
         pass

@@ -12,6 +12,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import NamedTuple
 
 import httpx
@@ -268,3 +269,46 @@ def test_the_engines_process_settles_its_interpreter_once_the_front_serves() -> 
         server.close()
         gc.unfreeze()
         gc.set_threshold(*threshold)
+
+
+def test_the_front_process_is_answered_through_its_own_pull_from_the_stepping_thread(
+        pair: Pair) -> None:
+    """The child named its PULL in Hello: the port sends it everything through a PUSH of
+    its own (from the stepping thread after each step), and answers still equal the
+    in-process front's (the tests above)."""
+    assert pair.child.port_.pushed == 1
+    r = _http.post(f"{pair.child.url}/v1/completions",
+                   json={"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 3})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    assert pair.child.port_.pushed == 1
+
+
+def test_a_hello_naming_a_pull_the_port_may_not_connect_to_is_answered_through_the_router(
+        pair: Pair, tmp_path: Path) -> None:
+    port = pair.child.port_
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 60_000)
+    sock.connect(port.endpoint)
+    try:  # another directory than the port's own: not connected to
+        sock.send(fw.encode(fw.Hello(f"ipc://{tmp_path}/elsewhere")))
+        assert isinstance(fw.to_front(sock.recv()), fw.Facts)
+        assert port.pushed == 1  # the child's only
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize(("out", "allowed"), [
+    ("ipc:///run/rc-front-x/front-1", True),
+    ("ipc:///run/rc-front-x/sub/front-1", False),
+    ("ipc:///tmp/front-1", False),
+    ("ipc:///run/rc-front-x/../rc-front-y/front-1", False),
+    ("tcp://127.0.0.1:5555", True),
+    ("tcp://[::1]:5555", True),
+    ("tcp://10.0.0.1:5555", False),
+    ("tcp://127.0.0.1:*", False),
+    ("inproc://x", False),
+    ("", False),
+])
+def test_which_pulls_the_engines_port_connects_to(out: str, allowed: bool) -> None:
+    assert fw.out_allowed(out, fw.endpoint_dir("ipc:///run/rc-front-x/engine")) is allowed

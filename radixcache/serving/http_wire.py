@@ -7,15 +7,18 @@ its stop strings and hands the pieces to the stream as it would on the stepping 
 ``RequestHandle`` is settled by the engine's ``Done``. Only the sampler runs in the engine (it
 needs the logits).
 
-One thread, ``rc-front-wire``, owns the DEALER: it forwards what other threads send (through an
-inproc PUSH under a lock) and handles what the engine sends (tokens, ends, answers, drain
-orders).
+One thread, ``rc-front-wire``, owns the DEALER and the front's PULL: it forwards what other
+threads send (through an inproc PUSH under a lock) and handles what the engine sends (tokens,
+ends, answers, drain orders). The PULL is bound beside the engine's ``ipc://`` endpoint (in its
+private directory; on the loopback for a ``tcp://`` engine) and named in ``Hello``: the engine
+sends everything through it from its stepping thread (``serving.engine_port``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -89,7 +92,18 @@ class WireBackend:
         for hwm in (zmq.SNDHWM, zmq.RCVHWM):  # nothing dropped or blocked at a mark: the
             self._dealer.setsockopt(hwm, 0)  # engine's ROUTER has none either
         connect(self._dealer, endpoint)
-        inner = f"inproc://rc-front-wire-{next(_WIRES)}"
+        n = next(_WIRES)
+        self._in = ctx.socket(zmq.PULL)
+        self._in.setsockopt(zmq.RCVHWM, 0)
+        self._in.setsockopt(zmq.LINGER, 0)
+        self._in.setsockopt(zmq.MAXMSGSIZE, fw.MAX_FRAME_BYTES)
+        here = fw.endpoint_dir(endpoint)
+        if here is not None:
+            self._in.bind(f"ipc://{here}/front-{os.getpid()}-{n}")
+        else:
+            self._in.bind("tcp://127.0.0.1:*")
+        self.out_endpoint = self._in.getsockopt_string(zmq.LAST_ENDPOINT)
+        inner = f"inproc://rc-front-wire-{n}"
         self._outgoing = ctx.socket(zmq.PULL)
         self._outgoing.setsockopt(zmq.RCVHWM, 0)
         self._outgoing.bind(inner)
@@ -119,7 +133,7 @@ class WireBackend:
         """Start the wire's thread and wait for the engine's ``Facts``; ``EngineGone`` when
         they do not come within ``timeout_s``."""
         self._thread = self.guard.start("rc-front-wire", self._run)
-        self.send(fw.Hello())
+        self.send(fw.Hello(self.out_endpoint))
         try:
             self.facts = self._facts.result(timeout_s)
         except TimeoutError:
@@ -136,7 +150,7 @@ class WireBackend:
         if self._thread is not None:
             self._thread.join(5)
         self._dealer.close(LINGER_MS)  # what was forwarded still leaves
-        for s in (self._outgoing, self._push):
+        for s in (self._outgoing, self._push, self._in):
             s.close(0)
 
     def send(self, frame: fw.Frame) -> None:
@@ -223,15 +237,17 @@ class WireBackend:
         poller = zmq.Poller()
         poller.register(self._dealer, zmq.POLLIN)
         poller.register(self._outgoing, zmq.POLLIN)
+        poller.register(self._in, zmq.POLLIN)
         while not self._stop.is_set():
             ready = dict(poller.poll(500))
             if self._outgoing in ready:
                 while self._outgoing.poll(0):
                     if raw := self._outgoing.recv():  # empty: ``close``'s wake
                         self._dealer.send(raw)
-            if self._dealer in ready:
-                while self._dealer.poll(0):
-                    self._receive(self._dealer.recv())
+            for sock in (self._in, self._dealer):  # the PULL: all but a ROUTER-only engine's
+                if sock in ready:
+                    while sock.poll(0):
+                        self._receive(sock.recv())
 
     def _receive(self, raw: bytes) -> None:
         try:

@@ -3,10 +3,16 @@ msgspec, never pickle): requests in, each request's tokens out.
 
 The engine binds a ROUTER (``ipc://`` or 127.0.0.1 only, as every endpoint of ``serve``); each
 front connects a DEALER and is told apart by its ZeroMQ identity, so several fronts can share
-one engine. One ZeroMQ message is one frame, a msgpack array whose first item is its tag::
+one engine. A front also binds a PULL of its own and names it in its ``Hello``: the engine
+connects a PUSH to it and sends that front everything through it, from the thread that has
+it (the stepping thread, after each step), so no thread of the engine's process wakes per
+step to forward tokens (a front that names none is answered through the ROUTER, by the
+port's thread). One ZeroMQ message is one frame, a msgpack array whose first item is its
+tag::
 
     front -> engine
-      ["hello"]                                   Hello: answered with Facts
+      ["hello", out]                              Hello: answered with Facts (through
+                                                  ``out``, and everything after)
       ["submit", fid, prompt, max_new, sampling]  Submit: fid is the front's own request id
       ["abort", fid]                              Abort (the client left, a drain's cut)
       ["ask", qid, "counters" | "flush"]          Ask: answered with Answer(qid, ...)
@@ -18,12 +24,14 @@ one engine. One ZeroMQ message is one frame, a msgpack array whose first item is
       ["answer", qid, counters, flush]            Answer
       ["drain", grace_s] ["cut", reason]          serve's SIGTERM, and its second one
 
-Within one front's connection the order is the engine's: a request's ``Done`` comes after
-its last ``Tokens``. A frame that does not decode is dropped by its reader (counted), never
+Towards one front the order is the engine's: a request's ``Done`` comes after its last
+``Tokens``. A frame that does not decode is dropped by its reader (counted), never
 executed.
 """
 
 from __future__ import annotations
+
+import os
 
 import msgspec
 
@@ -50,7 +58,11 @@ class SamplingFrame(msgspec.Struct, array_like=True, forbid_unknown_fields=True)
 
 
 class Hello(Frame, tag="hello"):
-    """A front asks what it needs to start."""
+    """A front asks what it needs to start; ``out`` is the endpoint of its own PULL, which the
+    engine sends it everything through from then on (``ipc://`` in the engine endpoint's
+    directory, or a loopback ``tcp://``; empty: through the ROUTER)."""
+
+    out: str = ""
 
 
 class Facts(Frame, tag="facts"):
@@ -192,3 +204,21 @@ def to_engine(raw: bytes) -> ToEngine:
 def to_front(raw: bytes) -> ToFront:
     """A frame from the engine; ``msgspec.DecodeError`` for anything else."""
     return _TO_FRONT.decode(raw)
+
+
+def endpoint_dir(endpoint: str) -> str | None:
+    """The directory of an ``ipc://`` endpoint (None for another transport)."""
+    if not endpoint.startswith("ipc://"):
+        return None
+    return os.path.dirname(os.path.abspath(endpoint[len("ipc://"):]))
+
+
+def out_allowed(out: str, ipc_dir: str | None) -> bool:
+    """Whether a front's PULL at ``out`` is one to connect to: ``ipc://`` in the port's own
+    directory ``ipc_dir`` (private to this user), or ``tcp://`` on the loopback."""
+    if out.startswith("ipc://"):
+        return ipc_dir is not None and endpoint_dir(out) == ipc_dir
+    for host in ("tcp://127.0.0.1:", "tcp://[::1]:"):
+        if out.startswith(host):
+            return out[len(host):].isdigit()
+    return False
