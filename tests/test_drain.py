@@ -273,3 +273,28 @@ def test_the_front_process_says_unhealthy_while_its_engine_is_stopped(serve: Ser
     serve.proc.send_signal(signal.SIGTERM)
     rc, err = serve.ended()
     assert rc == 0, err
+
+
+@pytest.mark.parametrize("serve", [[]], indirect=True, ids=["front-process"])
+def test_a_killed_serve_takes_its_front_process_and_its_http_port_with_it(serve: Serve) -> None:
+    """SIGKILL of serve (a crashed replica): its front's process ends with it, so nothing
+    holds the HTTP socket and a restarted serve binds the same port."""
+    pid = serve.proc.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert len(children) == 1
+    front = int(children[0])
+    serve.proc.send_signal(signal.SIGKILL)
+    serve.proc.communicate(timeout=30)
+
+    def gone() -> bool:
+        try:
+            state = Path(f"/proc/{front}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        return state in ("Z", "X")  # ended (a zombie until init reaps it)
+
+    wait_for("the front's process to end", gone, timeout_s=10)
+    port = int(serve.url.rsplit(":", 1)[1])
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))

@@ -312,3 +312,42 @@ def test_a_hello_naming_a_pull_the_port_may_not_connect_to_is_answered_through_t
 ])
 def test_which_pulls_the_engines_port_connects_to(out: str, allowed: bool) -> None:
     assert fw.out_allowed(out, fw.endpoint_dir("ipc:///run/rc-front-x/engine")) is allowed
+
+
+def test_a_front_process_that_dies_has_its_requests_aborted_in_the_engine() -> None:
+    """Nobody reads a dead front's tokens: when its PULL goes away (SIGKILL), the port
+    aborts that front's requests instead of running them to their end."""
+    import signal as sig
+
+    engine = Engine(EngineConfig(num_blocks=512, model=tiny_model()))
+    server = Server(engine, Endpoints.tcp("127.0.0.1", free_ports(3))).start()
+    child = FrontProcess(server, engine, "127.0.0.1", 0, settle=False).start()
+    first = threading.Event()
+
+    def client() -> None:
+        body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 6000, "stream": True}
+        try:
+            with httpx.stream("POST", f"{child.url}/v1/completions", json=body,
+                              timeout=120) as r:
+                for _ in r.iter_lines():
+                    first.set()
+        except httpx.HTTPError:
+            pass  # the front was killed under it
+
+    t = threading.Thread(target=client, daemon=True)
+    t.start()
+    try:
+        assert first.wait(60)
+        assert engine.stats().running == 1
+        proc = child._proc
+        assert proc is not None
+        proc.send_signal(sig.SIGKILL)
+        _until(lambda: child.port_.lost == 1 and engine.stats().running == 0, 30)
+        st = engine.stats()
+        assert (st.cancelled, st.finished) == (1, 0)
+        assert st.output_tokens < 6000
+        assert child.port_.pushed == 0
+    finally:
+        child.close()
+        server.close()
+        t.join(10)

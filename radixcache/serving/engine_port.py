@@ -40,6 +40,7 @@ from typing import NamedTuple
 import msgspec
 import torch
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from radixcache.core.guard import Guard, ThreadFault
 from radixcache.serving.http_backend import EngineBackend
@@ -161,6 +162,10 @@ class EnginePort:
         self._push_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._routed: list[tuple[bytes, Item]] = []  # for fronts without one: the port's
+        # each PUSH's monitor (the port's thread reads them): its front's PULL went away
+        self._monitors: dict[zmq.Socket[bytes], bytes] = {}
+        self._poller = zmq.Poller()
+        self.lost = 0  # fronts whose PULL went away (their requests aborted)
         self._dir = fw.endpoint_dir(self.endpoint)
         self._live: dict[tuple[bytes, int], int] = {}  # (front, fid) -> engine request id
         self._asks = ThreadPoolExecutor(1, thread_name_prefix="rc-engine-ask")
@@ -197,6 +202,7 @@ class EnginePort:
         self._asks.shutdown(wait=False, cancel_futures=True)
         with self._push_lock:
             for push in self._pushes.values():
+                push.disable_monitor()
                 push.close(0)
             self._pushes.clear()
         for s in (self._router, self._nudged, self._nudge):
@@ -249,7 +255,7 @@ class EnginePort:
 
     # -- the port's thread --------------------------------------------------------------------
     def _run(self) -> None:
-        poller = zmq.Poller()
+        poller = self._poller
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._nudged, zmq.POLLIN)
         while not self._stop.is_set():
@@ -261,8 +267,36 @@ class EnginePort:
                 while self._router.poll(0):
                     front, raw = self._router.recv_multipart()[:2]
                     self._receive(front, raw)
+            for mon in [m for m in self._monitors if m in ready]:
+                self._watch(mon)
             self.after_step()  # what a thread added and did not send (an end outside a step)
             self._forward()
+        for mon in self._monitors:
+            mon.close(0)
+
+    def _watch(self, mon: zmq.Socket[bytes]) -> None:
+        """A PUSH's monitor spoke: when its front's PULL went away (the front's process
+        ended), abort that front's requests (nobody reads their tokens) and close the PUSH."""
+        gone = False
+        while mon.poll(0):
+            gone |= recv_monitor_message(mon)["event"] == zmq.EVENT_DISCONNECTED
+        if not gone:
+            return
+        front = self._monitors.pop(mon)
+        self._poller.unregister(mon)
+        mon.close(0)
+        with self._push_lock:
+            push = self._pushes.pop(front, None)
+            if push is not None:
+                push.disable_monitor()
+                push.close(0)
+        self.lost += 1
+        with contextlib.suppress(ValueError):
+            self.fronts.remove(front)
+        for key in [k for k in list(self._live) if k[0] == front]:
+            rid = self._live.pop(key, None)
+            if rid is not None:
+                self.backend.abort(rid)
 
     def _forward(self) -> None:
         """Send the outbox of the fronts without a PUSH through the ROUTER."""
@@ -289,12 +323,17 @@ class EnginePort:
             push = ctx.socket(zmq.PUSH)
             push.setsockopt(zmq.LINGER, 0)
             push.setsockopt(zmq.SNDHWM, 0)  # as the ROUTER: a lost frame would hang a request
+            mon = push.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             try:
                 push.connect(out)
             except zmq.ZMQError:
+                push.disable_monitor()
+                mon.close(0)
                 push.close(0)
                 return
             self._pushes[front] = push
+        self._monitors[mon] = front
+        self._poller.register(mon, zmq.POLLIN)
 
     def _receive(self, front: bytes, raw: bytes) -> None:
         try:

@@ -59,6 +59,7 @@ from radixcache.wire import frontwire as fw
 
 START_S = 120.0  # the child imports torch and the tokenizer: slow on a loaded machine
 PARENT_POLL_S = 0.2
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def engine_facts(engine: Engine) -> fw.Facts:
@@ -259,7 +260,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fd", type=int, required=True)
     a = p.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches serve too: serve decides
+    _die_with_parent()
     return serve_front(a.engine, a.fd)
+
+
+def _die_with_parent() -> None:
+    """On Linux, have the kernel end this process as soon as serve's is gone (a SIGKILLed
+    replica): it holds the inherited HTTP socket, which a restarted serve binds again at
+    once. Elsewhere (and as a fallback) ``serve_front`` sees the parent gone within
+    ``PARENT_POLL_S``."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
 
 
 if __name__ == "__main__":
