@@ -39,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from radixcache.core.guard import ThreadFault
+from radixcache.core.procs import parent_death_signal
 from radixcache.serving.engine import Engine
 from radixcache.serving.engine_port import EnginePort
 from radixcache.serving.http import (
@@ -59,7 +60,6 @@ from radixcache.wire import frontwire as fw
 
 START_S = 120.0  # the child imports torch and the tokenizer: slow on a loaded machine
 PARENT_POLL_S = 0.2
-PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def engine_facts(engine: Engine) -> fw.Facts:
@@ -265,19 +265,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _die_with_parent() -> None:
-    """On Linux, have the kernel end this process as soon as serve's is gone (a SIGKILLed
-    replica): it holds the inherited HTTP socket, which a restarted serve binds again at
-    once. Elsewhere (and as a fallback) ``serve_front`` sees the parent gone within
-    ``PARENT_POLL_S``."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        return
+    """Have Linux end this process as soon as serve's is gone (a SIGKILLed replica): it holds
+    the inherited HTTP socket, which a restarted serve binds again at once. Asked here, in
+    the child, not as serve's ``preexec_fn`` (serve forks with threads running); should serve
+    die before this line, ``serve_front`` sees it gone within ``PARENT_POLL_S``."""
+    ask = parent_death_signal()
+    if ask is not None:
+        ask()
 
 
 if __name__ == "__main__":
