@@ -227,7 +227,6 @@ class Cluster:
         argv = [sys.executable, "-m", "cli.main", "serve", "--endpoint-host", "127.0.0.1",
                 "--port", str(r.zmq_port), "--http", str(r.http_port),
                 "--blocks", str(self.config.blocks), "--schedule", self.config.schedule,
-                "--front-thread",  # the router and the faults are tested with thread fronts
                 *self.config.model_args]
         return self._spawn(f"replica {r.rank}", argv)
 
