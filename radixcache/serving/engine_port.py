@@ -52,7 +52,7 @@ from radixcache.serving.requests import (
 from radixcache.serving.sampling import GREEDY_BELOW, RequestPolicy, Sampling
 from radixcache.traffic.tokenizer import TextTokenizer
 from radixcache.wire import frontwire as fw
-from radixcache.wire.endpoints import BindPolicy, bind
+from radixcache.wire.endpoints import BindPolicy, bind, connect
 
 POLL_MS = 50  # the outbox is forwarded at least this often (a cancel outside a step)
 _PORTS = itertools.count()
@@ -216,13 +216,12 @@ class EnginePort:
         routed = False
         if self._out:
             with self._flush_lock:
+                mine: list[tuple[bytes, Item]] = []
                 with self._out_lock:
                     out, self._out = self._out, []
-                mine = [(f, item) for f, item in out if f in self._pushes]
-                if len(mine) < len(out):
-                    with self._out_lock:
-                        self._routed.extend((f, i) for f, i in out if f not in self._pushes)
-                    routed = True
+                    for front, item in out:  # one look each: a front gained or lost meanwhile
+                        (mine if front in self._pushes else self._routed).append((front, item))
+                    routed = len(mine) < len(out)
                 for front, frame in framed(mine):
                     self._deliver(front, fw.encode(frame))
         if routed or self._stop.is_set():
@@ -291,7 +290,7 @@ class EnginePort:
                 push.disable_monitor()
                 push.close(0)
         self.lost += 1
-        with contextlib.suppress(ValueError):
+        with self.said_changed, contextlib.suppress(ValueError):  # as ``_heard`` adds it
             self.fronts.remove(front)
         for key in [k for k in list(self._live) if k[0] == front]:
             rid = self._live.pop(key, None)
@@ -325,7 +324,7 @@ class EnginePort:
             push.setsockopt(zmq.SNDHWM, 0)  # as the ROUTER: a lost frame would hang a request
             mon = push.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             try:
-                push.connect(out)
+                connect(push, out)  # (IPv6 loopback included)
             except zmq.ZMQError:
                 push.disable_monitor()
                 mon.close(0)

@@ -43,7 +43,7 @@ from radixcache.serving.requests import (
 )
 from radixcache.serving.sampling import RequestPolicy, TokenLogprob
 from radixcache.wire import frontwire as fw
-from radixcache.wire.endpoints import connect
+from radixcache.wire.endpoints import BindPolicy, bind, connect
 
 ASK_TIMEOUT_S = 30.0  # a counters or flush question (it waits for a step)
 PING_TIMEOUT_S = 2.0  # /health's question: the engine's port answers it without a step
@@ -98,11 +98,9 @@ class WireBackend:
         self._in.setsockopt(zmq.LINGER, 0)
         self._in.setsockopt(zmq.MAXMSGSIZE, fw.MAX_FRAME_BYTES)
         here = fw.endpoint_dir(endpoint)
-        if here is not None:
-            self._in.bind(f"ipc://{here}/front-{os.getpid()}-{n}")
-        else:
-            self._in.bind("tcp://127.0.0.1:*")
-        self.out_endpoint = self._in.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.out_endpoint = bind(self._in, f"ipc://{here}/front-{os.getpid()}-{n}"
+                                 if here is not None else "tcp://127.0.0.1:*",
+                                 BindPolicy.LOCAL_ONLY)
         inner = f"inproc://rc-front-wire-{n}"
         self._outgoing = ctx.socket(zmq.PULL)
         self._outgoing.setsockopt(zmq.RCVHWM, 0)

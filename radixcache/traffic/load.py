@@ -170,7 +170,7 @@ async def _one(client: aiohttp.ClientSession, run: _Run, i: int, due: float) -> 
         reply = Reply(i, None, a.prompt_tokens, a.cached_tokens, a.output_tokens, a.text,
                       a.ttft_ms, (time.perf_counter() - t0) * 1e3)
         run.sent[i] = prompt + a.text
-    except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as exc:
+    except (*sse.CLIENT_ERRORS, RuntimeError, ValueError) as exc:
         reply = Reply(i, f"{type(exc).__name__}: {exc}", 0, 0, 0, "", 0.0, 0.0)
     run.replies[i] = reply
     run.done[i].set()
